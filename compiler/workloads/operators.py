@@ -1,0 +1,697 @@
+"""The operator catalog: each operator as a TE definition, validated from user parameters.
+
+Layering: `compiler` never imports `tuner` or `service`. TVM, numpy and torch are
+imported inside functions so that `service` can validate a job spec (and compute
+its workload key) without loading them: `validate()` and `make_workload()` are
+pure Python; `Workload.prim_func` builds the TE program on first use.
+
+Layouts are PyTorch's: activations NCHW (NCW, NCDHW), weights OIHW (OIW, OIDHW),
+transposed-convolution weights (in_channels, out_channels / groups, kh, kw), dense
+weights (N, K) as in `torch.nn.functional.linear`, batch_matmul operands
+(B, M, K) x (B, K, N) as in `torch.bmm`. Kernels are square (cubic) and stride,
+padding and dilation are the same along every spatial axis.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+EPILOGUES = ("none", "bias", "relu", "bias_relu")
+DTYPES = ("float32",)
+DEFAULT_MAX_TENSOR_ELEMENTS = 2**28
+
+
+class WorkloadError(ValueError):
+    """Bad user input for a workload; `field` names the offending part ("params.kernel")."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Param:
+    """One integer parameter of an operator; `default` None means required."""
+
+    name: str
+    minimum: int
+    maximum: int
+    default: int | None
+    description: str
+
+
+@dataclass(frozen=True)
+class OperatorDef:
+    """A catalog entry: the operator's name, a one-line description and its parameters."""
+
+    name: str
+    description: str
+    params: tuple[Param, ...]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape and dtype of one argument of the compiled function."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+
+# Parameter ranges are sanity bounds; the real guard against huge workloads is
+# `max_tensor_elements`, checked on every tensor after the shapes are known.
+_MAX_DIM = 1 << 20
+
+
+def _batch() -> Param:
+    return Param("batch", 1, 4096, None, "batch size N")
+
+
+def _channels(name: str, what: str) -> Param:
+    return Param(name, 1, 65536, None, what)
+
+
+def _spatial(name: str) -> Param:
+    return Param(name, 1, 16384, None, f"input {name}")
+
+
+def _kernel(what: str = "kernel size (square)") -> Param:
+    return Param("kernel", 1, 64, None, what)
+
+
+def _stride() -> Param:
+    return Param("stride", 1, 16, 1, "stride along every spatial axis")
+
+
+def _padding() -> Param:
+    return Param("padding", 0, 64, 0, "zero padding on both sides of every spatial axis")
+
+
+def _dilation(default: int) -> Param:
+    return Param("dilation", 1, 16, default, "kernel dilation along every spatial axis")
+
+
+def _conv2d_params(dilation_default: int, groups_default: int | None = 1) -> tuple[Param, ...]:
+    params = [
+        _batch(),
+        _channels("in_channels", "input channels C"),
+        _spatial("height"),
+        _spatial("width"),
+        _channels("out_channels", "output channels (filters)"),
+        _kernel(),
+        _stride(),
+        _padding(),
+        _dilation(dilation_default),
+    ]
+    if groups_default is None:
+        params.append(Param("groups", 1, 65536, None, "number of channel groups"))
+    return tuple(params)
+
+
+OPERATORS: dict[str, OperatorDef] = {
+    op.name: op
+    for op in (
+        OperatorDef(
+            "conv2d",
+            "2-D convolution, NCHW input x OIHW weight",
+            _conv2d_params(dilation_default=1),
+        ),
+        OperatorDef(
+            "depthwise_conv2d",
+            "depthwise 2-D convolution (one filter per channel), NCHW x (C,1,kh,kw)",
+            (
+                _batch(),
+                _channels("channels", "input and output channels C"),
+                _spatial("height"),
+                _spatial("width"),
+                _kernel(),
+                _stride(),
+                _padding(),
+                _dilation(1),
+            ),
+        ),
+        OperatorDef(
+            "group_conv2d",
+            "grouped 2-D convolution, NCHW x (O, I/groups, kh, kw)",
+            _conv2d_params(dilation_default=1, groups_default=None),
+        ),
+        OperatorDef(
+            "dilated_conv2d",
+            "dilated (atrous) 2-D convolution, NCHW x OIHW, dilation 2 unless given",
+            _conv2d_params(dilation_default=2),
+        ),
+        OperatorDef(
+            "conv1d",
+            "1-D convolution, NCW input x OIW weight",
+            (
+                _batch(),
+                _channels("in_channels", "input channels C"),
+                _spatial("width"),
+                _channels("out_channels", "output channels (filters)"),
+                _kernel("kernel size"),
+                _stride(),
+                _padding(),
+                _dilation(1),
+            ),
+        ),
+        OperatorDef(
+            "conv3d",
+            "3-D convolution, NCDHW input x OIDHW weight",
+            (
+                _batch(),
+                _channels("in_channels", "input channels C"),
+                _spatial("depth"),
+                _spatial("height"),
+                _spatial("width"),
+                _channels("out_channels", "output channels (filters)"),
+                _kernel("kernel size (cubic)"),
+                _stride(),
+                _padding(),
+                _dilation(1),
+            ),
+        ),
+        OperatorDef(
+            "conv2d_transpose",
+            "transposed 2-D convolution, NCHW x (I, O/groups, kh, kw) as torch",
+            (
+                _batch(),
+                _channels("in_channels", "input channels C"),
+                _spatial("height"),
+                _spatial("width"),
+                _channels("out_channels", "output channels"),
+                _kernel(),
+                _stride(),
+                Param("padding", 0, 64, 0, "implicit padding removed from both sides (torch's)"),
+                Param("output_padding", 0, 15, 0, "extra rows/columns added at the end"),
+                Param("groups", 1, 65536, 1, "number of channel groups"),
+            ),
+        ),
+        OperatorDef(
+            "dense",
+            "GEMM out[M,N] = data[M,K] x weight[N,K]^T (torch linear)",
+            (
+                Param("m", 1, _MAX_DIM, None, "rows of data and output (M)"),
+                Param("n", 1, _MAX_DIM, None, "rows of weight, columns of output (N)"),
+                Param("k", 1, _MAX_DIM, None, "reduction length (K)"),
+            ),
+        ),
+        OperatorDef(
+            "batch_matmul",
+            "batched GEMM out[B,M,N] = data[B,M,K] x weight[B,K,N] (torch bmm)",
+            (
+                Param("batch", 1, 65536, None, "batch size B"),
+                Param("m", 1, _MAX_DIM, None, "rows of data and output (M)"),
+                Param("n", 1, _MAX_DIM, None, "columns of weight and output (N)"),
+                Param("k", 1, _MAX_DIM, None, "reduction length (K)"),
+            ),
+        ),
+    )
+}
+
+
+# ---------------------------------------------------------------------------
+# Per-operator shapes, checks, TE definitions and torch references.
+
+
+def _conv_out(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _check_conv_window(p: dict[str, int], axes: tuple[str, ...]) -> None:
+    """Reject a dilated kernel that does not fit the padded input (output size <= 0)."""
+    span = p["dilation"] * (p["kernel"] - 1) + 1
+    for axis in axes:
+        padded = p[axis] + 2 * p["padding"]
+        if span > padded:
+            raise WorkloadError(
+                "params.kernel",
+                f"dilated kernel extent {span} (kernel {p['kernel']}, dilation {p['dilation']}) "
+                f"is larger than the padded input {axis} {padded} "
+                f"({axis} {p[axis]} + 2 * padding {p['padding']}): the output would be empty",
+            )
+
+
+def _check_groups(p: dict[str, int], in_key: str = "in_channels", out_key: str = "out_channels") -> None:
+    groups = p.get("groups", 1)
+    for key in (in_key, out_key):
+        if p[key] % groups:
+            raise WorkloadError(f"params.{key}", f"{key}={p[key]} is not divisible by groups={groups}")
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    data: tuple[int, ...]
+    weight: tuple[int, ...]
+    output: tuple[int, ...]
+    bias_axis: int  # output axis the per-channel bias runs along
+    macs: int
+
+
+@dataclass(frozen=True)
+class _Impl:
+    check: Callable[[dict[str, int]], None]
+    shapes: Callable[[dict[str, int]], _Shapes]
+    te_compute: Callable[[dict[str, int], Any, Any], Any]  # (params, data, weight) -> output tensor
+    reference: Callable[[dict[str, int], Any, Any], Any]  # (params, data, weight) -> torch tensor
+
+
+def _convnd_shapes(p: dict[str, int], axes: tuple[str, ...]) -> _Shapes:
+    groups = p.get("groups", 1)
+    k = p["kernel"]
+    spatial_out = tuple(_conv_out(p[a], k, p["stride"], p["padding"], p["dilation"]) for a in axes)
+    output = (p["batch"], p["out_channels"], *spatial_out)
+    weight = (p["out_channels"], p["in_channels"] // groups, *(k,) * len(axes))
+    macs = math.prod(output) * (p["in_channels"] // groups) * k ** len(axes)
+    return _Shapes((p["batch"], p["in_channels"], *(p[a] for a in axes)), weight, output, 1, macs)
+
+
+def _convnd_check(axes: tuple[str, ...]) -> Callable[[dict[str, int]], None]:
+    def check(p: dict[str, int]) -> None:
+        _check_groups(p)
+        _check_conv_window(p, axes)
+
+    return check
+
+
+def _conv2d_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    from tvm import topi
+
+    groups = p.get("groups", 1)
+    if groups == 1:
+        return topi.nn.conv2d_nchw(data, weight, p["stride"], p["padding"], p["dilation"])
+    return topi.nn.group_conv2d_nchw(data, weight, p["stride"], p["padding"], p["dilation"], groups)
+
+
+def _conv2d_ref(p: dict[str, int], x: Any, w: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.conv2d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p.get("groups", 1))
+
+
+_AXES_2D = ("height", "width")
+_CONV2D = _Impl(
+    check=_convnd_check(_AXES_2D),
+    shapes=lambda p: _convnd_shapes(p, _AXES_2D),
+    te_compute=_conv2d_te,
+    reference=_conv2d_ref,
+)
+
+
+def _depthwise_check(p: dict[str, int]) -> None:
+    _check_conv_window(p, _AXES_2D)
+
+
+def _depthwise_shapes(p: dict[str, int]) -> _Shapes:
+    c, k = p["channels"], p["kernel"]
+    spatial_out = tuple(_conv_out(p[a], k, p["stride"], p["padding"], p["dilation"]) for a in _AXES_2D)
+    output = (p["batch"], c, *spatial_out)
+    # (C, 1, kh, kw) is torch's depthwise weight and topi's (C, multiplier=1, kh, kw) alike.
+    return _Shapes((p["batch"], c, p["height"], p["width"]), (c, 1, k, k), output, 1, math.prod(output) * k * k)
+
+
+def _depthwise_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    from tvm import topi
+
+    return topi.nn.depthwise_conv2d_nchw(data, weight, p["stride"], p["padding"], p["dilation"])
+
+
+def _depthwise_ref(p: dict[str, int], x: Any, w: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.conv2d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["channels"])
+
+
+_AXES_1D = ("width",)
+
+
+def _conv1d_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    from tvm import topi
+
+    return topi.nn.conv1d_ncw(data, weight, p["stride"], p["padding"], p["dilation"])
+
+
+def _conv1d_ref(p: dict[str, int], x: Any, w: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.conv1d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"])
+
+
+_AXES_3D = ("depth", "height", "width")
+
+
+def _conv3d_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    from tvm import topi
+
+    return topi.nn.conv3d_ncdhw(data, weight, p["stride"], p["padding"], p["dilation"], 1)
+
+
+def _conv3d_ref(p: dict[str, int], x: Any, w: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.conv3d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"])
+
+
+def _transpose_out(p: dict[str, int], axis: str) -> int:
+    return (p[axis] - 1) * p["stride"] - 2 * p["padding"] + p["kernel"] + p["output_padding"]
+
+
+def _transpose_check(p: dict[str, int]) -> None:
+    _check_groups(p)
+    if p["output_padding"] >= p["stride"]:
+        # torch's rule (without dilation): otherwise output rows would have no input at all
+        raise WorkloadError(
+            "params.output_padding",
+            f"output_padding={p['output_padding']} must be smaller than stride={p['stride']}",
+        )
+    if p["padding"] > p["kernel"] - 1:
+        # topi's definition pads the dilated input by kernel - 1 - padding, which must be >= 0
+        raise WorkloadError(
+            "params.padding", f"padding={p['padding']} must be at most kernel - 1 = {p['kernel'] - 1}"
+        )
+    for axis in _AXES_2D:
+        if _transpose_out(p, axis) <= 0:
+            raise WorkloadError(
+                "params.padding",
+                f"output {axis} would be {_transpose_out(p, axis)}: padding={p['padding']} too large",
+            )
+
+
+def _transpose_shapes(p: dict[str, int]) -> _Shapes:
+    g, k = p["groups"], p["kernel"]
+    output = (p["batch"], p["out_channels"], _transpose_out(p, "height"), _transpose_out(p, "width"))
+    weight = (p["in_channels"], p["out_channels"] // g, k, k)
+    # Useful multiply-adds (every input element times its filter slice), not the
+    # zeros that the dilated-input formulation also multiplies.
+    macs = p["batch"] * p["in_channels"] * p["height"] * p["width"] * (p["out_channels"] // g) * k * k
+    return _Shapes((p["batch"], p["in_channels"], p["height"], p["width"]), weight, output, 1, macs)
+
+
+def _transpose_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    from tvm import topi
+
+    opad = (p["output_padding"], p["output_padding"])
+    stride = (p["stride"], p["stride"])
+    return topi.nn.group_conv2d_transpose_nchw(
+        data, weight, stride, p["padding"], data.dtype, opad, p["groups"]
+    )
+
+
+def _transpose_ref(p: dict[str, int], x: Any, w: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.conv_transpose2d(
+        x, w, stride=p["stride"], padding=p["padding"], output_padding=p["output_padding"], groups=p["groups"]
+    )
+
+
+def _no_check(p: dict[str, int]) -> None:
+    del p
+
+
+def _dense_shapes(p: dict[str, int]) -> _Shapes:
+    m, n, k = p["m"], p["n"], p["k"]
+    return _Shapes((m, k), (n, k), (m, n), 1, m * n * k)
+
+
+def _dense_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    from tvm import topi
+
+    return topi.nn.dense(data, weight)
+
+
+def _dense_ref(p: dict[str, int], x: Any, w: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.linear(x, w)
+
+
+def _bmm_shapes(p: dict[str, int]) -> _Shapes:
+    b, m, n, k = p["batch"], p["m"], p["n"], p["k"]
+    return _Shapes((b, m, k), (b, k, n), (b, m, n), 2, b * m * n * k)
+
+
+def _bmm_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    from tvm import topi
+
+    return topi.nn.batch_matmul(data, weight, transpose_a=False, transpose_b=False)
+
+
+def _bmm_ref(p: dict[str, int], x: Any, w: Any) -> Any:
+    import torch
+
+    return torch.bmm(x, w)
+
+
+_IMPLS: dict[str, _Impl] = {
+    "conv2d": _CONV2D,
+    "group_conv2d": _CONV2D,
+    "dilated_conv2d": _CONV2D,
+    "depthwise_conv2d": _Impl(_depthwise_check, _depthwise_shapes, _depthwise_te, _depthwise_ref),
+    "conv1d": _Impl(_convnd_check(_AXES_1D), lambda p: _convnd_shapes(p, _AXES_1D), _conv1d_te, _conv1d_ref),
+    "conv3d": _Impl(_convnd_check(_AXES_3D), lambda p: _convnd_shapes(p, _AXES_3D), _conv3d_te, _conv3d_ref),
+    "conv2d_transpose": _Impl(_transpose_check, _transpose_shapes, _transpose_te, _transpose_ref),
+    "dense": _Impl(_no_check, _dense_shapes, _dense_te, _dense_ref),
+    "batch_matmul": _Impl(_no_check, _bmm_shapes, _bmm_te, _bmm_ref),
+}
+assert set(_IMPLS) == set(OPERATORS), f"{sorted(_IMPLS)=} != {sorted(OPERATORS)=}"
+
+
+# ---------------------------------------------------------------------------
+# Validation and the workload.
+
+
+def validate(
+    operator: str,
+    params: dict,
+    dtype: str = "float32",
+    epilogue: str = "none",
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+) -> dict[str, int]:
+    """Checks a workload description and fills in defaults.
+
+    Args:
+        operator: a name in `OPERATORS`.
+        params: the operator's integer parameters; optional ones may be left out.
+        dtype: element type, one of `DTYPES`.
+        epilogue: one of `EPILOGUES`.
+        max_tensor_elements: the largest number of elements any input or output may have.
+
+    Returns:
+        The normalized parameters: every parameter of the operator, in catalog order.
+
+    Raises:
+        WorkloadError: with `.field` naming what is wrong ("operator", "dtype",
+            "epilogue", "params", "params.<name>").
+    """
+    op = OPERATORS.get(operator) if isinstance(operator, str) else None
+    if op is None:
+        raise WorkloadError("operator", f"unknown operator {operator!r}; known: {', '.join(OPERATORS)}")
+    if dtype not in DTYPES:
+        raise WorkloadError("dtype", f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+    if epilogue not in EPILOGUES:
+        raise WorkloadError("epilogue", f"unknown epilogue {epilogue!r}; known: {', '.join(EPILOGUES)}")
+    if not isinstance(params, dict):
+        raise WorkloadError("params", f"params must be an object of integers, got {type(params).__name__}")
+    known = {p.name for p in op.params}
+    for name in params:
+        if name not in known:
+            raise WorkloadError(
+                f"params.{name}",
+                f"unknown parameter {name!r} for {operator}; known: {', '.join(p.name for p in op.params)}",
+            )
+    normalized: dict[str, int] = {}
+    for p in op.params:
+        value = params.get(p.name, p.default)
+        if value is None:
+            raise WorkloadError(f"params.{p.name}", f"missing required parameter {p.name!r} ({p.description})")
+        # bool is an Integral in Python; a JSON true must not pass as 1
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise WorkloadError(f"params.{p.name}", f"{p.name} must be an integer, got {value!r}")
+        value = int(value)
+        if not p.minimum <= value <= p.maximum:
+            raise WorkloadError(
+                f"params.{p.name}", f"{p.name}={value} is out of range [{p.minimum}, {p.maximum}]"
+            )
+        normalized[p.name] = value
+    impl = _IMPLS[operator]
+    impl.check(normalized)
+    shapes = impl.shapes(normalized)
+    for role, shape in (("data", shapes.data), ("weight", shapes.weight), ("output", shapes.output)):
+        size = math.prod(shape)
+        if size > max_tensor_elements:
+            raise WorkloadError(
+                "params",
+                f"{role} tensor {'x'.join(map(str, shape))} has {size} elements, "
+                f"more than the limit {max_tensor_elements}",
+            )
+    return normalized
+
+
+def workload_key(operator: str, params: dict[str, int], dtype: str, epilogue: str) -> str:
+    """The canonical content key of a normalized workload.
+
+    Args:
+        operator: the operator name.
+        params: normalized parameters (as returned by `validate`).
+        dtype: element type.
+        epilogue: epilogue name.
+
+    Returns:
+        e.g. "conv2d[batch=1,dilation=1,...,width=56]:float32:none".
+    """
+    body = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{operator}[{body}]:{dtype}:{epilogue}"
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """One operator instance: shapes, a content key, the TE program and its torch reference.
+
+    Equality and hashing follow `key`. `prim_func` is built on first access (it
+    needs TVM), so a workload can be made and keyed where TVM is not loaded.
+    """
+
+    operator: str
+    params: dict[str, int]
+    dtype: str
+    epilogue: str
+    key: str
+    inputs: tuple[TensorSpec, ...]  # data, weight, then bias (if any): the call order
+    output: TensorSpec
+    flops: int
+    _bias_axis: int = field(repr=False, default=1)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Workload) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    @property
+    def args(self) -> tuple[TensorSpec, ...]:
+        """All arguments of `prim_func` in call order: inputs, then the output."""
+        return (*self.inputs, self.output)
+
+    @functools.cached_property
+    def prim_func(self) -> tvm.tirx.PrimFunc:
+        """The untransformed TIR program (global_symbol "main"), from `te.create_prim_func`."""
+        from tvm import te, tirx
+
+        placeholders = [te.placeholder(s.shape, s.dtype, name=s.name) for s in self.inputs]
+        out = _IMPLS[self.operator].te_compute(self.params, placeholders[0], placeholders[1])
+        assert tuple(int(d) for d in out.shape) == self.output.shape, (
+            f"{self.operator}: TE output shape {tuple(out.shape)} != expected {self.output.shape}"
+        )
+        if self.epilogue in ("bias", "bias_relu"):
+            conv, bias, axis = out, placeholders[2], self._bias_axis
+            out = te.compute(conv.shape, lambda *i: conv(*i) + bias[i[axis]], name="bias_add")
+        if self.epilogue in ("relu", "bias_relu"):
+            pre = out
+            out = te.compute(pre.shape, lambda *i: tirx.max(pre(*i), tirx.const(0, pre.dtype)), name="relu")
+        return te.create_prim_func([*placeholders, out]).with_attr("global_symbol", "main")
+
+    @functools.cached_property
+    def compute_block(self) -> str:
+        """Name of the operator's reduction block in `prim_func` (e.g. "conv2d_nchw")."""
+        from tvm import s_tir, tirx
+
+        sch = s_tir.Schedule(self.prim_func)
+        names = [
+            sch.get(rv).name_hint
+            for rv in sch.get_child_blocks(sch.get_sblock("root"))
+            if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(rv).iter_vars)
+        ]
+        assert len(names) == 1, f"{self.key}: expected one reduction block, found {names}"
+        return names[0]
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Uniform [-1, 1) inputs in call order, reproducible from `seed`."""
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        return [rng.uniform(-1.0, 1.0, size=s.shape).astype(s.dtype) for s in self.inputs]
+
+    def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
+        """Computes the workload with torch: the ground truth every candidate is checked against.
+
+        Args:
+            inputs: arrays in the shapes and order of `inputs`.
+
+        Returns:
+            The output as a numpy array of `output.shape`.
+        """
+        import torch
+
+        assert len(inputs) == len(self.inputs), f"{len(inputs)=} != {len(self.inputs)=}"
+        for array, spec in zip(inputs, self.inputs):
+            assert tuple(array.shape) == spec.shape, f"{spec.name}: {array.shape=} != {spec.shape=}"
+        with torch.no_grad():
+            x, w, *rest = (torch.from_numpy(a) for a in inputs)
+            y = _IMPLS[self.operator].reference(self.params, x, w)
+            if self.epilogue in ("bias", "bias_relu"):
+                view = [1] * y.dim()
+                view[self._bias_axis] = -1
+                y = y + rest[0].reshape(view)
+            if self.epilogue in ("relu", "bias_relu"):
+                y = torch.relu(y)
+        out = y.numpy()
+        assert out.shape == self.output.shape, f"{out.shape=} != {self.output.shape=}"
+        return out
+
+
+def make_workload(
+    operator: str,
+    params: dict,
+    dtype: str = "float32",
+    epilogue: str = "none",
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+) -> Workload:
+    """Validates a workload description and returns the workload.
+
+    Args:
+        operator: a name in `OPERATORS`.
+        params: the operator's parameters (defaults filled in by `validate`).
+        dtype: element type, one of `DTYPES`.
+        epilogue: one of `EPILOGUES`; bias is per output channel (per N column for
+            dense and batch_matmul).
+        max_tensor_elements: the largest number of elements any tensor may have.
+
+    Returns:
+        The workload; its `prim_func` is built on first access.
+
+    Raises:
+        WorkloadError: see `validate`.
+    """
+    normalized = validate(operator, params, dtype, epilogue, max_tensor_elements)
+    shapes = _IMPLS[operator].shapes(normalized)
+    inputs = [TensorSpec("data", shapes.data, dtype), TensorSpec("weight", shapes.weight, dtype)]
+    if epilogue in ("bias", "bias_relu"):
+        inputs.append(TensorSpec("bias", (shapes.output[shapes.bias_axis],), dtype))
+    out_size = math.prod(shapes.output)
+    epilogue_flops = out_size * (("bias" in epilogue) + ("relu" in epilogue))
+    return Workload(
+        operator=operator,
+        params=normalized,
+        dtype=dtype,
+        epilogue=epilogue,
+        key=workload_key(operator, normalized, dtype, epilogue),
+        inputs=tuple(inputs),
+        output=TensorSpec("output", shapes.output, dtype),
+        flops=2 * shapes.macs + epilogue_flops,
+        _bias_axis=shapes.bias_axis,
+    )
