@@ -1,0 +1,50 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, RedirectResponse
+from sqlalchemy import text
+
+from service.api import jobs, operators, schedules
+from service.api.deps import SettingsDep
+from service.db import StorageError, get_engine
+from service.schemas import Health
+from service.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; `settings` defaults to the environment."""
+    app = FastAPI(
+        title="altune",
+        version="0.1.0",
+        description="Auto-tuning service for deep-learning compilation: submit an operator, "
+        "workers tune data layouts and loops on Apache TVM, download the compiled artifact.",
+    )
+    app.state.settings = settings or get_settings()
+
+    api = APIRouter(prefix="/api/v1")
+    api.include_router(jobs.router)
+    api.include_router(schedules.router)
+    api.include_router(operators.router)
+    app.include_router(api)
+
+    @app.exception_handler(StorageError)
+    async def storage_error(_request: Request, exc: StorageError) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
+
+    @app.get("/healthz", response_model=Health, tags=["health"])
+    def read_health(settings: SettingsDep) -> Health:
+        """200 when the API and its database answer."""
+        try:
+            with get_engine(settings.resolved_database_url).connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as e:  # any driver error means: not healthy
+            raise HTTPException(503, f"database unreachable: {e}") from e
+        return Health(status="ok", database="ok")
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    return app

@@ -1,0 +1,125 @@
+"""Jobs: submit, list, read, trials, cancel, artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import FileResponse
+from sqlalchemy import update
+
+from service.api.deps import SessionDep, SettingsDep, invalid
+from service.db import utcnow
+from service.models import FINISHED, Artifact, Job, TrialRow
+from service.schemas import JobPublic, JobsPublic, OperatorJobCreate, TrialsPublic
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+StatusFilter = Annotated[
+    str | None, Query(pattern="^(queued|running|succeeded|failed|cancelled)$", description="only jobs in this status")
+]
+
+
+def _public(session: SessionDep, job: Job) -> JobPublic:
+    out = JobPublic.model_validate(job)
+    out.has_artifact = Artifact.find_by_job(session, job.id) is not None
+    return out
+
+
+def _job_or_404(session: SessionDep, job_id: int) -> Job:
+    try:
+        return Job.find_or_raise_by_id(session, job_id)
+    except KeyError:
+        raise HTTPException(404, f"job {job_id} not found") from None
+
+
+def validate_operator_job(body: OperatorJobCreate, settings: SettingsDep) -> dict:
+    """Check an operator job spec against the catalog and the server's limits; return it normalized.
+
+    Raises:
+        RequestValidationError: naming the offending field.
+    """
+    from compiler.target import TARGET_NAMES
+    from compiler.workloads import WorkloadError, validate
+
+    if body.budget > settings.max_budget:
+        raise invalid(("body", "budget"), f"budget must be at most {settings.max_budget}, got {body.budget}")
+    if body.target not in TARGET_NAMES:
+        raise invalid(("body", "target"), f"unknown target {body.target!r}; known: {', '.join(TARGET_NAMES)}")
+    try:
+        params = validate(body.operator, body.params, body.dtype, body.epilogue, settings.max_tensor_elements)
+    except WorkloadError as e:
+        raise invalid(("body", *e.field.split(".")), e.message) from None
+    return body.model_dump() | {"params": params}
+
+
+@router.post("", status_code=201, response_model=JobPublic)
+def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
+    """Submit an operator to tune; answers at once, a worker runs it."""
+    spec = validate_operator_job(body, settings)
+    job = Job(kind=body.kind, name=body.operator, spec=spec, target=body.target, budget=body.budget)
+    session.add(job)
+    session.flush()
+    return _public(session, job)
+
+
+@router.get("", response_model=JobsPublic)
+def read_jobs(
+    session: SessionDep,
+    status: StatusFilter = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobsPublic:
+    """List jobs, newest first."""
+    jobs, count = Job.where_status(session, status, limit, offset)
+    return JobsPublic(data=[_public(session, j) for j in jobs], count=count)
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def read_job(job_id: int, session: SessionDep) -> JobPublic:
+    """Status, progress and best latency of one job, with its tasks."""
+    return _public(session, _job_or_404(session, job_id))
+
+
+@router.get("/{job_id}/trials", response_model=TrialsPublic)
+def read_trials(
+    job_id: int,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> TrialsPublic:
+    """Page through every measured trial of a job, in measurement order."""
+    _job_or_404(session, job_id)
+    rows, count = TrialRow.where_job(session, job_id, limit, offset)
+    return TrialsPublic(data=rows, count=count)
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(job_id: int, session: SessionDep) -> JobPublic:
+    """Stop a job; what was measured is kept. A queued job is cancelled at once, a running one within seconds."""
+    job = _job_or_404(session, job_id)
+    if job.status in FINISHED:
+        raise HTTPException(409, f"job {job_id} is already {job.status}")
+    # one conditional statement, so a worker claiming the job at this moment cannot be missed
+    now = utcnow()
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.status == "queued").values(status="cancelled", finished_at=now)
+    )
+    session.execute(update(Job).where(Job.id == job_id, Job.status == "running").values(cancel_requested=True))
+    session.refresh(job)
+    return _public(session, job)
+
+
+@router.get(
+    "/{job_id}/artifact",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/gzip": {}}, "description": "tar.gz: lib.so, manifest.json, schedule.py"}},
+)
+def read_artifact(job_id: int, session: SessionDep) -> FileResponse:
+    """Download the compiled artifact: library, manifest and TVMScript of the best schedule."""
+    job = _job_or_404(session, job_id)
+    artifact = Artifact.find_by_job(session, job_id)
+    if artifact is None or not Path(artifact.path).is_file():
+        raise HTTPException(404, f"job {job_id} has no artifact (status {job.status})")
+    return FileResponse(artifact.path, media_type="application/gzip", filename=f"altune-job-{job_id}.tar.gz")

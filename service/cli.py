@@ -1,0 +1,212 @@
+"""The `altune` command: serve, worker, submit, tune, db upgrade.
+
+Heavy modules (TVM, torch, uvicorn) are imported inside the commands so that
+`altune --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from service.settings import Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in {"database_url": getattr(args, "database_url", None),
+                                   "host": getattr(args, "host", None),
+                                   "port": getattr(args, "port", None)}.items() if v is not None}
+    return Settings(**overrides)
+
+
+def _parse_params(pairs: list[str]) -> dict[str, int]:
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--param takes NAME=VALUE, got {pair!r}")
+        try:
+            params[name] = int(value)
+        except ValueError:
+            raise SystemExit(f"--param {name} must be an integer, got {value!r}") from None
+    return params
+
+
+def _spec_from_args(args: argparse.Namespace) -> dict:
+    if args.spec:
+        return json.loads(Path(args.spec).read_text())
+    if not args.operator:
+        raise SystemExit("give a spec file or --operator with --param NAME=VALUE ...")
+    return {"kind": "operator", "operator": args.operator, "params": _parse_params(args.param),
+            "dtype": args.dtype, "epilogue": args.epilogue, "target": args.target, "budget": args.budget,
+            "seed": args.seed}
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> None:
+    from service.db import upgrade
+
+    settings = _settings(args)
+    upgrade(settings.resolved_database_url)
+    print(f"database at {settings.resolved_database_url} is up to date")
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from service.db import check_schema
+    from service.worker import Worker
+
+    settings = _settings(args)
+    check_schema(settings.resolved_database_url)
+    Worker(settings).run_forever()
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from service.api import create_app
+    from service.db import SchemaOutdatedError, check_schema
+
+    settings = _settings(args)
+    try:
+        check_schema(settings.resolved_database_url)
+    except SchemaOutdatedError as e:
+        raise SystemExit(str(e)) from None
+    workers = []
+    env = os.environ | {"ALTUNE_DATABASE_URL": settings.resolved_database_url}
+    for _ in range(args.workers):
+        workers.append(subprocess.Popen([sys.executable, "-m", "service.cli", "worker"], env=env))
+    print(f"altune: API on http://{settings.host}:{settings.port}/ (docs at /docs), "
+          f"{args.workers} worker(s), database {settings.resolved_database_url}", flush=True)
+    try:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+
+
+def cmd_submit(args: argparse.Namespace) -> None:
+    import httpx
+
+    spec = _spec_from_args(args)
+    with httpx.Client(base_url=args.server, timeout=30) as client:
+        r = client.post("/api/v1/jobs", json=spec)
+        if r.status_code != 201:
+            raise SystemExit(f"rejected ({r.status_code}): {json.dumps(r.json().get('detail'), indent=1)}")
+        job = r.json()
+        print(f"job {job['id']} queued: {args.server}/api/v1/jobs/{job['id']}")
+        if not args.wait:
+            return
+        while job["status"] in ("queued", "running"):
+            time.sleep(2)
+            job = client.get(f"/api/v1/jobs/{job['id']}").json()
+            print(f"  {job['status']}: {job['trials_done']}/{job['budget']} trials, best {job['best_latency_ms']} ms",
+                  flush=True)
+        if job["status"] != "succeeded":
+            raise SystemExit(f"job {job['id']} {job['status']}: {job['error'] or ''}")
+        if args.out:
+            data = client.get(f"/api/v1/jobs/{job['id']}/artifact")
+            data.raise_for_status()
+            Path(args.out).write_bytes(data.content)
+            print(f"artifact written to {args.out}")
+
+
+def cmd_tune(args: argparse.Namespace) -> None:
+    """Tune locally, no server and no database: print progress, write the artifact."""
+    from fastapi.exceptions import RequestValidationError
+
+    from service.api.jobs import validate_operator_job
+    from service.schemas import OperatorJobCreate
+
+    settings = _settings(args)
+    try:
+        spec = validate_operator_job(OperatorJobCreate.model_validate(_spec_from_args(args)), settings)
+    except RequestValidationError as e:
+        raise SystemExit(f"invalid job: {e.errors()}") from None
+
+    from compiler.build import write_artifact
+    from compiler.target import resolve_target
+    from compiler.workloads import make_workload
+    from tuner import Task, apply_config, tune
+
+    workload = make_workload(spec["operator"], spec["params"], spec["dtype"], spec["epilogue"])
+    target = resolve_target(spec["target"])
+    task = Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func, target=target)
+    started = time.perf_counter()
+
+    def show(trial) -> None:
+        what = f"{trial.latency_ms:.4f} ms" if trial.latency_ms is not None else f"error: {trial.error[:80]}"
+        print(f"  trial {trial.index + 1}/{spec['budget']}: {what}", flush=True)
+
+    result = tune(task, spec["budget"], seed=spec["seed"], on_trial=show)
+    if result.best is None:
+        raise SystemExit("no candidate built and ran correctly")
+    print(f"best {result.best.latency_ms:.4f} ms (untuned {result.baseline_ms} ms) "
+          f"in {time.perf_counter() - started:.0f} s; config {json.dumps(result.best.config)}")
+    if args.out:
+        write_artifact(Path(args.out), workload, apply_config(task, result.best.config), target,
+                       result.best.latency_ms, spec)
+        print(f"artifact written to {args.out}")
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="?", help="JSON file with a job spec (as POST /api/v1/jobs takes)")
+    p.add_argument("--operator", help="operator name from the catalog, e.g. conv2d")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="operator parameter, repeatable")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--epilogue", default="none", choices=["none", "bias", "relu", "bias_relu"])
+    p.add_argument("--target", default="host")
+    p.add_argument("--budget", type=int, default=64, help="number of on-device measurements")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="where to write the artifact (.tar.gz)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="altune", description="auto-tuning service for deep-learning compilation")
+    parser.add_argument("--database-url", help="SQLAlchemy URL (default: $ALTUNE_DATABASE_URL or var/altune.db)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the API and worker(s)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--workers", type=int, default=1, help="worker processes to start beside the API (0: none)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="run one worker against the database")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("submit", help="submit a job to a running server")
+    _add_spec_args(p)
+    p.add_argument("--server", default="http://127.0.0.1:8000")
+    p.add_argument("--wait", action="store_true", help="wait for the job and print its progress")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("tune", help="tune an operator locally, without a server")
+    _add_spec_args(p)
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("db", help="database maintenance")
+    dbsub = p.add_subparsers(dest="db_command", required=True)
+    dbsub.add_parser("upgrade", help="apply the migrations").set_defaults(func=cmd_db_upgrade)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Engine, sessions and the schema-version check.
+
+`session_scope` is the one place that commits, rolls back and turns
+SQLAlchemy's errors into `StorageError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+class StorageError(RuntimeError):
+    """The database refused or could not be reached."""
+
+
+class SchemaOutdatedError(StorageError):
+    """The database schema is older than this code; `altune db upgrade` fixes it."""
+
+
+def utcnow() -> datetime:
+    """Naive UTC: what every DateTime column stores, on SQLite and PostgreSQL alike."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@cache
+def get_engine(url: str) -> Engine:
+    """One engine per URL per process. SQLite gets WAL and a busy timeout so the API and a worker can share it."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+@cache
+def _sessionmaker(url: str) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error.
+
+    Raises:
+        StorageError: from any SQLAlchemy error, with the original as its cause.
+    """
+    session = _sessionmaker(url)()
+    try:
+        yield session
+        session.commit()
+    except SQLAlchemyError as e:
+        session.rollback()
+        raise StorageError(f"database error: {e}") from e
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Apply the Alembic migrations up to `revision`."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
+
+
+def check_schema(url: str) -> None:
+    """Raise SchemaOutdatedError unless the database is at the newest migration."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    try:
+        with get_engine(url).connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as e:
+        raise StorageError(f"cannot reach the database {url}: {e}") from e
+    if current != head:
+        raise SchemaOutdatedError(
+            f"database schema is at {current or 'nothing'}, this altune needs {head}: run `altune db upgrade`"
+        )

@@ -1,0 +1,187 @@
+"""ORM models: jobs, tasks, trials, schedules, artifacts.
+
+Query helpers live on the classes with fixed verbs: `find_by_*` returns None,
+`find_or_raise_by_*` raises KeyError, `where_*` returns a list. They take the
+session as their first argument.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, func, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from service.db import utcnow
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[float]: JSON}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]]
+    target: Mapped[str] = mapped_column(String(32))
+    budget: Mapped[int]
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    trials_done: Mapped[int] = mapped_column(default=0)
+    errors: Mapped[int] = mapped_column(default=0)
+    best_latency_ms: Mapped[float | None] = mapped_column(Float)
+    baseline_ms: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    attempts: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+    tasks: Mapped[list[TuningTask]] = relationship(back_populates="job", order_by="TuningTask.id")
+
+    @classmethod
+    def find_by_id(cls, session: Session, job_id: int) -> Job | None:
+        return session.get(cls, job_id)
+
+    @classmethod
+    def find_or_raise_by_id(cls, session: Session, job_id: int) -> Job:
+        job = session.get(cls, job_id)
+        if job is None:
+            raise KeyError(f"job {job_id} not found")
+        return job
+
+    @classmethod
+    def where_status(cls, session: Session, status: str | None, limit: int, offset: int) -> tuple[list[Job], int]:
+        """A page of jobs, newest first, and the total count."""
+        query = select(cls)
+        count = select(func.count()).select_from(cls)
+        if status:
+            query, count = query.where(cls.status == status), count.where(cls.status == status)
+        rows = session.scalars(query.order_by(cls.id.desc()).limit(limit).offset(offset)).all()
+        return list(rows), session.scalar(count) or 0
+
+
+class TuningTask(Base):
+    """One workload to tune within a job (an operator job has one; a model job one per fused subgraph)."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (UniqueConstraint("job_id", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int]
+    name: Mapped[str] = mapped_column(String(128))
+    workload_key: Mapped[str] = mapped_column(Text)
+    weight: Mapped[int] = mapped_column(default=1)
+    budget: Mapped[int]
+    trials_done: Mapped[int] = mapped_column(default=0)
+    best_latency_ms: Mapped[float | None] = mapped_column(Float)
+    baseline_ms: Mapped[float | None] = mapped_column(Float)
+    best_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    job: Mapped[Job] = relationship(back_populates="tasks")
+
+    @classmethod
+    def where_job(cls, session: Session, job_id: int) -> list[TuningTask]:
+        return list(session.scalars(select(cls).where(cls.job_id == job_id).order_by(cls.index)).all())
+
+
+class TrialRow(Base):
+    """One on-device measurement of one configuration."""
+
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("task_id", "index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int]
+    config: Mapped[dict[str, Any]]
+    latencies_ms: Mapped[list[float] | None] = mapped_column(JSON)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    predicted: Mapped[float | None] = mapped_column(Float)
+    stage: Mapped[str] = mapped_column(String(16), default="loop")
+    extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    @classmethod
+    def where_task(cls, session: Session, task_id: int) -> list[TrialRow]:
+        return list(session.scalars(select(cls).where(cls.task_id == task_id).order_by(cls.index)).all())
+
+    @classmethod
+    def where_job(cls, session: Session, job_id: int, limit: int, offset: int) -> tuple[list[TrialRow], int]:
+        rows = session.scalars(
+            select(cls).where(cls.job_id == job_id).order_by(cls.task_id, cls.index).limit(limit).offset(offset)
+        ).all()
+        count = session.scalar(select(func.count()).select_from(cls).where(cls.job_id == job_id)) or 0
+        return list(rows), count
+
+
+class Schedule(Base):
+    """The best known configuration of a workload on a target."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (UniqueConstraint("workload_key", "target_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_key: Mapped[str] = mapped_column(Text, index=True)
+    target_key: Mapped[str] = mapped_column(Text)
+    config: Mapped[dict[str, Any]]
+    latency_ms: Mapped[float] = mapped_column(Float)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+    @classmethod
+    def find_by_key(cls, session: Session, workload_key: str, target_key: str) -> Schedule | None:
+        return session.scalar(select(cls).where(cls.workload_key == workload_key, cls.target_key == target_key))
+
+    @classmethod
+    def where_filter(
+        cls,
+        session: Session,
+        *,
+        workload: str | None = None,
+        search: str | None = None,
+        target_key: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[list[Schedule], int]:
+        """Schedules matching an exact workload key and/or a substring of it, newest first, and their count."""
+        query = select(cls)
+        if workload:
+            query = query.where(cls.workload_key == workload)
+        if search:
+            query = query.where(cls.workload_key.contains(search))
+        if target_key:
+            query = query.where(cls.target_key == target_key)
+        count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        rows = session.scalars(query.order_by(cls.updated_at.desc()).limit(limit).offset(offset)).all()
+        return list(rows), count
+
+
+class Artifact(Base):
+    """A compiled, downloadable result of a job."""
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int]
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    @classmethod
+    def find_by_job(cls, session: Session, job_id: int) -> Artifact | None:
+        return session.scalar(select(cls).where(cls.job_id == job_id))

@@ -1,0 +1,159 @@
+"""Request and response bodies of the REST API (families: `XCreate`, `XPublic`, `XsPublic`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    # the database stores naive UTC; say so on the wire
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+class OperatorJobCreate(BaseModel):
+    """Tune one operator from the catalog (`GET /api/v1/operators`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "kind": "operator",
+                    "operator": "conv2d",
+                    "params": {
+                        "batch": 1, "in_channels": 64, "height": 56, "width": 56,
+                        "out_channels": 64, "kernel": 3, "stride": 1, "padding": 1,
+                    },
+                    "dtype": "float32",
+                    "target": "host",
+                    "budget": 64,
+                }
+            ]
+        },
+    )
+
+    kind: Literal["operator"] = "operator"
+    operator: str = Field(description="operator name from the catalog, e.g. conv2d")
+    params: dict[str, int] = Field(description="the operator's integer parameters (see the catalog for names and limits)")
+    dtype: str = Field("float32", description="element type of every tensor")
+    epilogue: Literal["none", "bias", "relu", "bias_relu"] = Field(
+        "none", description="element-wise stages fused after the operator"
+    )
+    target: str = Field("host", description="where to tune and run: host (this CPU, detected), llvm, cuda")
+    budget: int = Field(64, ge=1, description="number of on-device measurements")
+    seed: int = Field(0, ge=0, description="random seed of the search")
+
+
+class TaskPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    index: int
+    name: str
+    workload_key: str
+    weight: int
+    budget: int
+    trials_done: int
+    best_latency_ms: float | None
+    baseline_ms: float | None
+    best_config: dict[str, Any] | None
+
+
+class JobPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    kind: str
+    name: str
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    target: str
+    budget: int
+    trials_done: int = Field(description="measurements done of the budget")
+    errors: int = Field(description="measurements that failed (build, crash, timeout, wrong result)")
+    best_latency_ms: float | None = Field(description="best measured latency so far (median of its repeats)")
+    baseline_ms: float | None = Field(description="latency of the untuned program")
+    error: str | None = Field(description="why the job failed, if it did")
+    cancel_requested: bool
+    attempts: int = Field(description="how many times a worker claimed this job")
+    spec: dict[str, Any]
+    created_at: UTCDateTime
+    started_at: UTCDateTime | None
+    finished_at: UTCDateTime | None
+    updated_at: UTCDateTime
+    tasks: list[TaskPublic] = []
+    has_artifact: bool = False
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+class TrialPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    task_id: int
+    index: int
+    config: dict[str, Any]
+    latencies_ms: list[float] | None
+    latency_ms: float | None = Field(description="median of latencies_ms; null for an error trial")
+    error: str | None
+    predicted: float | None = Field(description="cost model score when the candidate was chosen")
+    stage: str
+    extra: dict[str, Any]
+    created_at: UTCDateTime
+
+
+class TrialsPublic(BaseModel):
+    data: list[TrialPublic]
+    count: int
+
+
+class SchedulePublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    workload_key: str
+    target_key: str
+    config: dict[str, Any]
+    latency_ms: float
+    job_id: int | None
+    updated_at: UTCDateTime
+
+
+class SchedulesPublic(BaseModel):
+    data: list[SchedulePublic]
+    count: int
+
+
+class ParamPublic(BaseModel):
+    name: str
+    minimum: int
+    maximum: int
+    default: int | None
+    required: bool
+    description: str
+
+
+class OperatorPublic(BaseModel):
+    name: str
+    description: str
+    params: list[ParamPublic]
+
+
+class OperatorsPublic(BaseModel):
+    data: list[OperatorPublic]
+    dtypes: list[str]
+    epilogues: list[str]
+    targets: list[str]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    database: Literal["ok"]

@@ -1,0 +1,40 @@
+"""Settings from the environment (`ALTUNE_*`) and flags; the only place that reads them."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told; each field is `ALTUNE_<NAME>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="ALTUNE_", extra="ignore")
+
+    data_dir: Path = Field(Path("var"), description="where the embedded database and artifacts live by default")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file in data_dir")
+    artifact_dir: Path | None = Field(None, description="where compiled artifacts are stored; default: data_dir/artifacts")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_budget: int = Field(10_000, description="largest accepted measurement budget of a job")
+    max_tensor_elements: int = Field(1 << 26, description="largest accepted tensor (elements) of a workload")
+    lease_seconds: float = Field(30.0, description="a worker that has not renewed its lease for this long loses its job")
+    poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
+    max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")
+    measure_timeout: float = Field(60.0, description="seconds a candidate may take to build and run")
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'altune.db').resolve()}"
+
+    @property
+    def resolved_artifact_dir(self) -> Path:
+        return (self.artifact_dir or self.data_dir / "artifacts").resolve()
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

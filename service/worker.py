@@ -1,0 +1,297 @@
+"""The worker: claims a queued job under a lease it keeps renewing, tunes it, stores every trial at once.
+
+A job is claimable when it is queued, or running with an expired lease (its
+worker died): the new owner resumes from the trials already in the database.
+Claiming is one conditional UPDATE after a `SELECT ... FOR UPDATE SKIP LOCKED`,
+so several workers on PostgreSQL never take the same job, and on SQLite the
+conditional UPDATE alone decides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import traceback
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import and_, func, or_, select, update
+
+from service.db import session_scope, utcnow
+from service.models import Artifact, Job, Schedule, TrialRow, TuningTask
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from tuner import Trial
+
+log = logging.getLogger("altune.worker")
+
+
+class LeaseLost(RuntimeError):
+    """Another worker owns the job now; stop without touching it."""
+
+
+def _claimable(now):
+    return or_(Job.status == "queued", and_(Job.status == "running", Job.lease_expires_at < now))
+
+
+class Worker:
+    """Runs jobs from the queue, one at a time."""
+
+    def __init__(self, settings: Settings, worker_id: str | None = None) -> None:
+        self.settings = settings
+        self.url = settings.resolved_database_url
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._stop = threading.Event()
+
+    # -- queue -------------------------------------------------------------------------------------------
+
+    def claim(self) -> int | None:
+        """Take the oldest claimable job; return its id, or None when there is none."""
+        now = utcnow()
+        with session_scope(self.url) as s:
+            job_id = s.scalar(
+                select(Job.id).where(_claimable(now)).order_by(Job.id).limit(1).with_for_update(skip_locked=True)
+            )
+            if job_id is None:
+                return None
+            claimed = s.execute(
+                update(Job)
+                .where(Job.id == job_id, _claimable(now))
+                .values(
+                    status="running",
+                    worker_id=self.worker_id,
+                    lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),
+                    attempts=Job.attempts + 1,
+                    started_at=func.coalesce(Job.started_at, now),
+                )
+            ).rowcount
+        return job_id if claimed == 1 else None
+
+    def renew(self, job_id: int) -> bool:
+        """Extend the lease; False when this worker no longer owns the job."""
+        with session_scope(self.url) as s:
+            return (
+                s.execute(
+                    update(Job)
+                    .where(Job.id == job_id, Job.worker_id == self.worker_id, Job.status == "running")
+                    .values(lease_expires_at=utcnow() + timedelta(seconds=self.settings.lease_seconds))
+                ).rowcount
+                == 1
+            )
+
+    def run_forever(self) -> None:
+        """Claim and run jobs until `stop()`."""
+        log.info("worker %s polling %s", self.worker_id, self.url)
+        while not self._stop.is_set():
+            if self.run_once() is None:
+                self._stop.wait(self.settings.poll_seconds)
+
+    def run_once(self) -> int | None:
+        """Claim one job and run it to the end; return its id, or None when the queue is empty."""
+        job_id = self.claim()
+        if job_id is not None:
+            self.run_job(job_id)
+        return job_id
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- one job -----------------------------------------------------------------------------------------
+
+    def run_job(self, job_id: int) -> None:
+        """Tune a claimed job; every outcome ends in a finished status unless the lease was lost."""
+        run = _JobRun(self, job_id)
+        run.heartbeat.start()
+        try:
+            run.execute()
+        except LeaseLost:
+            log.warning("job %s: lease lost, leaving it to its new owner", job_id)
+        except Exception as e:  # a failing job must never take the worker down
+            log.exception("job %s failed", job_id)
+            run.finish("failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
+        finally:
+            run.done.set()
+            run.heartbeat.join()
+
+
+class _JobRun:
+    """State of one job while a worker runs it: the heartbeat and the stop reason."""
+
+    def __init__(self, worker: Worker, job_id: int) -> None:
+        self.worker = worker
+        self.settings = worker.settings
+        self.url = worker.url
+        self.job_id = job_id
+        self.done = threading.Event()
+        self.stop_reason: str | None = None  # "cancel" | "lease"
+        self.heartbeat = threading.Thread(target=self._beat, name=f"lease-{job_id}", daemon=True)
+
+    def _beat(self) -> None:
+        interval = max(self.settings.lease_seconds / 3, 0.2)
+        while not self.done.wait(interval):
+            try:
+                if not self.worker.renew(self.job_id):
+                    self.stop_reason = "lease"
+                    return
+                with session_scope(self.url) as s:
+                    if s.scalar(select(Job.cancel_requested).where(Job.id == self.job_id)):
+                        self.stop_reason = self.stop_reason or "cancel"
+            except Exception:  # a database hiccup: try again at the next beat, the lease has slack
+                log.exception("job %s: heartbeat failed", self.job_id)
+
+    def should_stop(self) -> bool:
+        return self.stop_reason is not None
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        """Mark the job finished, only if this worker still owns it."""
+        with session_scope(self.url) as s:
+            s.execute(
+                update(Job)
+                .where(Job.id == self.job_id, Job.worker_id == self.worker.worker_id, Job.status == "running")
+                .values(status=status, error=error, finished_at=utcnow(), lease_expires_at=None)
+            )
+
+    def execute(self) -> None:
+        from compiler.target import resolve_target, target_key
+        from compiler.workloads import make_workload
+        from tuner import Task, tune
+
+        with session_scope(self.url) as s:
+            job = Job.find_or_raise_by_id(s, self.job_id)
+            spec, budget, attempts = dict(job.spec), job.budget, job.attempts
+        if attempts > self.settings.max_attempts:
+            self.finish("failed", error=f"abandoned by a worker {attempts - 1} times; giving up")
+            return
+
+        workload = make_workload(
+            spec["operator"], spec["params"], spec["dtype"], spec["epilogue"], self.settings.max_tensor_elements
+        )
+        target = resolve_target(spec["target"])
+        tkey = target_key(spec["target"])
+        task = Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func, target=target)
+        task_id, prior, start_from = self._prepare(workload.key, tkey, budget)
+
+        result = tune(
+            task,
+            budget,
+            seed=spec.get("seed", 0),
+            prior=prior,
+            start_from=start_from,
+            on_trial=lambda trial: self._record(task_id, trial),
+            should_stop=self.should_stop,
+        )
+        if self.stop_reason == "lease":
+            raise LeaseLost()
+
+        with session_scope(self.url) as s:
+            s.execute(update(TuningTask).where(TuningTask.id == task_id).values(baseline_ms=result.baseline_ms))
+            s.execute(update(Job).where(Job.id == self.job_id).values(baseline_ms=result.baseline_ms))
+
+        best = result.best
+        if best is not None:
+            from tuner import apply_config
+
+            mod = apply_config(task, best.config)
+            self._store_artifact(workload, mod, target, best.latency_ms, spec)
+            self._store_schedule(workload.key, tkey, best.config, best.latency_ms)
+        if self.stop_reason == "cancel":
+            self.finish("cancelled")
+        elif best is None:
+            self.finish("failed", error="no candidate built and ran correctly; see the trials' errors")
+        else:
+            self.finish("succeeded")
+
+    def _prepare(self, workload_key: str, tkey: str, budget: int) -> tuple[int, list[Trial], list[dict]]:
+        """Create the job's task on first run; load its trials (resume) and the known best schedule."""
+        from tuner import Trial
+
+        with session_scope(self.url) as s:
+            tasks = TuningTask.where_job(s, self.job_id)
+            if tasks:
+                task = tasks[0]
+            else:
+                task = TuningTask(job_id=self.job_id, index=0, name=workload_key.split("[")[0],
+                                  workload_key=workload_key, weight=1, budget=budget)
+                s.add(task)
+                s.flush()
+            prior = [
+                Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error,
+                      predicted=r.predicted, stage=r.stage, extra=r.extra)
+                for r in TrialRow.where_task(s, task.id)
+            ]
+            known = Schedule.find_by_key(s, workload_key, tkey)
+            tried = [t.config for t in prior]
+            start_from = [known.config] if known is not None and known.config not in tried else []
+            return task.id, prior, start_from
+
+    def _record(self, task_id: int, trial: Trial) -> None:
+        """Write one trial the moment it is measured, with the job's and task's progress, if the lease holds."""
+        if self.stop_reason == "lease":
+            return
+        latency = trial.latency_ms
+        with session_scope(self.url) as s:
+            owned = s.execute(
+                update(Job)
+                .where(Job.id == self.job_id, Job.worker_id == self.worker.worker_id, Job.status == "running")
+                .values(
+                    trials_done=Job.trials_done + 1,
+                    errors=Job.errors + (1 if trial.error else 0),
+                    best_latency_ms=_min_sql(Job.best_latency_ms, latency),
+                )
+            ).rowcount
+            if owned != 1:
+                self.stop_reason = "lease"
+                return
+            s.add(
+                TrialRow(job_id=self.job_id, task_id=task_id, index=trial.index, config=trial.config,
+                         latencies_ms=trial.latencies_ms, latency_ms=latency, error=trial.error,
+                         predicted=trial.predicted, stage=trial.stage, extra=trial.extra or {})
+            )
+            values = {"trials_done": TuningTask.trials_done + 1}
+            if latency is not None:
+                values["best_latency_ms"] = _min_sql(TuningTask.best_latency_ms, latency)
+            s.execute(update(TuningTask).where(TuningTask.id == task_id).values(**values))
+            if latency is not None:
+                task = s.get(TuningTask, task_id)
+                if task.best_latency_ms is None or latency <= task.best_latency_ms:
+                    task.best_config = trial.config
+
+    def _store_artifact(self, workload, mod, target, latency_ms: float | None, spec: dict) -> None:
+        from compiler.build import write_artifact
+
+        dest_dir = self.settings.resolved_artifact_dir
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        dest = dest_dir / f"job-{self.job_id}.tar.gz"
+        path = Path(write_artifact(dest, workload, mod, target, latency_ms, spec))
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        with session_scope(self.url) as s:
+            row = Artifact.find_by_job(s, self.job_id)
+            if row is None:
+                s.add(Artifact(job_id=self.job_id, path=str(path), size=path.stat().st_size, sha256=digest))
+            else:
+                row.path, row.size, row.sha256, row.created_at = str(path), path.stat().st_size, digest, utcnow()
+
+    def _store_schedule(self, workload_key: str, tkey: str, config: dict, latency_ms: float) -> None:
+        """Keep the configuration if it beats the best known one for this workload and target."""
+        with session_scope(self.url) as s:
+            row = Schedule.find_by_key(s, workload_key, tkey)
+            if row is None:
+                s.add(Schedule(workload_key=workload_key, target_key=tkey, config=config,
+                               latency_ms=latency_ms, job_id=self.job_id))
+            elif latency_ms < row.latency_ms:
+                row.config, row.latency_ms, row.job_id = config, latency_ms, self.job_id
+
+
+def _min_sql(column, value: float | None):
+    """SQL for min(column, value) that treats NULL as +infinity on every backend."""
+    if value is None:
+        return column
+    from sqlalchemy import case
+
+    return case((or_(column.is_(None), column > value), value), else_=column)

@@ -1,0 +1,128 @@
+"""Shared fixtures: one database per test, on SQLite always and on PostgreSQL where it answers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+POSTGRES_URL = os.environ.get("ALTUNE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _postgres_reason() -> str | None:
+    """None when PostgreSQL answers, else why the PostgreSQL variants are skipped."""
+    try:
+        import psycopg
+
+        url = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(url, connect_timeout=3):
+            return None
+    except Exception as e:
+        return f"PostgreSQL not reachable at {POSTGRES_URL}: {e}"
+
+
+_PG_SKIP = _postgres_reason()
+
+
+def _reset_postgres(url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> str:
+    """A migrated, empty database."""
+    from service.db import upgrade
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'altune.db'}"
+    else:
+        if _PG_SKIP:
+            pytest.skip(_PG_SKIP)
+        url = POSTGRES_URL
+        _reset_postgres(url)
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    from service.db import upgrade
+
+    url = f"sqlite:///{tmp_path / 'altune.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def settings(db_url, tmp_path):
+    from service.settings import Settings
+
+    return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2)
+
+
+@pytest.fixture
+def client(settings):
+    from fastapi.testclient import TestClient
+
+    from service.api import create_app
+
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """The real API on a loopback port with one worker, both in threads of this process."""
+
+    def __init__(self, settings) -> None:
+        import uvicorn
+
+        from service.api import create_app
+        from service.worker import Worker
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.worker = Worker(settings)
+        self._threads = [
+            threading.Thread(target=self.server.run, daemon=True),
+            threading.Thread(target=self.worker.run_forever, daemon=True),
+        ]
+
+    def __enter__(self) -> LiveServer:
+        for t in self._threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start in 30 s"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.worker.stop()
+        self.server.should_exit = True
+        for t in self._threads:
+            t.join(60)
+
+
+@pytest.fixture
+def live_server(settings) -> Iterator[LiveServer]:
+    with LiveServer(settings) as server:
+        yield server
