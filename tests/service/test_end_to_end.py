@@ -1,0 +1,94 @@
+"""The whole product over HTTP: submit, a worker tunes, download the artifact, run it, compare with torch."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from service.db import session_scope
+from service.models import Schedule, TrialRow
+
+CONV = {"kind": "operator", "operator": "conv2d",
+        "params": {"batch": 1, "in_channels": 16, "height": 14, "width": 14, "out_channels": 16,
+                   "kernel": 3, "stride": 1, "padding": 1},
+        "dtype": "float32", "epilogue": "bias_relu", "target": "host", "budget": 16}
+
+
+def _wait(client: httpx.Client, job_id: int, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(f"/api/v1/jobs/{job_id}").json()
+        if job["status"] not in ("queued", "running"):
+            return job
+        assert time.monotonic() < deadline, f"job still {job['status']} after {timeout} s: {job}"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_submit_tune_download_and_run(live_server, settings, tmp_path):
+    import tvm
+
+    from compiler.workloads import make_workload
+
+    with httpx.Client(base_url=live_server.url, timeout=30) as client:
+        r = client.post("/api/v1/jobs", json=CONV)
+        assert r.status_code == 201, r.text
+        job = _wait(client, r.json()["id"])
+        assert job["status"] == "succeeded", job["error"]
+        assert job["trials_done"] == CONV["budget"] and job["best_latency_ms"] > 0
+        assert job["baseline_ms"] and job["has_artifact"]
+        (task,) = job["tasks"]
+
+        trials = client.get(f"/api/v1/jobs/{job['id']}/trials", params={"limit": 5, "offset": 0}).json()
+        assert trials["count"] == CONV["budget"] and len(trials["data"]) == 5
+        rest = client.get(f"/api/v1/jobs/{job['id']}/trials", params={"limit": 100, "offset": 5}).json()["data"]
+        measured = [t["latency_ms"] for t in trials["data"] + rest if t["latency_ms"] is not None]
+        assert min(measured) == pytest.approx(job["best_latency_ms"])
+
+        artifact = client.get(f"/api/v1/jobs/{job['id']}/artifact")
+        assert artifact.status_code == 200 and artifact.headers["content-type"] == "application/gzip"
+
+        known = client.get("/api/v1/schedules", params={"workload": task["workload_key"], "target": "host"}).json()
+        assert known["count"] == 1 and known["data"][0]["job_id"] == job["id"]
+
+    with session_scope(settings.resolved_database_url) as s:
+        rows = TrialRow.where_task(s, task["id"])
+        assert len(rows) == CONV["budget"]
+        assert all((r.latency_ms is None) == (r.error is not None) for r in rows)
+        assert all(r.latencies_ms for r in rows if r.error is None)
+        assert Schedule.find_by_key(s, task["workload_key"], known["data"][0]["target_key"]).latency_ms == (
+            pytest.approx(job["best_latency_ms"])
+        )
+
+    with tarfile.open(fileobj=io.BytesIO(artifact.content)) as tar:
+        names = set(tar.getnames())
+        assert {"lib.so", "manifest.json", "schedule.py"} <= names, names
+        tar.extractall(tmp_path, filter="data")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["spec"]["params"]["kernel"] == 3 and manifest["latency_ms"] == pytest.approx(
+        job["best_latency_ms"])
+    lib = tvm.runtime.load_module(str(tmp_path / "lib.so"))
+    workload = make_workload(CONV["operator"], CONV["params"], epilogue=CONV["epilogue"])
+    inputs = workload.random_inputs(seed=7)
+    out = tvm.runtime.tensor(np.zeros(workload.output.shape, dtype=workload.output.dtype))
+    lib[manifest["function"]](*[tvm.runtime.tensor(x) for x in inputs], out)
+    np.testing.assert_allclose(out.numpy(), workload.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_second_job_of_a_workload_starts_from_the_known_schedule(live_server, settings):
+    spec = CONV | {"budget": 4, "epilogue": "none"}
+    with httpx.Client(base_url=live_server.url, timeout=30) as client:
+        first = _wait(client, client.post("/api/v1/jobs", json=spec).json()["id"])
+        assert first["status"] == "succeeded", first["error"]
+        best = first["tasks"][0]["best_config"]
+        second = _wait(client, client.post("/api/v1/jobs", json=spec | {"seed": 5}).json()["id"])
+        assert second["status"] == "succeeded", second["error"]
+        trials = client.get(f"/api/v1/jobs/{second['id']}/trials").json()["data"]
+    assert trials[0]["config"] == best, "the known best schedule is measured first"

@@ -1,0 +1,145 @@
+"""The worker and the queue: claiming under contention, cancel, a lease that expires, resume."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from service.db import session_scope, utcnow
+from service.models import Job, TrialRow
+from service.worker import Worker
+
+SMALL_DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 32, "n": 32, "k": 32},
+               "dtype": "float32", "epilogue": "none", "target": "host", "budget": 8, "seed": 0}
+
+
+def _add_jobs(url: str, n: int, spec: dict = SMALL_DENSE) -> list[int]:
+    with session_scope(url) as s:
+        jobs = [Job(kind="operator", name=spec["operator"], spec=spec, target=spec["target"], budget=spec["budget"])
+                for _ in range(n)]
+        s.add_all(jobs)
+        s.flush()
+        return [j.id for j in jobs]
+
+
+def _job(url: str, job_id: int) -> Job:
+    with session_scope(url) as s:
+        return Job.find_or_raise_by_id(s, job_id)
+
+
+def test_three_workers_never_take_the_same_job(settings):
+    url = settings.resolved_database_url
+    ids = _add_jobs(url, 40)
+    workers = [Worker(settings, f"w{i}") for i in range(3)]
+    taken: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(3)
+
+    def drain(worker: Worker) -> None:
+        start.wait()
+        while (job_id := worker.claim()) is not None:
+            with lock:
+                taken.append((worker.worker_id, job_id))
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    claimed = [job_id for _, job_id in taken]
+    assert sorted(claimed) == ids, "every job claimed exactly once"
+    with session_scope(url) as s:
+        rows = s.scalars(select(Job)).all()
+        assert all(j.status == "running" and j.attempts == 1 for j in rows)
+        owners = {j.id: j.worker_id for j in rows}
+    assert all(owners[job_id] == worker_id for worker_id, job_id in taken)
+
+
+def test_expired_lease_is_claimable_and_live_lease_is_not(settings):
+    url = settings.resolved_database_url
+    (job_id,) = _add_jobs(url, 1)
+    first, second = Worker(settings, "first"), Worker(settings, "second")
+    assert first.claim() == job_id
+    assert second.claim() is None, "a live lease keeps the job"
+    assert first.renew(job_id)
+    with session_scope(url) as s:
+        s.get(Job, job_id).lease_expires_at = utcnow() - timedelta(seconds=1)
+    assert second.claim() == job_id
+    assert not first.renew(job_id), "the old owner learns it lost the job"
+    assert _job(url, job_id).attempts == 2
+
+
+class _Crash(BaseException):
+    """Stands for the worker process dying: not an Exception, so nothing on the way catches it."""
+
+
+@pytest.mark.slow
+def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
+    from service import worker as worker_mod
+
+    settings = settings.model_copy(update={"lease_seconds": 1.0})
+    url = settings.resolved_database_url
+    (job_id,) = _add_jobs(url, 1)
+    record = worker_mod._JobRun._record
+    calls = {"n": 0}
+
+    def dying_record(self, task_id, trial):
+        record(self, task_id, trial)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise _Crash()
+
+    monkeypatch.setattr(worker_mod._JobRun, "_record", dying_record)
+    with pytest.raises(_Crash):
+        Worker(settings, "doomed").run_once()
+    monkeypatch.setattr(worker_mod._JobRun, "_record", record)
+
+    job = _job(url, job_id)
+    assert job.status == "running" and job.trials_done == 3
+    with session_scope(url) as s:
+        early = {(t.index, t.id) for t in TrialRow.where_task(s, _task_id(s, job_id))}
+    assert Worker(settings, "heir").claim() is None, "lease still live right after the crash"
+    time.sleep(1.2)
+    assert Worker(settings, "heir").run_once() == job_id
+
+    job = _job(url, job_id)
+    assert job.status == "succeeded", job.error
+    assert job.attempts == 2 and job.trials_done == SMALL_DENSE["budget"]
+    with session_scope(url) as s:
+        trials = TrialRow.where_task(s, _task_id(s, job_id))
+    assert [t.index for t in trials] == list(range(SMALL_DENSE["budget"]))
+    assert early <= {(t.index, t.id) for t in trials}, "the dead worker's trials are kept, not re-measured"
+
+
+def _task_id(session, job_id: int) -> int:
+    from service.models import TuningTask
+
+    (task,) = TuningTask.where_job(session, job_id)
+    return task.id
+
+
+@pytest.mark.slow
+def test_cancel_running_job_stops_within_seconds(settings):
+    url = settings.resolved_database_url
+    (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 500})
+    worker = Worker(settings.model_copy(update={"lease_seconds": 1.5}), "w")
+    thread = threading.Thread(target=worker.run_once)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while _job(url, job_id).trials_done < 2:
+        assert time.monotonic() < deadline, "no trial measured in 120 s"
+        time.sleep(0.2)
+    with session_scope(url) as s:
+        s.get(Job, job_id).cancel_requested = True
+    asked = time.monotonic()
+    thread.join(60)
+    stopped = time.monotonic() - asked
+    job = _job(url, job_id)
+    assert job.status == "cancelled" and stopped < 15, (job.status, stopped)
+    assert 2 <= job.trials_done < 500
+    with session_scope(url) as s:
+        assert len(TrialRow.where_task(s, _task_id(s, job_id))) == job.trials_done, "measured trials are kept"
