@@ -1,0 +1,180 @@
+"""Scheduled IRModule -> compiled module, and the deployable artifact (.tar.gz).
+
+An artifact holds three files:
+
+- `lib.so`: the compiled library (`export_library`), loadable with
+  `tvm.runtime.load_module` and nothing of altune;
+- `manifest.json`: function name, arguments in call order with shapes, dtypes and
+  roles, target, measured latency, workload key, the job spec, TVM version;
+- `schedule.py`: the TVMScript of the scheduled module, to read or rebuild.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tvm
+
+    from .workloads import Workload
+
+MANIFEST_FORMAT = 1
+ARTIFACT_FILES = ("lib.so", "manifest.json", "schedule.py")
+CALL_USAGE = 'lib["main"](*inputs, out)'
+
+
+def build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
+    """Compiles a (scheduled) TIR module.
+
+    Args:
+        mod: an IRModule whose "main" is a PrimFunc.
+        target: the TVM target (see `compiler.target.resolve_target`).
+
+    Returns:
+        A runnable runtime module: `lib["main"](*args)` and `lib.time_evaluator`.
+    """
+    import tvm
+
+    return tvm.compile(mod, target=target).jit()
+
+
+def _as_target(target: Any) -> tvm.target.Target:
+    import tvm
+
+    if isinstance(target, tvm.target.Target):
+        return target
+    from .target import resolve_target
+
+    return resolve_target(target)
+
+
+def make_manifest(
+    workload: Workload, target: tvm.target.Target, latency_ms: float | None, spec: dict
+) -> dict:
+    """The manifest.json content of an artifact (see the module docstring)."""
+    import tvm
+
+    args = [
+        {"name": s.name, "shape": list(s.shape), "dtype": s.dtype, "role": "input"} for s in workload.inputs
+    ]
+    out = workload.output
+    args.append({"name": out.name, "shape": list(out.shape), "dtype": out.dtype, "role": "output"})
+    return {
+        "format": MANIFEST_FORMAT,
+        "function": "main",
+        "args": args,
+        "call": CALL_USAGE,
+        "usage": (
+            "lib = tvm.runtime.load_module('lib.so'); pass tvm.runtime.tensor arrays for the inputs "
+            "and a preallocated output, in the order of 'args': " + CALL_USAGE
+        ),
+        "target": str(target),
+        "target_kind": str(target.kind.name),
+        "latency_ms": latency_ms,
+        "workload_key": workload.key,
+        "workload": {
+            "operator": workload.operator,
+            "params": dict(workload.params),
+            "dtype": workload.dtype,
+            "epilogue": workload.epilogue,
+            "flops": workload.flops,
+        },
+        "spec": spec,
+        "tvm_version": tvm.__version__,
+    }
+
+
+def write_artifact(
+    dest: Path,
+    workload: Workload,
+    mod: tvm.IRModule,
+    target: tvm.target.Target | str,
+    latency_ms: float | None,
+    spec: dict,
+) -> Path:
+    """Builds `mod` and writes the deployable artifact.
+
+    Args:
+        dest: path of the .tar.gz to write (parent folders are created); an existing
+            file is replaced atomically, so readers never see half an archive.
+        workload: the workload `mod` implements (its arguments and key go in the manifest).
+        mod: the scheduled module ("main" with the workload's signature).
+        target: a TVM target or a target name ("host", "llvm", "cuda").
+        latency_ms: measured latency of this module, or None if not measured.
+        spec: the job spec (JSON-serializable), recorded as given.
+
+    Returns:
+        `dest`.
+    """
+    target = _as_target(target)
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lib = build(mod, target)
+    manifest = make_manifest(workload, target, latency_ms, spec)
+    with tempfile.TemporaryDirectory(prefix="altune-artifact-") as tmp:
+        lib_path = Path(tmp) / "lib.so"
+        lib.export_library(str(lib_path))
+        partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+        try:
+            with tarfile.open(partial, "w:gz") as tar:
+                tar.add(lib_path, arcname="lib.so")
+                _add_bytes(tar, "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+                _add_bytes(tar, "schedule.py", mod.script().encode())
+            os.replace(partial, dest)
+        finally:
+            partial.unlink(missing_ok=True)
+    return dest
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def extract_artifact(path: Path, dest_dir: Path) -> Path:
+    """Extracts the known artifact files of `path` into `dest_dir` and returns it.
+
+    Only regular files named in `ARTIFACT_FILES` are extracted, so an archive
+    from elsewhere cannot write outside `dest_dir`.
+    """
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name in ARTIFACT_FILES]
+        missing = set(ARTIFACT_FILES) - {m.name for m in members}
+        if missing:
+            raise ValueError(f"{path}: not an altune artifact, missing {sorted(missing)}")
+        for member in members:
+            source = tar.extractfile(member)
+            assert source is not None, f"{member.name} has no content"
+            (dest_dir / member.name).write_bytes(source.read())
+    return dest_dir
+
+
+def load_artifact(path: Path, extract_dir: Path | None = None) -> tuple[tvm.runtime.Module, dict]:
+    """Loads an artifact written by `write_artifact`.
+
+    Args:
+        path: the .tar.gz.
+        extract_dir: where to extract it; a temporary folder (removed after
+            loading; the loaded library stays mapped) when None.
+
+    Returns:
+        (runtime module, manifest); call it as `lib["main"](*inputs, out)`.
+    """
+    import tvm
+
+    if extract_dir is not None:
+        folder = extract_artifact(path, extract_dir)
+        lib = tvm.runtime.load_module(str(folder / "lib.so"))
+        return lib, json.loads((folder / "manifest.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="altune-load-") as tmp:
+        return load_artifact(path, Path(tmp))

@@ -1,0 +1,39 @@
+"""Target names -> TVM targets with the detected host CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from compiler.target import TARGET_NAMES, resolve_target, target_key
+
+
+@pytest.mark.parametrize("name", ["host", "llvm"])
+def test_host_target_has_cpu_and_cores(name):
+    target = resolve_target(name)
+    assert target.kind.name == "llvm"
+    assert str(target.attrs["mcpu"]), "mcpu must be detected, never empty"
+    assert int(target.attrs["num-cores"]) == len(os.sched_getaffinity(0))
+
+
+def test_target_key_is_stable_and_names_the_cpu():
+    target = resolve_target("host")
+    key = target_key("host")
+    assert key == target_key("llvm") == f"llvm -mcpu={target.attrs['mcpu']} -num-cores={target.attrs['num-cores']}"
+
+
+def test_cuda_target_resolves_without_a_gpu():
+    target = resolve_target("cuda")
+    assert target.kind.name == "cuda"
+    assert target.host is not None and target.host.kind.name == "llvm"
+    assert target_key("cuda").startswith("cuda")
+
+
+@pytest.mark.parametrize("name", ["x86", "", "HOST"])
+def test_unknown_target_names_the_valid_ones(name):
+    with pytest.raises(ValueError, match="valid names: host, llvm, cuda"):
+        resolve_target(name)
+    with pytest.raises(ValueError):
+        target_key(name)
+    assert TARGET_NAMES == ("host", "llvm", "cuda")
