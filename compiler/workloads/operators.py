@@ -300,7 +300,8 @@ def _conv2d_te(p: dict[str, int], data: Any, weight: Any) -> Any:
 def _conv2d_ref(p: dict[str, int], x: Any, w: Any) -> Any:
     import torch.nn.functional as F
 
-    return F.conv2d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p.get("groups", 1))
+    groups = p.get("groups", 1)
+    return F.conv2d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=groups)
 
 
 _AXES_2D = ("height", "width")
@@ -321,7 +322,8 @@ def _depthwise_shapes(p: dict[str, int]) -> _Shapes:
     spatial_out = tuple(_conv_out(p[a], k, p["stride"], p["padding"], p["dilation"]) for a in _AXES_2D)
     output = (p["batch"], c, *spatial_out)
     # (C, 1, kh, kw) is torch's depthwise weight and topi's (C, multiplier=1, kh, kw) alike.
-    return _Shapes((p["batch"], c, p["height"], p["width"]), (c, 1, k, k), output, 1, math.prod(output) * k * k)
+    data = (p["batch"], c, p["height"], p["width"])
+    return _Shapes(data, (c, 1, k, k), output, 1, math.prod(output) * k * k)
 
 
 def _depthwise_te(p: dict[str, int], data: Any, weight: Any) -> Any:
@@ -333,7 +335,8 @@ def _depthwise_te(p: dict[str, int], data: Any, weight: Any) -> Any:
 def _depthwise_ref(p: dict[str, int], x: Any, w: Any) -> Any:
     import torch.nn.functional as F
 
-    return F.conv2d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p["channels"])
+    groups = p["channels"]
+    return F.conv2d(x, w, stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=groups)
 
 
 _AXES_1D = ("width",)
@@ -518,7 +521,9 @@ def validate(
     for p in op.params:
         value = params.get(p.name, p.default)
         if value is None:
-            raise WorkloadError(f"params.{p.name}", f"missing required parameter {p.name!r} ({p.description})")
+            raise WorkloadError(
+                f"params.{p.name}", f"missing required parameter {p.name!r} ({p.description})"
+            )
         # bool is an Integral in Python; a JSON true must not pass as 1
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise WorkloadError(f"params.{p.name}", f"{p.name} must be an integer, got {value!r}")
