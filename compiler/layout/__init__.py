@@ -1,0 +1,41 @@
+"""ALT layouts: primitives, propagation over a TE graph, and the rewriting pass (paper sec. 4 and 6)."""
+
+from __future__ import annotations
+
+from .primitives import (
+    DecoupleAt,
+    Fold,
+    Fuse,
+    Layout,
+    LayoutError,
+    Pad,
+    Primitive,
+    Reorder,
+    Split,
+    StoreAt,
+    Unfold,
+    Unpad,
+)
+from .propagate import Graph, Plan, propagate
+from .rewrite import CONVERT_PREFIX, Rewritten, rewrite
+
+__all__ = [
+    "CONVERT_PREFIX",
+    "DecoupleAt",
+    "Fold",
+    "Fuse",
+    "Graph",
+    "Layout",
+    "LayoutError",
+    "Pad",
+    "Plan",
+    "Primitive",
+    "Reorder",
+    "Rewritten",
+    "Split",
+    "StoreAt",
+    "Unfold",
+    "Unpad",
+    "propagate",
+    "rewrite",
+]

@@ -1,0 +1,710 @@
+"""ALT layout primitives (paper sec. 4.1) and `Layout`, a recorded sequence of them.
+
+A primitive maps the coordinates of a tensor to the coordinates of its new
+layout. Each one knows four things:
+
+* `out_shape(shape)`: the shape after it (Table 1 of the paper);
+* `forward(idx, shape, ctx)`: old index expressions -> new ones (how an access
+  `T[i...]` in the program is rewritten);
+* `backward(idx, shape)`: new index expressions -> old ones plus the conditions
+  under which the new coordinate holds real data (how a loop nest built over the
+  new layout finds the element it computes; padding gives conditions);
+* `pack(array, shape, attached)`: the same transformation on a numpy array (the
+  build-time packing of constants and the test oracle).
+
+`inverse(shape)` returns the primitives that undo it: split <-> fuse (+ unpad
+when the split padded), reorder <-> reorder, unfold <-> fold, pad <-> unpad,
+store_at <-> decouple_at.
+
+Dimensions are 0-based here (the paper counts from 1). Index expressions are
+TVM `PrimExpr`s; TVM is imported lazily so building a `Layout` needs only Python.
+
+Layering: `compiler` never imports `tuner` or `service`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .rewrite import AccessContext
+
+Shape = tuple[int, ...]
+
+
+class LayoutError(ValueError):
+    """A primitive does not fit the tensor it is applied to, or an access it cannot remap."""
+
+
+def _check_dim(name: str, dim: int, shape: Shape) -> None:
+    if not 0 <= dim < len(shape):
+        raise LayoutError(f"{name}: dim {dim} out of range for shape {shape}")
+
+
+def _floordiv(a: Any, b: int) -> Any:
+    from tvm import tirx
+
+    return a if b == 1 else tirx.floordiv(a, b)
+
+
+def _floormod(a: Any, b: int) -> Any:
+    from tvm import tirx
+
+    return 0 * a if b == 1 else tirx.floormod(a, b)
+
+
+class Primitive:
+    """Base class of the layout primitives; see the module docstring for the contract."""
+
+    basic: bool = True  # split, reorder, fuse: one-to-one, propagated freely
+
+    def out_shape(self, shape: Shape) -> Shape:
+        raise NotImplementedError
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        raise NotImplementedError
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        raise NotImplementedError
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        raise NotImplementedError
+
+    def trivial(self, shape: Shape) -> bool:
+        """True when the primitive changes nothing (an identity reorder, a pad of zero, ...)."""
+        return False
+
+
+# ---------------------------------------------------------------------------
+# Basic primitives (Table 1)
+
+
+@dataclass(frozen=True)
+class Split(Primitive):
+    """split(dim, factors): D -> F1 x ... x Fm; F1 may exceed D / prod(F2..Fm) (zero padding)."""
+
+    dim: int
+    factors: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        assert len(self.factors) >= 2 and all(f >= 1 for f in self.factors), f"{self.factors=}"
+
+    def _check(self, shape: Shape) -> None:
+        _check_dim("split", self.dim, shape)
+        if math.prod(self.factors) < shape[self.dim]:
+            raise LayoutError(f"split factors {self.factors} do not cover dim {self.dim} of size {shape[self.dim]}")
+
+    def out_shape(self, shape: Shape) -> Shape:
+        self._check(shape)
+        return shape[: self.dim] + self.factors + shape[self.dim + 1 :]
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        base = names[self.dim]
+        inner = self.factors[1:]
+        new = [f"{base}/{math.prod(inner)}"]
+        new += [str(f) for f in inner]
+        return names[: self.dim] + tuple(new) + names[self.dim + 1 :]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        i = idx[self.dim]
+        parts = []
+        for k in range(len(self.factors)):
+            below = math.prod(self.factors[k + 1 :])
+            part = _floordiv(i, below)
+            parts.append(part if k == 0 else _floormod(part, self.factors[k]))
+        return idx[: self.dim] + parts + idx[self.dim + 1 :]
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        m = len(self.factors)
+        parts = idx[self.dim : self.dim + m]
+        i = parts[0]
+        for f, p in zip(self.factors[1:], parts[1:]):
+            i = i * f + p
+        conds = [i < shape[self.dim]] if math.prod(self.factors) > shape[self.dim] else []
+        return idx[: self.dim] + [i] + idx[self.dim + m :], conds
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        import numpy as np
+
+        total = math.prod(self.factors)
+        if total > shape[self.dim]:
+            widths = [(0, 0)] * array.ndim
+            widths[self.dim] = (0, total - shape[self.dim])
+            array = np.pad(array, widths)
+        return array.reshape(self.out_shape(shape))
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        dims = tuple(range(self.dim, self.dim + len(self.factors)))
+        excess = math.prod(self.factors) - shape[self.dim]
+        return (Fuse(dims),) + ((Unpad(self.dim, 0, excess),) if excess else ())
+
+    def trivial(self, shape: Shape) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Reorder(Primitive):
+    """reorder(perm): new dim k is old dim perm[k]."""
+
+    perm: tuple[int, ...]
+
+    def _check(self, shape: Shape) -> None:
+        if sorted(self.perm) != list(range(len(shape))):
+            raise LayoutError(f"reorder perm {self.perm} is not a permutation of {len(shape)} dims")
+
+    def out_shape(self, shape: Shape) -> Shape:
+        self._check(shape)
+        return tuple(shape[p] for p in self.perm)
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        return tuple(names[p] for p in self.perm)
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        return [idx[p] for p in self.perm]
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        old = [None] * len(idx)
+        for k, p in enumerate(self.perm):
+            old[p] = idx[k]
+        return old, []
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        return array.transpose(self.perm)
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        inv = [0] * len(self.perm)
+        for k, p in enumerate(self.perm):
+            inv[p] = k
+        return (Reorder(tuple(inv)),)
+
+    def trivial(self, shape: Shape) -> bool:
+        return list(self.perm) == list(range(len(self.perm)))
+
+
+@dataclass(frozen=True)
+class Fuse(Primitive):
+    """fuse(dims): consecutive dims k..k+m become one of size N_k * ... * N_{k+m}."""
+
+    dims: tuple[int, ...]
+
+    def _check(self, shape: Shape) -> None:
+        d = self.dims
+        if len(d) < 2 or list(d) != list(range(d[0], d[0] + len(d))) or d[-1] >= len(shape) or d[0] < 0:
+            raise LayoutError(f"fuse dims {d} must be at least two consecutive dims of {shape}")
+
+    def out_shape(self, shape: Shape) -> Shape:
+        self._check(shape)
+        k, e = self.dims[0], self.dims[-1] + 1
+        return shape[:k] + (math.prod(shape[k:e]),) + shape[e:]
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        k, e = self.dims[0], self.dims[-1] + 1
+        return names[:k] + ("(" + " ".join(names[k:e]) + ")",) + names[e:]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        k, e = self.dims[0], self.dims[-1] + 1
+        fused = idx[k]
+        for d in range(k + 1, e):
+            fused = fused * shape[d] + idx[d]
+        return idx[:k] + [fused] + idx[e:]
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        k, e = self.dims[0], self.dims[-1] + 1
+        f = idx[k]
+        parts = []
+        for d in range(k, e):
+            below = math.prod(shape[d + 1 : e])
+            part = _floordiv(f, below)
+            parts.append(part if d == k else _floormod(part, shape[d]))
+        return idx[:k] + parts + idx[k + 1 :], []
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        return array.reshape(self.out_shape(shape))
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        k, e = self.dims[0], self.dims[-1] + 1
+        return (Split(k, tuple(shape[k:e])),)
+
+
+# ---------------------------------------------------------------------------
+# Advanced primitives (sec. 4.1.2) and the inverses
+
+
+def _unfold_tiles(extent: int, tile: int, stride: int) -> int:
+    return max(0, math.ceil((extent - tile) / stride)) + 1
+
+
+@dataclass(frozen=True)
+class Unfold(Primitive):
+    """unfold(dim, tile_size B, stride S): D -> (ceil((D-B)/S)+1) x B, overlapping tiles.
+
+    An access `T[e]` is rewritten to `T[t][e - S*t]` with `t` the tile holding the
+    whole window of `e`: `t = floor(e0 / S)` where `e0` is `e` with every
+    reduction variable at its minimum (paper eq. (1) when S is a multiple of the
+    convolution stride). The rewrite proves that `e - S*t` stays in [0, B) for
+    the whole reduction window and refuses the access otherwise.
+    """
+
+    dim: int
+    tile: int
+    stride: int
+    basic = False
+
+    def __post_init__(self) -> None:
+        assert self.tile >= 1 and self.stride >= 1, f"{self.tile=} {self.stride=}"
+
+    def tiles(self, shape: Shape) -> int:
+        return _unfold_tiles(shape[self.dim], self.tile, self.stride)
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _check_dim("unfold", self.dim, shape)
+        if self.stride > self.tile:
+            raise LayoutError(f"unfold stride {self.stride} > tile {self.tile} would drop elements")
+        return shape[: self.dim] + (self.tiles(shape), self.tile) + shape[self.dim + 1 :]
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        base = names[self.dim]
+        return names[: self.dim] + (f"{base}/{self.stride}", f"[{self.tile}]") + names[self.dim + 1 :]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        from tvm import tirx
+
+        e = idx[self.dim]
+        e0 = ctx.window_start(e) if ctx is not None else e
+        t = _floordiv(e0, self.stride)
+        last = self.tiles(shape) - 1
+        if ctx is None or not ctx.can_prove(t <= last):
+            t = tirx.min(t, last)
+        off = e - t * self.stride
+        if ctx is not None:
+            ctx.require_within(off, self.tile, f"unfold(dim={self.dim}, tile={self.tile}, stride={self.stride})")
+        return idx[: self.dim] + [t, off] + idx[self.dim + 1 :]
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        t, b = idx[self.dim], idx[self.dim + 1]
+        i = t * self.stride + b
+        conds = [i < shape[self.dim]] if (self.tiles(shape) - 1) * self.stride + self.tile > shape[self.dim] else []
+        return idx[: self.dim] + [i] + idx[self.dim + 2 :], conds
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        import numpy as np
+
+        d = shape[self.dim]
+        pos = np.arange(self.tiles(shape))[:, None] * self.stride + np.arange(self.tile)[None, :]
+        valid = pos < d
+        out = np.take(array, np.minimum(pos, d - 1).reshape(-1), axis=self.dim)
+        out = out.reshape(self.out_shape(shape))
+        mask_shape = [1] * out.ndim
+        mask_shape[self.dim], mask_shape[self.dim + 1] = valid.shape
+        return np.where(valid.reshape(mask_shape), out, np.zeros((), out.dtype))
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        return (Fold(self.dim, self.tile, self.stride, shape[self.dim]),)
+
+    def trivial(self, shape: Shape) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Fold(Primitive):
+    """fold(dim, tile, stride, extent): inverse of unfold; dims (dim, dim+1) = T x B -> extent."""
+
+    dim: int
+    tile: int
+    stride: int
+    extent: int
+    basic = False
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _check_dim("fold", self.dim + 1, shape)
+        if shape[self.dim + 1] != self.tile or shape[self.dim] != _unfold_tiles(self.extent, self.tile, self.stride):
+            raise LayoutError(f"fold {self} does not match dims {shape[self.dim : self.dim + 2]}")
+        return shape[: self.dim] + (self.extent,) + shape[self.dim + 2 :]
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        base = names[self.dim].split("/")[0]
+        return names[: self.dim] + (base,) + names[self.dim + 2 :]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        t, b = idx[self.dim], idx[self.dim + 1]
+        return idx[: self.dim] + [t * self.stride + b] + idx[self.dim + 2 :]
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        from tvm import tirx
+
+        i = idx[self.dim]
+        last = _unfold_tiles(self.extent, self.tile, self.stride) - 1
+        t = tirx.min(_floordiv(i, self.stride), last)
+        return idx[: self.dim] + [t, i - t * self.stride] + idx[self.dim + 1 :], []
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        import numpy as np
+
+        i = np.arange(self.extent)
+        t = np.minimum(i // self.stride, shape[self.dim] - 1)
+        moved = np.moveaxis(array, (self.dim, self.dim + 1), (0, 1))
+        out = moved[t, i - t * self.stride]
+        return np.moveaxis(out, 0, self.dim)
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        return (Unfold(self.dim, self.tile, self.stride),)
+
+
+@dataclass(frozen=True)
+class Pad(Primitive):
+    """pad(dim, before, after): append zeros on both sides of a dim."""
+
+    dim: int
+    before: int
+    after: int
+    basic = False
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _check_dim("pad", self.dim, shape)
+        assert self.before >= 0 and self.after >= 0, f"{self.before=} {self.after=}"
+        return shape[: self.dim] + (shape[self.dim] + self.before + self.after,) + shape[self.dim + 1 :]
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        return names[: self.dim] + (f"{names[self.dim]}+{self.before + self.after}",) + names[self.dim + 1 :]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        return idx[: self.dim] + [idx[self.dim] + self.before] + idx[self.dim + 1 :]
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        i = idx[self.dim] - self.before
+        conds = []
+        if self.before:
+            conds.append(i >= 0)
+        if self.after:
+            conds.append(i < shape[self.dim])
+        return idx[: self.dim] + [i] + idx[self.dim + 1 :], conds
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        import numpy as np
+
+        widths = [(0, 0)] * array.ndim
+        widths[self.dim] = (self.before, self.after)
+        return np.pad(array, widths)
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        return (Unpad(self.dim, self.before, self.after),)
+
+    def trivial(self, shape: Shape) -> bool:
+        return self.before == 0 and self.after == 0
+
+
+@dataclass(frozen=True)
+class Unpad(Primitive):
+    """unpad(dim, before, after): drop `before` leading and `after` trailing entries."""
+
+    dim: int
+    before: int
+    after: int
+    basic = False
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _check_dim("unpad", self.dim, shape)
+        size = shape[self.dim] - self.before - self.after
+        if size < 1:
+            raise LayoutError(f"unpad {self.before}+{self.after} leaves nothing of dim {self.dim} ({shape})")
+        return shape[: self.dim] + (size,) + shape[self.dim + 1 :]
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        return names[: self.dim] + (f"{names[self.dim]}-{self.before + self.after}",) + names[self.dim + 1 :]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        return idx[: self.dim] + [idx[self.dim] - self.before] + idx[self.dim + 1 :]
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        return idx[: self.dim] + [idx[self.dim] + self.before] + idx[self.dim + 1 :], []
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        sl = [slice(None)] * array.ndim
+        sl[self.dim] = slice(self.before, shape[self.dim] - self.after)
+        return array[tuple(sl)]
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        return (Pad(self.dim, self.before, self.after),)
+
+    def trivial(self, shape: Shape) -> bool:
+        return self.before == 0 and self.after == 0
+
+
+@dataclass(frozen=True)
+class StoreAt(Primitive):
+    """store_at(tensor, dim) on a host: the host's `dim` grows by one slot holding `tensor`.
+
+    `tensor` (shape = host shape[:dim]) is stored at host'[i..., D, 0, ...], e.g.
+    the bias beside every weight row of a GEMM: weight (N, K) + bias (N,) ->
+    (N, K+1). Accesses to `tensor` anywhere in the program read the host.
+    """
+
+    tensor: str
+    dim: int
+    basic = False
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _check_dim("store_at", self.dim, shape)
+        return shape[: self.dim] + (shape[self.dim] + 1,) + shape[self.dim + 1 :]
+
+    def attached_shape(self, shape: Shape) -> Shape:
+        return shape[: self.dim]
+
+    def attached_index(self, idx: list, shape: Shape) -> list:
+        """Where `tensor[idx]` lives in the host's coordinates after this primitive."""
+        assert len(idx) == self.dim, f"{self.tensor}: {len(idx)=} != {self.dim=}"
+        return list(idx) + [shape[self.dim]] + [0] * (len(shape) - self.dim - 1)
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        return names[: self.dim] + (f"{names[self.dim]}+{self.tensor}",) + names[self.dim + 1 :]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        return list(idx)
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        return list(idx), [idx[self.dim] < shape[self.dim]]
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        import numpy as np
+
+        if self.tensor not in attached:
+            raise LayoutError(f"store_at needs the array of {self.tensor!r} to pack its host")
+        value = np.asarray(attached[self.tensor])
+        assert value.shape == self.attached_shape(shape), f"{value.shape=} != {self.attached_shape(shape)=}"
+        slot = np.zeros(shape[: self.dim] + (1,) + shape[self.dim + 1 :], array.dtype)
+        slot[(Ellipsis, 0) + (0,) * (len(shape) - self.dim - 1)] = value
+        return np.concatenate([array, slot], axis=self.dim)
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        return (DecoupleAt(self.tensor, self.dim),)
+
+
+@dataclass(frozen=True)
+class DecoupleAt(Primitive):
+    """decouple_at(tensor, dim): inverse of store_at; drops the last slot of `dim`.
+
+    `Layout.decouple(array, name)` returns the detached tensor itself.
+    """
+
+    tensor: str
+    dim: int
+    basic = False
+
+    def out_shape(self, shape: Shape) -> Shape:
+        _check_dim("decouple_at", self.dim, shape)
+        return shape[: self.dim] + (shape[self.dim] - 1,) + shape[self.dim + 1 :]
+
+    def labels(self, names: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+        return names[: self.dim] + (names[self.dim].split("+")[0],) + names[self.dim + 1 :]
+
+    def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
+        return list(idx)
+
+    def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
+        return list(idx), []
+
+    def extract(self, array: np.ndarray, shape: Shape) -> np.ndarray:
+        """The detached tensor (shape[:dim])."""
+        return array[(slice(None),) * self.dim + (shape[self.dim] - 1,) + (0,) * (len(shape) - self.dim - 1)]
+
+    def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
+        sl = [slice(None)] * array.ndim
+        sl[self.dim] = slice(0, shape[self.dim] - 1)
+        return array[tuple(sl)]
+
+    def inverse(self, shape: Shape) -> tuple[Primitive, ...]:
+        return (StoreAt(self.tensor, self.dim),)
+
+
+# ---------------------------------------------------------------------------
+# Layout: a primitive sequence recorded on one tensor
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout of one tensor: its original shape, dimension names and the primitives applied, in order.
+
+    Build it by chaining (each call returns a new `Layout`)::
+
+        Layout((1, 64, 112, 112), "N O H W").split(2, 4).split(4, 16).split(1, 16).reorder(0, 2, 4, 1, 3, 5, 6)
+
+    `name` is the display form (`N H/4 W/16 O/16 4 16 16`); equality ignores the
+    dimension names.
+    """
+
+    shape: Shape
+    dim_names: tuple[str, ...] = field(default=(), compare=False)
+    prims: tuple[Primitive, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        names = self.dim_names
+        if isinstance(names, str):
+            names = tuple(names.split())
+        if not names:
+            names = tuple(f"d{k}" for k in range(len(self.shape)))
+        assert len(names) == len(self.shape), f"{names=} does not match {self.shape=}"
+        object.__setattr__(self, "dim_names", tuple(names))
+        self.shapes  # validates every primitive against its input shape
+
+    # -- construction -------------------------------------------------------
+
+    @classmethod
+    def identity(cls, shape: Sequence[int], dim_names: str | Sequence[str] = ()) -> Layout:
+        return cls(tuple(shape), tuple(dim_names.split()) if isinstance(dim_names, str) else tuple(dim_names))
+
+    def then(self, *prims: Primitive) -> Layout:
+        """This layout followed by `prims`."""
+        return Layout(self.shape, self.dim_names, self.prims + tuple(prims))
+
+    def split(self, dim: int, *factors: int) -> Layout:
+        """split(dim, factors). One factor `f` means (ceil(D/f), f); -1 as the first is inferred."""
+        d = self.new_shape[dim] if 0 <= dim < len(self.new_shape) else None
+        if d is None:
+            raise LayoutError(f"split: dim {dim} out of range for {self.new_shape}")
+        fs = list(factors)
+        if len(fs) == 1:
+            fs = [-1, fs[0]]
+        if fs[0] == -1:
+            fs[0] = math.ceil(d / math.prod(fs[1:]))
+        return self.then(Split(dim, tuple(int(f) for f in fs)))
+
+    def reorder(self, *perm: int) -> Layout:
+        return self.then(Reorder(tuple(perm)))
+
+    def fuse(self, *dims: int) -> Layout:
+        return self.then(Fuse(tuple(dims)))
+
+    def unfold(self, dim: int, tile: int, stride: int) -> Layout:
+        return self.then(Unfold(dim, tile, stride))
+
+    def pad(self, dim: int, before: int, after: int) -> Layout:
+        return self.then(Pad(dim, before, after))
+
+    def store_at(self, tensor: str, dim: int) -> Layout:
+        return self.then(StoreAt(tensor, dim))
+
+    # -- shapes and names ---------------------------------------------------
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        """The shape before every primitive and after the last (len(prims) + 1 entries)."""
+        out = [self.shape]
+        for p in self.prims:
+            out.append(tuple(int(s) for s in p.out_shape(out[-1])))
+        return tuple(out)
+
+    @property
+    def new_shape(self) -> Shape:
+        return self.shapes[-1]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        names, shapes = self.dim_names, self.shapes
+        for p, s in zip(self.prims, shapes):
+            names = p.labels(names, s)
+        return names
+
+    @property
+    def name(self) -> str:
+        return " ".join(self.labels)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_identity(self) -> bool:
+        return all(p.trivial(s) for p, s in zip(self.prims, self.shapes))
+
+    @property
+    def is_basic(self) -> bool:
+        """Only split/reorder/fuse, or advanced primitives that change nothing (propagatable)."""
+        return all(p.basic or p.trivial(s) for p, s in zip(self.prims, self.shapes))
+
+    @property
+    def attachments(self) -> tuple[tuple[str, int], ...]:
+        """(tensor name, primitive position) of every store_at in the sequence."""
+        return tuple((p.tensor, k) for k, p in enumerate(self.prims) if isinstance(p, StoreAt))
+
+    # -- index maps ---------------------------------------------------------
+
+    def forward(self, idx: Sequence, ctx: AccessContext | None = None, start: int = 0) -> list:
+        """Old coordinates -> new ones (primitives `start`.. of the sequence)."""
+        idx = list(idx)
+        shapes = self.shapes
+        assert len(idx) == len(shapes[start]), f"{len(idx)=} != rank {len(shapes[start])} of {self.name}"
+        for p, s in zip(self.prims[start:], shapes[start:]):
+            idx = p.forward(idx, s, ctx)
+        return idx
+
+    def backward(self, idx: Sequence) -> tuple[list, list]:
+        """New coordinates -> (old coordinates, conditions for the coordinate to hold real data)."""
+        idx = list(idx)
+        assert len(idx) == len(self.new_shape), f"{len(idx)=} != rank of {self.name}"
+        conds: list = []
+        for p, s in reversed(list(zip(self.prims, self.shapes))):
+            idx, c = p.backward(idx, s)
+            conds += c
+        return idx, conds
+
+    def attached_forward(self, tensor: str, idx: Sequence, ctx: AccessContext | None = None) -> list:
+        """Where `tensor[idx]` (attached by store_at) lives in this layout's coordinates."""
+        for name, k in self.attachments:
+            if name == tensor:
+                prim = self.prims[k]
+                assert isinstance(prim, StoreAt)
+                host_idx = prim.attached_index(list(idx), self.shapes[k])
+                return self.forward(host_idx, ctx, start=k + 1)
+        raise LayoutError(f"{tensor!r} is not stored in {self.name}")
+
+    def attached_shape(self, tensor: str) -> Shape:
+        for name, k in self.attachments:
+            if name == tensor:
+                prim = self.prims[k]
+                assert isinstance(prim, StoreAt)
+                return prim.attached_shape(self.shapes[k])
+        raise LayoutError(f"{tensor!r} is not stored in {self.name}")
+
+    # -- inverse and numpy --------------------------------------------------
+
+    def inverse(self) -> Layout:
+        """The layout that maps `new_shape` back to `shape` (fold, unpad, decouple_at, ...)."""
+        prims: list[Primitive] = []
+        for p, s in reversed(list(zip(self.prims, self.shapes))):
+            prims += p.inverse(s)
+        return Layout(self.new_shape, self.labels, tuple(prims))
+
+    def pack(self, array: np.ndarray, attached: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Transforms an array from the original layout to this one (numpy, build time)."""
+        import numpy as np
+
+        assert tuple(array.shape) == self.shape, f"{array.shape=} != {self.shape=} for {self.name}"
+        out = np.asarray(array)
+        for p, s in zip(self.prims, self.shapes):
+            out = p.pack(out, s, attached or {})
+        return np.ascontiguousarray(out)
+
+    def unpack(self, array: np.ndarray) -> np.ndarray:
+        """Transforms an array in this layout back to the original one."""
+        return self.inverse().pack(array)
+
+    def decouple(self, array: np.ndarray, tensor: str) -> np.ndarray:
+        """The tensor attached by store_at, read back out of a packed host array."""
+        inv = self.inverse()
+        out = array
+        for p, s in zip(inv.prims, inv.shapes):
+            if isinstance(p, DecoupleAt) and p.tensor == tensor:
+                return p.extract(out, s)
+            out = p.pack(out, s, {})
+        raise LayoutError(f"{tensor!r} is not stored in {self.name}")

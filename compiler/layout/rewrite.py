@@ -1,0 +1,284 @@
+"""Applies a propagation plan to a TE graph: ALT's layout pass (paper sec. 6), on TVM 0.27 TE.
+
+For every compute op `Y = F(X...)` with stored layout `S_Y`:
+
+1. the loop nest is rebuilt over `S_Y`'s shape (one loop per new dimension);
+2. the old loop variables become `S_Y^-1(L')` (`Layout.backward`), with a guard
+   where the new layout has padding (split remainders, pad, unfold overhang);
+3. every access `X[f(L)]` becomes `X'[S_X(f(S_Y^-1(L')))]` (`Layout.forward`),
+   simplified with the loop ranges known, so `S_X == S_Y` on an element-wise
+   access gives back exactly `X'[L']` and the loops of the two ops align.
+
+A consumer that the plan says must read a producer through a conversion reads a
+`layout_convert_*` op instead: an identity compute whose own layout is the
+requested one, built by the very same rules. Nothing here knows any operator.
+
+Layering: `compiler` never imports `tuner` or `service`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .primitives import Layout, LayoutError
+
+if TYPE_CHECKING:
+    from tvm import te
+
+    from .propagate import Plan
+
+CONVERT_PREFIX = "layout_convert"
+
+
+def key(node: Any) -> int:
+    """Identity of a TVM object (te ops, vars): Python wrappers differ, handles do not."""
+    return node.__chandle__()
+
+
+def substitute(expr: Any, vmap: dict[int, Any], load: Callable[[Any, list, list], Any] | None = None) -> Any:
+    """Rebuilds a TE expression with variables replaced (`vmap`: var handle -> expr).
+
+    `load(tensor, new_indices, old_indices)` replaces every `te.tensor_load`; by
+    default the load is kept on the same tensor with substituted indices.
+    """
+    from tvm import ir, tirx
+    from tvm.ir import expr as ir_expr
+    from tvm.ir.prim import expr as prim
+
+    def go(e: Any) -> Any:
+        if isinstance(e, ir_expr.Var):
+            return vmap.get(key(e), e)
+        if isinstance(e, prim.IntImm | prim.FloatImm) or not isinstance(e, ir.Expr):
+            return e
+        if isinstance(e, ir_expr.Call):
+            if getattr(e.op, "name", "") == "te.tensor_load":
+                tensor, old = e.args[0], list(e.args[1:])
+                new = [go(i) for i in old]
+                return load(tensor, new, old) if load is not None else tensor(*new)
+            return ir_expr.Call(e.op, [go(a) for a in e.args], e.attrs, e.ty_args, ret_ty=e.ty)
+        if isinstance(e, prim.Select):
+            return prim.Select(go(e.condition), go(e.true_value), go(e.false_value))
+        if isinstance(e, prim.Cast):
+            return prim.Cast(e.ty, go(e.value))
+        if isinstance(e, prim.Not):
+            return prim.Not(go(e.a))
+        if isinstance(e, prim.Let):
+            return prim.Let(e.var, go(e.value), go(e.body))
+        if isinstance(e, tirx.Reduce):
+            raise LayoutError("nested reductions are not supported")
+        if hasattr(e, "a") and hasattr(e, "b"):
+            return type(e)(go(e.a), go(e.b))
+        raise LayoutError(f"cannot rewrite expression node {type(e).__name__}: {e}")
+
+    return go(expr)
+
+
+@dataclass
+class AccessContext:
+    """What the index rewriting of one compute op knows: loop ranges and the reduction window."""
+
+    analyzer: Any
+    reduce_mins: dict[int, Any]
+
+    def simplify(self, e: Any) -> Any:
+        return self.analyzer.simplify(e)
+
+    def window_start(self, e: Any) -> Any:
+        """`e` with every reduction variable at its minimum: where the access window begins."""
+        return self.simplify(substitute(e, self.reduce_mins)) if self.reduce_mins else e
+
+    def can_prove(self, cond: Any) -> bool:
+        return bool(self.analyzer.can_prove(cond))
+
+    def require_within(self, e: Any, extent: int, what: str) -> None:
+        bound = self.analyzer.const_int_bound(self.simplify(e))
+        if bound.min_value < 0 or bound.max_value >= extent:
+            raise LayoutError(
+                f"{what}: offset {e} spans [{bound.min_value}, {bound.max_value}], outside the tile [0, {extent}): "
+                "the tile does not hold the whole access window (choose tile >= stride*(t-1) + window)"
+            )
+
+
+def _var_names(layout: Layout) -> list[str]:
+    names, seen = [], set()
+    for k, label in enumerate(layout.labels):
+        base = re.sub(r"\W+", "_", label).strip("_").lower() or f"i{k}"
+        if base[0].isdigit():
+            base = f"i{base}"
+        name = base
+        while name in seen:
+            name += "_"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def _all(conds: list) -> Any:
+    from tvm import tirx
+
+    out = conds[0]
+    for c in conds[1:]:
+        out = tirx.And(out, c)
+    return out
+
+
+def compute_in_layout(
+    op: Any,
+    layout: Layout,
+    read: Callable[[Any, list, list, list, AccessContext], Any],
+    name: str | None = None,
+) -> te.Tensor:
+    """Rebuilds compute `op` so that its output is stored in `layout`.
+
+    Args:
+        op: a TE ComputeOp with one output.
+        layout: the output's layout (over the op's original shape).
+        read: `read(tensor, new_indices, old_indices, new_loop_vars, ctx)` -> the
+            expression that loads `tensor` (an input of `op`) at the given
+            original-coordinate indices, in whatever layout the producer has.
+        name: the new op's name (default: the old one).
+
+    Returns:
+        The new output tensor, of shape `layout.new_shape`.
+    """
+    from tvm import ir, sym, te, tirx
+
+    assert op.num_outputs == 1, f"{op.name}: multi-output ops are not supported ({op.num_outputs})"
+    out_shape = tuple(int(s) for s in op.output(0).shape)
+    assert out_shape == layout.shape, f"{op.name}: {layout.name} is for {layout.shape}, op makes {out_shape}"
+    body = op.body[0]
+    reduce_axes = list(op.reduce_axis)
+
+    def fcompute(*new_vars: Any) -> Any:
+        analyzer = sym.Analyzer()
+        for v, extent in zip(new_vars, layout.new_shape):
+            analyzer.bind(v, ir.Range(0, extent))
+        for rv in reduce_axes:
+            analyzer.bind(rv.var, rv.dom)
+        old, conds = layout.backward(list(new_vars))
+        vmap = {key(ax.var): analyzer.simplify(e) for ax, e in zip(op.axis, old)}
+        ctx = AccessContext(analyzer, {key(rv.var): rv.dom.min for rv in reduce_axes})
+        conds = [c for c in (analyzer.simplify(c) for c in conds) if not analyzer.can_prove(c)]
+
+        def load(tensor: Any, new_idx: list, old_idx: list) -> Any:
+            return read(tensor, [analyzer.simplify(i) for i in new_idx], old_idx, list(new_vars), ctx)
+
+        if isinstance(body, tirx.Reduce):
+            source = substitute(body.source[0], vmap, load)
+            if conds:
+                # lazy if_then_else: the padded part of the output must not load out of bounds
+                source = tirx.if_then_else(_all(conds), source, body.combiner.identity_element[0])
+            cond = substitute(body.condition, vmap, load)
+            return tirx.Reduce(body.combiner, [source], reduce_axes, cond, 0, list(body.init))
+        value = substitute(body, vmap, load)
+        if conds:
+            value = tirx.if_then_else(_all(conds), value, tirx.const(0, op.output(0).dtype))
+        return value
+
+    return te.compute(
+        layout.new_shape,
+        fcompute,
+        name=name or op.name,
+        tag=op.tag,
+        attrs=op.attrs,
+        varargs_names=_var_names(layout),
+    )
+
+
+def conversion(source: te.Tensor, source_layout: Layout, target: Layout, name: str) -> te.Tensor:
+    """An explicit layout conversion op: reads `source` (stored in `source_layout`), writes `target`."""
+    from tvm import te
+
+    assert source_layout.shape == target.shape, f"{source_layout.shape=} != {target.shape=}"
+    identity = te.placeholder(target.shape, source.dtype, name=f"{name}_in")
+    copy = te.compute(target.shape, lambda *i: identity(*i), name=name, tag="injective,layout_convert")
+
+    def read(tensor: Any, idx: list, old: list, new_vars: list, ctx: AccessContext) -> Any:
+        return source(*[ctx.simplify(e) for e in source_layout.forward(idx, ctx)])
+
+    return compute_in_layout(copy.op, target, read, name=name)
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """A rewritten graph: the new arguments in call order and the plan that produced them."""
+
+    inputs: tuple[te.Tensor, ...]  # placeholders in their stored layouts (store_at guests dropped)
+    outputs: tuple[te.Tensor, ...]
+    conversions: tuple[str, ...]  # names of the conversion ops inserted
+
+    def prim_func(self) -> Any:
+        from tvm import te
+
+        return te.create_prim_func([*self.inputs, *self.outputs]).with_attr("global_symbol", "main")
+
+
+def rewrite(plan: Plan) -> Rewritten:
+    """Rebuilds every op of `plan.graph` in the layouts the plan chose.
+
+    Args:
+        plan: from `propagate`: a layout for every tensor, conversions on edges,
+            guests of store_at, and the layouts the outputs must end in.
+
+    Returns:
+        The new placeholders and outputs (`Rewritten.prim_func()` makes the PrimFunc).
+    """
+    from tvm import te
+
+    graph = plan.graph
+    new: dict[int, te.Tensor] = {}
+    converted: dict[tuple[int, Layout], te.Tensor] = {}
+    conversion_names: list[str] = []
+    hosts = {guest: host for guest, host in plan.guests.items()}
+
+    def convert(producer_op: Any, target: Layout, suffix: str = "") -> te.Tensor:
+        ck = (key(producer_op), target)
+        if ck not in converted:
+            name = f"{CONVERT_PREFIX}_{producer_op.name}{suffix}"
+            converted[ck] = conversion(new[key(producer_op)], plan.layout(producer_op), target, name)
+            conversion_names.append(name)
+        return converted[ck]
+
+    for op in graph.ops:
+        layout = plan.layout(op)
+        if graph.is_placeholder(op):
+            if op.name in hosts:
+                continue  # stored inside its host by store_at
+            new[key(op)] = te.placeholder(layout.new_shape, op.output(0).dtype, name=op.name)
+            continue
+
+        def read(tensor: Any, idx: list, old: list, new_vars: list, ctx: AccessContext, consumer: Any = op) -> Any:
+            producer = tensor.op
+            pk = key(producer)
+            edge = plan.conversions.get((key(consumer), pk))
+            if edge is not None:
+                return convert(producer, edge)(*[ctx.simplify(e) for e in edge.forward(idx, ctx)])
+            if producer.name in hosts and graph.is_placeholder(producer):
+                host = graph.op(hosts[producer.name])
+                where = plan.layout(host).attached_forward(producer.name, idx, ctx)
+                return new[key(host)](*[ctx.simplify(e) for e in where])
+            src_layout = plan.layout(producer)
+            if src_layout == plan.layout(consumer) and _is_identity_access(consumer, old):
+                # the element-wise fast path: same layout, same loops -> same index
+                return new[pk](*new_vars)
+            return new[pk](*[ctx.simplify(e) for e in src_layout.forward(idx, ctx)])
+
+        new[key(op)] = compute_in_layout(op, layout, read)
+
+    outputs = []
+    for out in graph.outputs:
+        t = new[key(out.op)]
+        final = plan.output_layouts.get(key(out.op))
+        if final is not None and final != plan.layout(out.op):
+            t = convert(out.op, final, "_out")
+        outputs.append(t)
+    inputs = tuple(new[key(p.op)] for p in graph.inputs if p.op.name not in hosts)
+    return Rewritten(inputs, tuple(outputs), tuple(conversion_names))
+
+
+def _is_identity_access(consumer: Any, old: Sequence) -> bool:
+    axes = list(consumer.axis)
+    return len(old) == len(axes) and all(i.same_as(ax.var) for i, ax in zip(old, axes))
