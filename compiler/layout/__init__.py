@@ -16,10 +16,19 @@ from .primitives import (
     Unfold,
     Unpad,
 )
+from .program import ACTIVATIONS, LayoutProgram, apply_layout, layout_template, te_graph
 from .propagate import Graph, Plan, propagate
 from .rewrite import CONVERT_PREFIX, Rewritten, rewrite
+from .templates import LayoutTemplate, TemplateParam
 
 __all__ = [
+    "ACTIVATIONS",
+    "LayoutProgram",
+    "LayoutTemplate",
+    "TemplateParam",
+    "apply_layout",
+    "layout_template",
+    "te_graph",
     "CONVERT_PREFIX",
     "DecoupleAt",
     "Fold",

@@ -130,6 +130,7 @@ def compute_in_layout(
     layout: Layout,
     read: Callable[[Any, list, list, list, AccessContext], Any],
     name: str | None = None,
+    attrs: Any = None,
 ) -> te.Tensor:
     """Rebuilds compute `op` so that its output is stored in `layout`.
 
@@ -140,6 +141,7 @@ def compute_in_layout(
             expression that loads `tensor` (an input of `op`) at the given
             original-coordinate indices, in whatever layout the producer has.
         name: the new op's name (default: the old one).
+        attrs: the new op's attributes (default: the old ones; they must not name old tensors).
 
     Returns:
         The new output tensor, of shape `layout.new_shape`.
@@ -183,7 +185,7 @@ def compute_in_layout(
         fcompute,
         name=name or op.name,
         tag=op.tag,
-        attrs=op.attrs,
+        attrs=op.attrs if attrs is None else attrs,
         varargs_names=_var_names(layout),
     )
 
@@ -266,7 +268,7 @@ def rewrite(plan: Plan) -> Rewritten:
                 return new[pk](*new_vars)
             return new[pk](*[ctx.simplify(e) for e in src_layout.forward(idx, ctx)])
 
-        new[key(op)] = compute_in_layout(op, layout, read)
+        new[key(op)] = compute_in_layout(op, layout, read, attrs=_remap_attrs(op, new))
 
     outputs = []
     for out in graph.outputs:
@@ -277,6 +279,17 @@ def rewrite(plan: Plan) -> Rewritten:
         outputs.append(t)
     inputs = tuple(new[key(p.op)] for p in graph.inputs if p.op.name not in hosts)
     return Rewritten(inputs, tuple(outputs), tuple(conversion_names))
+
+
+def _remap_attrs(op: Any, new: dict[int, Any]) -> dict:
+    """The op's attributes with tensors (topi's "layout_free_placeholders") pointing at the new ones."""
+    attrs = dict(op.attrs) if op.attrs is not None else {}
+    free = attrs.pop("layout_free_placeholders", None)
+    if free is not None:
+        kept = [new[key(t.op)] for t in free if key(t.op) in new]
+        if kept:
+            attrs["layout_free_placeholders"] = kept
+    return attrs
 
 
 def _is_identity_access(consumer: Any, old: Sequence) -> bool:

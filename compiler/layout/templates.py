@@ -1,0 +1,248 @@
+"""ALT's layout tuning templates (paper sec. 5.1): a few split factors -> a layout per tensor.
+
+A template exposes only tile sizes; the reorder is fixed by the paper's
+observations (the tiled channel innermost for reuse and SIMD, spatial tiles
+contiguous for the prefetcher):
+
+* convolutions (conv1d/2d/3d, depthwise, group, dilated, transposed), output
+  `N S1/s1t .. Sk/skt O/ot s1t .. skt ot`; the tensor the convolution reads,
+  `N S1/.. Sk/.. I/it [B1] .. [Bk] it` with `unfold(Sj, Bj, Vj*sjt)` derived
+  from the output tile and the access `Vj*s + r` (no tunable of its own);
+  weight `O/kot I/kit K.. kit kot`;
+* GEMMs (dense, batch_matmul): `M/mt N/nt mt nt`, `M/mt K/kt mt kt`, `K/kt N/nt kt nt`.
+
+A factor of 1 leaves its dimension untiled. Any factor is valid (a split that
+does not divide pads with zeros); `TemplateParam.candidates` lists the divisors,
+which is what a search should start from.
+
+Layering: `compiler` never imports `tuner` or `service`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .primitives import Layout, LayoutError
+from .propagate import Graph
+from .rewrite import key, substitute
+
+_SPATIAL_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
+
+
+@dataclass(frozen=True)
+class TemplateParam:
+    """One tunable split factor of a template."""
+
+    name: str  # "ot", "ht", "it", "kot", "mt", ...
+    tensor: str  # the tensor it tiles: "output" or the name the complex op reads ("pad_temp", "weight", ...)
+    dim: str  # the dimension's name in that tensor ("O", "H", ...)
+    extent: int  # the dimension's size
+    candidates: tuple[int, ...]  # divisors of extent
+
+
+@dataclass(frozen=True)
+class LayoutTemplate:
+    """A layout space: the tunable factors and how a choice of them becomes layouts."""
+
+    kind: str  # "conv" or "gemm"
+    complex_op: str  # name of the complex op in the graph (the workload's compute block)
+    params: tuple[TemplateParam, ...]
+    _build: Any  # (choice) -> dict[str, Layout]
+
+    def default(self) -> dict[str, int]:
+        """Every factor 1: no tiling, channels last (NHWO / NHWI / OIHW; MN / MK / KN)."""
+        return {p.name: 1 for p in self.params}
+
+    def layouts(self, choice: Mapping[str, int]) -> dict[str, Layout]:
+        """The requested layouts ("output" and each tensor the complex op reads) for a choice.
+
+        Raises:
+            LayoutError: unknown parameter names or factors < 1.
+        """
+        names = {p.name for p in self.params}
+        unknown = set(choice) - names
+        if unknown:
+            raise LayoutError(f"unknown template parameters {sorted(unknown)}; this template has {sorted(names)}")
+        full = {**self.default(), **{k: int(v) for k, v in choice.items()}}
+        for name, value in full.items():
+            if value < 1:
+                raise LayoutError(f"template parameter {name}={value} must be >= 1")
+        return self._build(full)
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _tile(layout: Layout, dim: int, factor: int) -> tuple[Layout, bool]:
+    """split(dim, factor) unless factor is 1; says whether it split."""
+    if factor == 1:
+        return layout, False
+    return layout.split(dim, factor), True
+
+
+def _window(op: Any, tensor: Any, dim: int, axis: int) -> tuple[int, int] | None:
+    """(V, M) of the access `tensor[.., V*s + r, ..]` at `dim`, with `s` = output axis `axis`.
+
+    V is the coefficient of the output index, M the extent of the window the
+    reduction variables sweep (kernel extent with dilation). None when the index
+    does not have that form.
+    """
+    from tvm import sym, tirx
+
+    loads: list[list] = []
+
+    def load(t: Any, new: list, old: list) -> Any:
+        if key(t.op) == key(tensor.op):
+            loads.append(old)
+        return t(*new)
+
+    substitute(op.body[0].source[0] if isinstance(op.body[0], tirx.Reduce) else op.body[0], {}, load)
+    if not loads:
+        return None
+    e = loads[0][dim]
+    analyzer = sym.Analyzer()
+
+    def at(s: int, reduce_at_max: bool) -> int | None:
+        vmap = {key(ax.var): tirx.const(s if k == axis else 0, ax.var.ty) for k, ax in enumerate(op.axis)}
+        for rv in op.reduce_axis:
+            value = rv.dom.min + rv.dom.extent - 1 if reduce_at_max else rv.dom.min
+            vmap[key(rv.var)] = value
+        v = analyzer.simplify(substitute(e, vmap))
+        return int(v) if isinstance(v, tirx.IntImm) else None
+
+    lo, hi, step = at(0, False), at(0, True), at(1, False)
+    if lo is None or hi is None or step is None or step - lo < 1 or hi < lo:
+        return None
+    return step - lo, hi - lo + 1
+
+
+def _inputs_by_role(graph: Graph, op: Any) -> tuple[Any, Any]:
+    """(data-like, weight-like) tensors the complex op reads, found by the placeholder they come from."""
+
+    def origin(t: Any) -> set[str]:
+        if Graph.is_placeholder(t.op):
+            return {t.op.name}
+        out: set[str] = set()
+        for s in t.op.input_tensors:
+            out |= origin(s)
+        return out
+
+    data = [t for t in op.input_tensors if "data" in origin(t)]
+    weight = [t for t in op.input_tensors if "weight" in origin(t) and "data" not in origin(t)]
+    assert len(data) == 1 and len(weight) == 1, f"{op.name}: {[t.op.name for t in op.input_tensors]}"
+    return data[0], weight[0]
+
+
+def conv_template(graph: Graph, op: Any) -> LayoutTemplate:
+    """The sec. 5.1 convolution template for complex op `op` (output N O S..., input N I S..., weight O I K...)."""
+    data, weight = _inputs_by_role(graph, op)
+    out_shape = graph.shape(op)
+    data_shape = tuple(int(s) for s in data.shape)
+    weight_shape = tuple(int(s) for s in weight.shape)
+    k = len(out_shape) - 2
+    spatial = _SPATIAL_NAMES[k]
+    windows = [_window(op, data, 2 + j, 2 + j) for j in range(k)]
+    params = [TemplateParam("ot", "output", "O", out_shape[1], _divisors(out_shape[1]))]
+    params += [
+        TemplateParam(f"{s.lower()}t", "output", s, out_shape[2 + j], _divisors(out_shape[2 + j]))
+        for j, s in enumerate(spatial)
+    ]
+    params += [
+        TemplateParam("it", data.op.name, "I", data_shape[1], _divisors(data_shape[1])),
+        TemplateParam("kot", weight.op.name, "O", weight_shape[0], _divisors(weight_shape[0])),
+        TemplateParam("kit", weight.op.name, "I", weight_shape[1], _divisors(weight_shape[1])),
+    ]
+
+    def build(c: dict[str, int]) -> dict[str, Layout]:
+        # output: N O S1..Sk -> N S1/.. Sk/.. O/ot s1t .. skt ot
+        out = Layout.identity(out_shape, ("N", "O", *spatial))
+        outer, inner = [0], []
+        pos = 1
+        for name, factor in [("ot", c["ot"])] + [(f"{s.lower()}t", c[f"{s.lower()}t"]) for s in spatial]:
+            out, did = _tile(out, pos, factor)
+            outer.append(pos)
+            if did:
+                inner.append(pos + 1)
+                pos += 1
+            pos += 1
+        # outer = [N, O/ot, S1/.., ...], inner = [ot, s1t, ...]: channels last in both groups
+        perm = [outer[0], *outer[2:], outer[1], *inner[1:], *inner[:1]] if c["ot"] > 1 else [outer[0], *outer[2:], outer[1], *inner]
+        out = out.reorder(*perm)
+
+        # input: unfold every spatial dim by the output tile, split I by it
+        inp = Layout.identity(data_shape, ("N", "I", *spatial))
+        unfolded = []
+        for j in reversed(range(k)):
+            st, win = c[f"{spatial[j].lower()}t"], windows[j]
+            if st > 1 and win is not None:
+                v, m = win
+                inp = inp.unfold(2 + j, v * (st - 1) + m, v * st)
+                unfolded.append(j)
+        dims = ["N", "I"]
+        for j in range(k):
+            dims += [f"T{j}", f"B{j}"] if j in unfolded else [f"S{j}"]
+        inp, split_i = _tile(inp, 1, c["it"])
+        if split_i:
+            dims = ["N", "I/it", "it", *dims[2:]]
+        order = ["N"] + [d for d in dims if d.startswith(("T", "S"))] + (["I/it"] if split_i else ["I"])
+        order += [d for d in dims if d.startswith("B")] + (["it"] if split_i else [])
+        inp = inp.reorder(*[dims.index(d) for d in order])
+
+        # weight: O I K.. -> O/kot I/kit K.. kit kot
+        w = Layout.identity(weight_shape, ("O", "I", *(f"K{s}" for s in spatial)))
+        wdims = ["O", "I", *(f"K{j}" for j in range(k))]
+        w, split_o = _tile(w, 0, c["kot"])
+        if split_o:
+            wdims = ["O/", "o", *wdims[1:]]
+        ipos = wdims.index("I")
+        w, split_wi = _tile(w, ipos, c["kit"])
+        if split_wi:
+            wdims = [*wdims[:ipos], "I/", "i", *wdims[ipos + 1 :]]
+        worder = [wdims.index("O/" if split_o else "O"), wdims.index("I/" if split_wi else "I")]
+        worder += [wdims.index(f"K{j}") for j in range(k)]
+        worder += ([wdims.index("i")] if split_wi else []) + ([wdims.index("o")] if split_o else [])
+        w = w.reorder(*worder)
+        return {"output": out, data.op.name: inp, weight.op.name: w}
+
+    return LayoutTemplate("conv", op.name, tuple(params), build)
+
+
+def gemm_template(graph: Graph, op: Any, weight_is_nk: bool) -> LayoutTemplate:
+    """The sec. 5.1 GEMM template: `M/mt N/nt mt nt`, `M/mt K/kt mt kt`, `K/kt N/nt kt nt`."""
+    data, weight = _inputs_by_role(graph, op)
+    out_shape = graph.shape(op)
+    batch = len(out_shape) - 2
+    m, n = out_shape[batch], out_shape[batch + 1]
+    kdim = int(data.shape[batch + 1])
+    params = (
+        TemplateParam("mt", "output", "M", m, _divisors(m)),
+        TemplateParam("nt", "output", "N", n, _divisors(n)),
+        TemplateParam("kt", data.op.name, "K", kdim, _divisors(kdim)),
+    )
+    b = ("B",) * batch
+
+    def tile2(layout: Layout, f0: int, f1: int) -> Layout:
+        """[..., X, Y] -> [..., X/f0, Y/f1, f0, f1] (untiled dims stay single)."""
+        layout, s0 = _tile(layout, batch, f0)
+        layout, s1 = _tile(layout, batch + 1 + s0, f1)
+        pre = list(range(batch))
+        x_out, x_in = batch, (batch + 1 if s0 else None)
+        y_out = batch + 1 + s0
+        y_in = y_out + 1 if s1 else None
+        return layout.reorder(*pre, x_out, y_out, *(d for d in (x_in, y_in) if d is not None))
+
+    def build(c: dict[str, int]) -> dict[str, Layout]:
+        out = tile2(Layout.identity(out_shape, (*b, "M", "N")), c["mt"], c["nt"])
+        inp = tile2(Layout.identity(tuple(int(s) for s in data.shape), (*b, "M", "K")), c["mt"], c["kt"])
+        wshape = tuple(int(s) for s in weight.shape)
+        if weight_is_nk:  # (N, K) -> K/kt N/nt kt nt: the swap is free, weights are packed once
+            w = Layout.identity(wshape, (*b, "N", "K")).reorder(*range(batch), batch + 1, batch)
+            w = tile2(w, c["kt"], c["nt"])
+        else:
+            w = tile2(Layout.identity(wshape, (*b, "K", "N")), c["kt"], c["nt"])
+        return {"output": out, data.op.name: inp, weight.op.name: w}
+
+    return LayoutTemplate("gemm", op.name, params, build)
