@@ -287,7 +287,9 @@ class Unfold(Primitive):
         if ctx is None or not ctx.can_prove(t <= last):
             t = tirx.min(t, last)
         off = e - t * self.stride
-        if ctx is not None:
+        # Without a reduction window the clamped tile holds e by construction
+        # ((T-1)*S + B >= D); with one, the whole window must fit: prove it.
+        if ctx is not None and ctx.reduce_mins:
             ctx.require_within(off, self.tile, f"unfold(dim={self.dim}, tile={self.tile}, stride={self.stride})")
         return idx[: self.dim] + [t, off] + idx[self.dim + 1 :]
 
