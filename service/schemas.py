@@ -81,6 +81,10 @@ class JobPublic(BaseModel):
     error: str | None = Field(description="why the job failed, if it did")
     cancel_requested: bool
     attempts: int = Field(description="how many times a worker claimed this job")
+    worker_id: str | None = Field(None, description="the worker that holds (or last held) the job")
+    lease_expires_at: UTCDateTime | None = Field(
+        None, description="while running: when the worker's lease runs out unless renewed (past = worker lost)"
+    )
     spec: dict[str, Any]
     created_at: UTCDateTime
     started_at: UTCDateTime | None

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from service.api import jobs, operators, schedules
+from service.api import events, jobs, operators, schedules, web
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
 from service.schemas import Health
@@ -27,7 +27,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(jobs.router)
     api.include_router(schedules.router)
     api.include_router(operators.router)
+    api.include_router(events.router)
     app.include_router(api)
+    app.include_router(web.router)
+    web.mount_static(app)
 
     @app.exception_handler(StorageError)
     async def storage_error(_request: Request, exc: StorageError) -> JSONResponse:
@@ -42,9 +45,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as e:  # any driver error means: not healthy
             raise HTTPException(503, f"database unreachable: {e}") from e
         return Health(status="ok", database="ok")
-
-    @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
-        return RedirectResponse("/docs")
 
     return app

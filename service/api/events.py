@@ -1,0 +1,231 @@
+"""Server-sent events: a job's trials and state as workers write them, and changes to the jobs list.
+
+Workers are other processes that only write to the database, so the API polls
+it every `POLL_SECONDS` with cheap queries (the job row by primary key, the
+job's trials above the last id sent, jobs by `updated_at`) and pushes what is
+new. Wire format (`text/event-stream`):
+
+- `GET /api/v1/jobs/{id}/events`: `event: job` (a `JobPublic`) first, then
+  `event: trial` (a `TrialPublic`, `id:` = the trial row id) for every trial
+  above the client's cursor in id order, and `event: job` whenever the job
+  changes. Every event carries an `id:` (the last trial id sent), so a client
+  that reconnects with `Last-Event-ID` (or `?last_event_id=`) gets a fresh
+  snapshot and only the trials it missed. Without a cursor only trials written
+  after connecting are sent: page `GET /jobs/{id}/trials` for the history, or
+  pass `last_event_id=0` to replay every trial. When the job has finished and
+  every trial has been sent: `event: end` and the stream closes.
+- `GET /api/v1/events`: `event: job` with a `JobPublic` whenever any job
+  changes (`id:` = its `updated_at`, so a reconnecting client gets the jobs
+  that changed since).
+
+A comment line (`: ping`) goes out every `HEARTBEAT_SECONDS` of silence so
+proxies keep the connection open.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from time import monotonic
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+from fastapi.sse import format_sse_event
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.api.deps import SettingsDep
+from service.db import session_scope
+from service.models import FINISHED, Artifact, Job, TrialRow
+from service.schemas import JobPublic, TrialPublic
+
+POLL_SECONDS = 0.5  # how often a stream looks at the database
+HEARTBEAT_SECONDS = 15.0  # a comment after this much silence
+RETRY_MS = 2000  # how long a disconnected EventSource waits before reconnecting
+TRIAL_BATCH = 500  # trials read per poll; a client far behind catches up over several polls
+# A row's updated_at is stamped before its transaction commits, so a change can become visible after a later one
+# has been seen: the jobs stream re-reads this window behind its watermark and skips what it already sent.
+LIST_OVERLAP = timedelta(seconds=10)
+
+router = APIRouter(tags=["events"])
+
+_SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "a stream of server-sent events"}}
+_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _snapshot(session: Session, job: Job) -> JobPublic:
+    out = JobPublic.model_validate(job)
+    out.has_artifact = Artifact.find_by_job(session, job.id) is not None
+    return out
+
+
+def _event(name: str, data: str | None = None, event_id: str | int | None = None, retry: int | None = None) -> bytes:
+    return format_sse_event(data_str=data, event=name, id=None if event_id is None else str(event_id), retry=retry)
+
+
+def _cursor(request: Request, last_event_id: int | None) -> int | None:
+    """The client's last trial id: the Last-Event-ID header of a reconnect, else the query parameter."""
+    header = request.headers.get("last-event-id")
+    if header:
+        try:
+            return max(int(header), 0)
+        except ValueError:
+            raise HTTPException(400, f"Last-Event-ID must be a trial id, got {header!r}") from None
+    return last_event_id
+
+
+# -- one job -------------------------------------------------------------------------------------------------
+
+
+def _read_job(url: str, job_id: int) -> tuple[JobPublic, int] | None:
+    """The job's snapshot and its largest trial id (0 when none), or None when there is no such job."""
+    with session_scope(url) as s:
+        job = Job.find_by_id(s, job_id)
+        if job is None:
+            return None
+        last = s.scalar(select(func.max(TrialRow.id)).where(TrialRow.job_id == job_id)) or 0
+        return _snapshot(s, job), last
+
+
+def _poll_job(url: str, job_id: int, cursor: int, seen: datetime) -> tuple[JobPublic | None, list[TrialPublic], bool]:
+    """(a new snapshot if the row changed since `seen`, trials after `cursor`, whether the job is gone).
+
+    The job row is read before its trials: once it reads finished, every trial is already committed.
+    """
+    with session_scope(url) as s:
+        row = s.execute(select(Job.updated_at, Job.status).where(Job.id == job_id)).first()
+        if row is None:
+            return None, [], True
+        job = None
+        if row.updated_at != seen:
+            job = _snapshot(s, Job.find_or_raise_by_id(s, job_id))
+        trials = s.scalars(
+            select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.id > cursor).order_by(TrialRow.id)
+            .limit(TRIAL_BATCH)
+        ).all()
+        return job, [TrialPublic.model_validate(t) for t in trials], False
+
+
+async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int) -> AsyncIterator[bytes]:
+    yield _event("job", first.model_dump_json(), cursor, retry=RETRY_MS)
+    sent = first.model_dump_json()
+    seen = first.updated_at.replace(tzinfo=None)
+    status = first.status
+    last_write = monotonic()
+    while True:
+        job, trials, gone = await anyio.to_thread.run_sync(_poll_job, url, job_id, cursor, seen)
+        if gone:
+            yield _event("end", '{"status": "deleted"}', cursor)
+            return
+        for trial in trials:
+            cursor = trial.id
+            yield _event("trial", trial.model_dump_json(), cursor)
+        if job is not None:
+            seen, status = job.updated_at.replace(tzinfo=None), job.status
+            data = job.model_dump_json()
+            if data != sent:
+                sent = data
+                yield _event("job", data, cursor)
+        if trials or job is not None:
+            last_write = monotonic()
+        if status in FINISHED and len(trials) < TRIAL_BATCH:
+            yield _event("end", json.dumps({"status": status}), cursor)
+            return
+        if monotonic() - last_write >= HEARTBEAT_SECONDS:
+            yield b": ping\n\n"
+            last_write = monotonic()
+        await anyio.sleep(POLL_SECONDS)
+
+
+@router.get("/jobs/{job_id}/events", response_class=StreamingResponse, responses=_SSE_DOC)
+async def stream_job_events(
+    job_id: int,
+    request: Request,
+    settings: SettingsDep,
+    last_event_id: Annotated[
+        int | None, Query(ge=0, description="last trial id the client has (the Last-Event-ID header wins); 0 replays all")
+    ] = None,
+) -> StreamingResponse:
+    """Live job: its snapshot, then each trial as it is measured and each change, until it finishes."""
+    url = settings.resolved_database_url
+    cursor = _cursor(request, last_event_id)
+    state = await anyio.to_thread.run_sync(_read_job, url, job_id)
+    if state is None:
+        raise HTTPException(404, f"job {job_id} not found")
+    first, last_trial = state
+    return StreamingResponse(
+        _job_events(url, job_id, first, last_trial if cursor is None else cursor),
+        media_type="text/event-stream",
+        headers=_HEADERS,
+    )
+
+
+# -- the jobs list -------------------------------------------------------------------------------------------
+
+
+def _parse_watermark(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).replace(tzinfo=None)
+    except ValueError:
+        raise HTTPException(400, f"Last-Event-ID must be an ISO timestamp, got {value!r}") from None
+
+
+def _changed_jobs(url: str, since: datetime | None) -> tuple[list[tuple[int, datetime]], datetime | None]:
+    """(id, updated_at) of the jobs updated after `since`, oldest change first, and the newest updated_at."""
+    with session_scope(url) as s:
+        if since is None:
+            newest = s.scalar(select(func.max(Job.updated_at)))
+            if newest is None:
+                return [], None
+            since = newest
+        rows = s.execute(
+            select(Job.id, Job.updated_at).where(Job.updated_at > since - LIST_OVERLAP).order_by(Job.updated_at)
+        ).all()
+        return [(r.id, r.updated_at) for r in rows], max((r.updated_at for r in rows), default=since)
+
+
+def _read_snapshots(url: str, ids: list[int]) -> list[JobPublic]:
+    with session_scope(url) as s:
+        jobs = s.scalars(select(Job).where(Job.id.in_(ids))).all()
+        by_id = {j.id: _snapshot(s, j) for j in jobs}
+        return [by_id[i] for i in ids if i in by_id]
+
+
+async def _list_events(url: str, since: datetime | None) -> AsyncIterator[bytes]:
+    yield format_sse_event(comment="jobs", retry=RETRY_MS)
+    sent: dict[int, datetime] = {}  # job id -> the updated_at last sent, within the overlap window
+    watermark = since
+    if since is None:
+        # a first connection starts from now: what is already there, the client reads from GET /jobs
+        rows, watermark = await anyio.to_thread.run_sync(_changed_jobs, url, None)
+        sent = dict(rows)
+    last_write = monotonic()
+    while True:
+        rows, newest = await anyio.to_thread.run_sync(_changed_jobs, url, watermark)
+        changed = [(i, at) for i, at in rows if sent.get(i) != at]
+        if changed:
+            snapshots = await anyio.to_thread.run_sync(_read_snapshots, url, [i for i, _ in changed])
+            for job in snapshots:
+                yield _event("job", job.model_dump_json(), job.updated_at.replace(tzinfo=None).isoformat())
+            sent.update(changed)
+            last_write = monotonic()
+        if newest is not None:
+            watermark = newest
+            sent = {i: at for i, at in sent.items() if at > newest - LIST_OVERLAP}
+        if monotonic() - last_write >= HEARTBEAT_SECONDS:
+            yield b": ping\n\n"
+            last_write = monotonic()
+        await anyio.sleep(POLL_SECONDS)
+
+
+@router.get("/events", response_class=StreamingResponse, responses=_SSE_DOC)
+async def stream_jobs_events(request: Request, settings: SettingsDep) -> StreamingResponse:
+    """Live jobs list: a job snapshot each time any job changes (submitted, claimed, progressed, finished)."""
+    since = _parse_watermark(request.headers.get("last-event-id"))
+    return StreamingResponse(_list_events(settings.resolved_database_url, since), media_type="text/event-stream",
+                             headers=_HEADERS)

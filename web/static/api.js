@@ -1,0 +1,174 @@
+// The REST API and the event stream, with the "server unreachable" banner.
+// Everything the dashboard shows comes through here, from the public API only.
+
+export const API = '/api/v1';
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(typeof detail === 'string' ? detail : `HTTP ${status}`);
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+// -- connectivity ------------------------------------------------------------------------------------------
+
+let down = false;
+let healthTimer = null;
+let serverOffsetMs = 0; // server clock minus ours, from the Date header
+
+/** Milliseconds since the epoch on the server's clock (for "nothing measured for N s"). */
+export function serverNow() {
+  return Date.now() + serverOffsetMs;
+}
+
+function banner(text) {
+  const el = document.getElementById('banner');
+  if (!el) return;
+  el.hidden = !text;
+  el.textContent = text || '';
+}
+
+function markDown(reason) {
+  banner(`Cannot reach the altune server at ${location.origin} (${reason}). Retrying every few seconds; ` +
+    'what you see may be out of date.');
+  document.body.classList.add('offline');
+  if (!down) {
+    down = true;
+    scheduleHealth(1000);
+  }
+}
+
+function markUp() {
+  if (!down) return;
+  down = false;
+  banner('');
+  document.body.classList.remove('offline');
+  window.dispatchEvent(new CustomEvent('altune:reconnected'));
+}
+
+function scheduleHealth(ms) {
+  clearTimeout(healthTimer);
+  healthTimer = setTimeout(checkHealth, ms);
+}
+
+/** Asks /healthz; shows or hides the banner. Returns true when the server and its database answer. */
+export async function checkHealth() {
+  let res;
+  try {
+    res = await fetch('/healthz', {cache: 'no-store'});
+  } catch {
+    markDown('no answer');
+    scheduleHealth(3000);
+    return false;
+  }
+  if (res.ok) {
+    markUp();
+    return true;
+  }
+  let detail = `HTTP ${res.status}`;
+  try { detail = (await res.json()).detail || detail; } catch { /* not JSON */ }
+  markDown(detail);
+  scheduleHealth(3000);
+  return false;
+}
+
+// -- requests ----------------------------------------------------------------------------------------------
+
+/** fetch() against the API; JSON in and out. Throws ApiError (status 0 when the server is unreachable). */
+export async function request(path, {method = 'GET', body, signal} = {}) {
+  let res;
+  try {
+    res = await fetch(path.startsWith('/') ? path : `${API}/${path}`, {
+      method,
+      signal,
+      headers: body === undefined ? {} : {'Content-Type': 'application/json'},
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (e) {
+    if (e.name === 'AbortError') throw e;
+    markDown('no answer');
+    throw new ApiError(0, 'the server is unreachable');
+  }
+  const date = Date.parse(res.headers.get('date') || '');
+  if (!Number.isNaN(date)) serverOffsetMs = date - Date.now();
+  if (res.status === 503) {
+    checkHealth();
+  } else {
+    markUp();
+  }
+  const type = res.headers.get('content-type') || '';
+  const data = type.includes('json') ? await res.json() : null;
+  if (!res.ok) throw new ApiError(res.status, data && data.detail !== undefined ? data.detail : `HTTP ${res.status}`);
+  return data;
+}
+
+export const getJob = (id, opts) => request(`jobs/${id}`, opts);
+export const getJobs = ({status, limit = 50, offset = 0} = {}, opts) =>
+  request(`jobs?${new URLSearchParams({...(status ? {status} : {}), limit, offset})}`, opts);
+
+/**
+ * Every trial of a job, page by page (the API gives at most 1000 a request), without blocking the page:
+ * `onPage(trials, loaded, count)` runs after each page.
+ */
+export async function getAllTrials(id, onPage, {signal, pageSize = 1000} = {}) {
+  let offset = 0;
+  let count = Infinity;
+  const all = [];
+  while (offset < count) {
+    const page = await request(`jobs/${id}/trials?limit=${pageSize}&offset=${offset}`, {signal});
+    count = page.count;
+    all.push(...page.data);
+    offset += page.data.length;
+    if (onPage) onPage(page.data, offset, count);
+    if (page.data.length === 0) break;
+  }
+  return all;
+}
+
+// -- events ------------------------------------------------------------------------------------------------
+
+/**
+ * Subscribes to a server-sent event stream. `handlers` maps event names to callbacks taking the parsed JSON
+ * (and the event); `open` runs on every (re)connection. The browser reconnects on its own with Last-Event-ID;
+ * when the server refuses (a 503, or a restart that closed the stream for good) this reopens it with the last
+ * id as `?last_event_id=`. Returns a function that closes it.
+ */
+export function subscribe(path, handlers, {resumeParam = 'last_event_id'} = {}) {
+  let source = null;
+  let lastId = null;
+  let closed = false;
+  let retry = null;
+
+  const open = () => {
+    const url = new URL(path.startsWith('/') ? path : `${API}/${path}`, location.origin);
+    if (lastId !== null && resumeParam) url.searchParams.set(resumeParam, lastId);
+    source = new EventSource(url);
+    source.addEventListener('open', () => {
+      markUp();
+      if (handlers.open) handlers.open();
+    });
+    for (const [name, fn] of Object.entries(handlers)) {
+      if (name === 'open' || name === 'error') continue;
+      source.addEventListener(name, (ev) => {
+        if (ev.lastEventId) lastId = ev.lastEventId;
+        fn(ev.data ? JSON.parse(ev.data) : null, ev);
+      });
+    }
+    source.addEventListener('error', () => {
+      if (closed) return;
+      if (handlers.error) handlers.error();
+      checkHealth();
+      if (source.readyState === EventSource.CLOSED) {
+        clearTimeout(retry);
+        retry = setTimeout(() => { if (!closed) open(); }, 3000);
+      }
+    });
+  };
+  open();
+  return () => {
+    closed = true;
+    clearTimeout(retry);
+    if (source) source.close();
+  };
+}

@@ -1,0 +1,528 @@
+// One job, live: progress, ETA and stall warning, the search chart, tasks, the best schedule, the trials table.
+// The job's event stream pushes trials and state; the trial history is paged from the REST API in the
+// background, so a job with thousands of trials shows its header at once and fills in.
+
+import {ApiError, getAllTrials, getJob, request, serverNow, subscribe} from '../api.js';
+import {TrialChart} from '../charts.js';
+import {readTarGz} from '../tar.js';
+import {
+  errorText, fill, fmtConfig, fmtDuration, fmtLayout, fmtMs, fmtSpeedup, h, isActive, isTimeout, jobLabel,
+  setTitle, statusBadge, timeEl, workloadOf,
+} from '../util.js';
+
+const PAGE_SIZE = 50;
+const STALL_MIN_SECONDS = 60; // a running job that measured nothing for this long (or 10 typical gaps) is stalled
+
+export function render(main, {params}) {
+  const id = Number(params[0]);
+  setTitle(`Job ${id}`);
+  const view = new JobView(main, id);
+  view.start();
+  return () => view.stop();
+}
+
+class JobView {
+  constructor(main, id) {
+    this.main = main;
+    this.id = id;
+    this.job = null;
+    this.trials = []; // measurement order (by id)
+    this.byId = new Map();
+    this.loaded = false; // the history is fully paged in
+    this.sort = {key: 'order', desc: true};
+    this.filter = 'all';
+    this.page = 0;
+    this.closeStream = null;
+    this.abort = new AbortController();
+    this.timer = null;
+    this.tableQueued = false;
+    this.scriptLoaded = false;
+  }
+
+  async start() {
+    this.main.append(h('h1', {}, `Job #${this.id}`), h('p', {class: 'muted', role: 'status'}, 'Loading job…'));
+    let job;
+    try {
+      job = await getJob(this.id, {signal: this.abort.signal});
+    } catch (e) {
+      if (e.name === 'AbortError') return;
+      setTitle(e.status === 404 ? `Job ${this.id} not found` : `Job ${this.id}`);
+      fill(this.main, h('h1', {}, e.status === 404 ? `Job #${this.id} not found` : `Job #${this.id}`),
+        h('p', {class: 'error-box', role: 'alert'}, errorText(e)), h('p', {}, h('a', {href: '/'}, 'All jobs')));
+      if (e.status === 0) window.addEventListener('altune:reconnected', () => this.restart(), {once: true});
+      return;
+    }
+    this.layout();
+    this.update(job);
+    if (isActive(job)) this.listen();
+    this.timer = setInterval(() => this.tick(), 1000);
+    this.onReconnect = () => this.refresh();
+    window.addEventListener('altune:reconnected', this.onReconnect);
+    this.loadHistory();
+  }
+
+  restart() {
+    this.stop();
+    this.main.replaceChildren();
+    this.abort = new AbortController();
+    this.start();
+  }
+
+  stop() {
+    this.abort.abort();
+    if (this.closeStream) this.closeStream();
+    this.closeStream = null;
+    clearInterval(this.timer);
+    if (this.onReconnect) window.removeEventListener('altune:reconnected', this.onReconnect);
+    if (this.chart) this.chart.destroy();
+  }
+
+  listen() {
+    this.closeStream = subscribe(`jobs/${this.id}/events`, {
+      job: (job) => this.update(job),
+      trial: (trial) => this.addTrials([trial]),
+      end: () => {
+        if (this.closeStream) this.closeStream();
+        this.closeStream = null;
+      },
+    });
+  }
+
+  async refresh() {
+    try {
+      this.update(await getJob(this.id, {signal: this.abort.signal}));
+    } catch { /* the banner says why */ }
+  }
+
+  async loadHistory() {
+    this.setLoading(0, this.job.trials_done);
+    try {
+      await getAllTrials(this.id, (page, loaded, count) => {
+        this.addTrials(page);
+        this.setLoading(loaded, count);
+      }, {signal: this.abort.signal});
+      this.loaded = true;
+      this.setLoading(null);
+    } catch (e) {
+      if (e.name === 'AbortError') return;
+      fill(this.els.loading, h('span', {class: 'error-text'}, `Could not load the trials: ${errorText(e)}`),
+        ' ', h('button', {type: 'button', onclick: () => this.loadHistory()}, 'Retry'));
+    }
+  }
+
+  setLoading(loaded, count) {
+    const el = this.els.loading;
+    if (loaded === null) {
+      el.hidden = true;
+      el.replaceChildren();
+      return;
+    }
+    el.hidden = false;
+    fill(el, h('progress', {max: Math.max(count, 1), value: loaded, 'aria-label': 'trials loaded'}),
+      ` Loading trials… ${loaded} of ${count}`);
+  }
+
+  // -- layout ------------------------------------------------------------------------------------------------
+
+  layout() {
+    const els = {};
+    els.title = h('h1', {});
+    els.status = h('span', {class: 'head-status'});
+    els.actions = h('div', {class: 'actions'});
+    els.alerts = h('div', {class: 'alerts'});
+    els.facts = h('dl', {class: 'facts'});
+    els.loading = h('div', {class: 'loading-trials', role: 'status', 'aria-live': 'polite'});
+    els.chart = h('div', {class: 'chart', id: 'trial-chart'});
+    els.tasks = h('section', {class: 'tasks', hidden: true, 'aria-labelledby': 'tasks-h'});
+    els.best = h('div', {class: 'best'});
+    els.script = h('pre', {class: 'code', id: 'tvmscript'});
+    els.scriptBox = h('details', {class: 'script-box'}, h('summary', {}, 'TVMScript of the best schedule'),
+      els.script);
+    els.scriptBox.addEventListener('toggle', () => { if (els.scriptBox.open) this.loadScript(); });
+    els.filter = h('select', {id: 'trial-filter'},
+      h('option', {value: 'all'}, 'all trials'), h('option', {value: 'ok'}, 'measured'),
+      h('option', {value: 'error'}, 'errors'));
+    els.filter.addEventListener('change', () => {
+      this.filter = els.filter.value;
+      this.page = 0;
+      this.renderTable();
+    });
+    els.thead = h('thead');
+    els.tbody = h('tbody');
+    els.pager = h('nav', {class: 'pager', 'aria-label': 'Trial pages'});
+    this.els = els;
+    this.chart = new TrialChart(els.chart);
+
+    fill(this.main,
+      h('div', {class: 'view-head'}, h('div', {}, els.title, els.status), els.actions),
+      els.alerts,
+      els.facts,
+      h('section', {'aria-labelledby': 'chart-h'},
+        h('h2', {id: 'chart-h'}, 'Search'),
+        h('p', {class: 'muted legend-note'}, 'Best latency so far against trials (log scale); every measured trial ',
+          'is a grey point, error trials are red marks at the top, the dashed line is the untuned program.'),
+        els.loading, els.chart),
+      els.tasks,
+      h('section', {'aria-labelledby': 'best-h'}, h('h2', {id: 'best-h'}, 'Best schedule'), els.best, els.scriptBox),
+      h('section', {'aria-labelledby': 'trials-h'},
+        h('div', {class: 'section-head'}, h('h2', {id: 'trials-h'}, 'Trials'),
+          h('span', {}, h('label', {for: 'trial-filter'}, 'Show '), els.filter)),
+        h('div', {class: 'table-wrap'}, h('table', {class: 'trials', id: 'trials-table'}, els.thead, els.tbody)),
+        els.pager));
+    this.renderTable();
+  }
+
+  // -- state -------------------------------------------------------------------------------------------------
+
+  update(job) {
+    const previous = this.job;
+    this.job = job;
+    setTitle(`Job ${job.id}: ${job.name} (${job.status})`);
+    fill(this.els.title, `Job #${job.id} · ${jobLabel(job)}`);
+    fill(this.els.status, statusBadge(job), job.cancel_requested && job.status === 'running'
+      ? h('span', {class: 'muted'}, ' cancel requested; stopping after the current measurement') : null);
+    this.renderActions();
+    this.chart.setTasks(job.tasks || []);
+    this.chart.setBaseline(job.baseline_ms);
+    this.renderTasks();
+    this.renderFacts();
+    this.renderBest();
+    if (previous && isActive(previous) && !isActive(job) && job.has_artifact && this.els.scriptBox.open) {
+      this.loadScript();
+    }
+  }
+
+  addTrials(list) {
+    let fresh = 0;
+    for (const t of list) {
+      if (this.byId.has(t.id)) continue;
+      this.byId.set(t.id, t);
+      this.trials.push(t);
+      fresh++;
+    }
+    if (!fresh) return;
+    const n = this.trials.length;
+    if (n > fresh && this.trials[n - fresh - 1].id > this.trials[n - fresh].id) {
+      this.trials.sort((a, b) => a.id - b.id);
+    }
+    this.chart.add(list);
+    this.queueTable();
+    this.renderFacts();
+    this.renderBest();
+  }
+
+  queueTable() {
+    if (this.tableQueued) return;
+    this.tableQueued = true;
+    setTimeout(() => {
+      this.tableQueued = false;
+      this.renderTable();
+    }, 250);
+  }
+
+  stats() {
+    const job = this.job;
+    const trials = this.trials;
+    const stages = {};
+    let timeouts = 0;
+    for (const t of trials) {
+      stages[t.stage] = (stages[t.stage] || 0) + 1;
+      if (isTimeout(t.error)) timeouts++;
+    }
+    // throughput from the recent trials' timestamps; before two exist, from the start time
+    const recent = trials.slice(-50);
+    let rate = null; // trials per second
+    const times = recent.map((t) => Date.parse(t.created_at));
+    if (times.length >= 2 && times.at(-1) > times[0]) {
+      rate = (times.length - 1) / ((times.at(-1) - times[0]) / 1000);
+    } else if (job.started_at && job.trials_done > 0) {
+      const end = job.finished_at ? Date.parse(job.finished_at) : serverNow();
+      rate = job.trials_done / Math.max((end - Date.parse(job.started_at)) / 1000, 1e-3);
+    }
+    const lastTrial = trials.length ? Date.parse(trials.at(-1).created_at) : null;
+    const lastActivity = Math.max(lastTrial || 0, job.started_at ? Date.parse(job.started_at) : 0) || null;
+    const gap = rate ? 1 / rate : 0;
+    const stallAfter = Math.max(STALL_MIN_SECONDS, 10 * gap);
+    const idle = lastActivity ? (serverNow() - lastActivity) / 1000 : null;
+    const leaseLost = job.status === 'running' && job.lease_expires_at && Date.parse(job.lease_expires_at) < serverNow();
+    return {
+      stages, timeouts, rate, idle, leaseLost,
+      stalled: job.status === 'running' && idle !== null && idle > stallAfter,
+      eta: job.status === 'running' && rate ? Math.max(job.budget - job.trials_done, 0) / rate : null,
+    };
+  }
+
+  tick() {
+    if (this.job && isActive(this.job)) {
+      this.renderFacts();
+    }
+  }
+
+  // -- rendering ---------------------------------------------------------------------------------------------
+
+  renderActions() {
+    const job = this.job;
+    const items = [];
+    if (isActive(job)) {
+      const cancel = h('button', {type: 'button', class: 'danger', id: 'cancel-job', disabled: job.cancel_requested},
+        job.cancel_requested ? 'Cancelling…' : 'Cancel job');
+      cancel.addEventListener('click', async () => {
+        cancel.disabled = true;
+        cancel.textContent = 'Cancelling…';
+        try {
+          this.update(await request(`jobs/${job.id}/cancel`, {method: 'POST'}));
+        } catch (e) {
+          cancel.disabled = false;
+          cancel.textContent = 'Cancel job';
+          this.flash(`Could not cancel: ${errorText(e)}`);
+        }
+      });
+      items.push(cancel);
+    }
+    if (job.has_artifact) {
+      items.push(h('a', {class: 'button primary', id: 'download-artifact', href: `/api/v1/jobs/${job.id}/artifact`,
+        download: `altune-job-${job.id}.tar.gz`}, 'Download artifact'));
+    } else {
+      items.push(h('button', {type: 'button', disabled: true, title: 'the artifact exists once the job has finished',
+        id: 'download-artifact'}, 'Download artifact'));
+    }
+    items.push(h('a', {class: 'button', href: `/compare?workload=${encodeURIComponent(workloadOf(job))}&ids=${job.id}`},
+      'Compare'));
+    items.push(h('a', {class: 'button', href: `/submit?from=${job.id}`}, 'Tune again'));
+    fill(this.els.actions, items);
+  }
+
+  flash(text) {
+    this.els.alerts.prepend(h('p', {class: 'error-box flash', role: 'alert'}, text));
+  }
+
+  renderFacts() {
+    const job = this.job;
+    const s = this.stats();
+    const alerts = [];
+    if (job.status === 'failed') {
+      alerts.push(h('div', {class: 'error-box', role: 'alert', id: 'job-error'},
+        h('strong', {}, 'The job failed. '), h('pre', {}, job.error || 'no reason recorded')));
+    }
+    if (s.leaseLost) {
+      alerts.push(h('p', {class: 'warn-box stalled', role: 'status'},
+        `The worker ${job.worker_id || ''} stopped renewing its lease ${fmtDuration((serverNow() -
+          Date.parse(job.lease_expires_at)) / 1000)} ago; another worker will take the job over and resume it.`));
+    } else if (s.stalled) {
+      alerts.push(h('p', {class: 'warn-box stalled', role: 'status'},
+        `Stalled? This job has measured nothing for ${fmtDuration(s.idle)}` +
+        `${job.worker_id ? ` (worker ${job.worker_id})` : ''}.`));
+    }
+    if (job.status === 'queued') {
+      alerts.push(h('p', {class: 'info-box'}, 'Queued: waiting for a free worker.'));
+    }
+    if (job.attempts > 1) {
+      alerts.push(h('p', {class: 'info-box'}, `Resumed: claimed ${job.attempts} times (a worker was lost).`));
+    }
+    const signature = alerts.map((a) => a.textContent).join('\n');
+    if (signature !== this.alertSignature) {
+      this.alertSignature = signature;
+      this.els.alerts.querySelectorAll(':scope > :not(.flash)').forEach((el) => el.remove());
+      this.els.alerts.append(...alerts);
+    }
+
+    const stageText = Object.keys(s.stages).length > 1 || (s.stages.joint || 0) > 0
+      ? Object.entries(s.stages).map(([k, v]) => `${k === 'loop' ? 'loop-only' : k} ${v}`).join(', ') : null;
+    const fact = (label, ...value) => h('div', {class: 'fact'}, h('dt', {}, label), h('dd', {}, ...value));
+    const duration = job.started_at
+      ? ((job.finished_at ? Date.parse(job.finished_at) : serverNow()) - Date.parse(job.started_at)) / 1000 : null;
+    fill(this.els.facts,
+      fact('Progress', h('progress', {id: 'job-progress', max: job.budget, value: Math.min(job.trials_done, job.budget),
+        'aria-label': `${job.trials_done} of ${job.budget} trials`}),
+      h('span', {id: 'job-progress-text'}, ` ${job.trials_done} / ${job.budget} trials`),
+      stageText ? h('span', {class: 'muted'}, ` (${stageText})`) : null),
+      fact('Best latency', h('strong', {id: 'job-best'}, fmtMs(job.best_latency_ms))),
+      fact('Untuned', fmtMs(job.baseline_ms)),
+      fact(h('abbr', {title: 'untuned latency / best latency'}, 'Speedup'),
+        h('span', {id: 'job-speedup'}, fmtSpeedup(job.baseline_ms, job.best_latency_ms))),
+      fact('Errors', h('span', {id: 'job-errors'}, `${job.errors}`),
+        s.timeouts ? ` (${s.timeouts} timed out)` : job.errors ? ' (0 timed out)' : ''),
+      fact('Throughput', s.rate ? `${(s.rate * 60).toFixed(s.rate * 60 >= 10 ? 0 : 1)} trials/min` : '—'),
+      fact('ETA', h('span', {id: 'job-eta'}, job.status === 'running'
+        ? (s.eta !== null ? `${fmtDuration(s.eta)} left` : 'estimating…') : isActive(job) ? 'not started' : '—')),
+      fact('Target', job.target),
+      fact('Created', timeEl(job.created_at)),
+      fact('Started', timeEl(job.started_at)),
+      fact('Finished', timeEl(job.finished_at)),
+      fact('Duration', fmtDuration(duration)),
+      fact('Workload', h('code', {class: 'wrap'}, workloadOf(job))));
+  }
+
+  renderTasks() {
+    const tasks = this.job.tasks || [];
+    const el = this.els.tasks;
+    if (tasks.length < 2) {
+      el.hidden = true;
+      return;
+    }
+    el.hidden = false;
+    const weighted = tasks.map((t) => (t.best_latency_ms ?? t.baseline_ms ?? 0) * t.weight);
+    const total = weighted.reduce((a, b) => a + b, 0);
+    fill(el, h('h2', {id: 'tasks-h'}, `Tasks (${tasks.length})`),
+      h('div', {class: 'table-wrap'}, h('table', {class: 'tasks-table'},
+        h('thead', {}, h('tr', {}, ['#', 'Task', 'Weight', 'Share of latency', 'Progress', 'Best', 'Untuned',
+          'Speedup'].map((c) => h('th', {scope: 'col'}, c)))),
+        h('tbody', {}, tasks.map((t, i) => h('tr', {},
+          h('td', {}, t.index), h('td', {}, t.name, h('div', {class: 'muted small wrap'}, t.workload_key)),
+          h('td', {class: 'num'}, t.weight),
+          h('td', {class: 'num'}, total ? `${((100 * weighted[i]) / total).toFixed(1)}%` : '—'),
+          h('td', {}, h('progress', {max: t.budget, value: Math.min(t.trials_done, t.budget),
+            'aria-label': `task ${t.index}: ${t.trials_done} of ${t.budget}`}), ` ${t.trials_done} / ${t.budget}`),
+          h('td', {class: 'num'}, fmtMs(t.best_latency_ms)), h('td', {class: 'num'}, fmtMs(t.baseline_ms)),
+          h('td', {class: 'num'}, fmtSpeedup(t.baseline_ms, t.best_latency_ms))))))));
+  }
+
+  bestTrials() {
+    const best = new Map(); // task id -> trial
+    for (const t of this.trials) {
+      if (t.latency_ms === null) continue;
+      const b = best.get(t.task_id);
+      if (!b || t.latency_ms < b.latency_ms) best.set(t.task_id, t);
+    }
+    return best;
+  }
+
+  renderBest() {
+    const job = this.job;
+    const best = this.bestTrials();
+    const tasks = job.tasks && job.tasks.length ? job.tasks : [];
+    const blocks = [];
+    const entries = tasks.length ? tasks.map((t) => [t, best.get(t.id)]) : [...best.values()].map((b) => [null, b]);
+    for (const [task, trial] of entries) {
+      const config = (task && task.best_config) || (trial && trial.config);
+      if (!config) continue;
+      const layout = trial && trial.extra ? fmtLayout(trial.extra.layout) : null;
+      blocks.push(h('div', {class: 'best-block'},
+        entries.length > 1 && task ? h('h3', {}, `${task.name} #${task.index}`) : null,
+        h('dl', {class: 'facts small'},
+          h('dt', {}, 'Latency'), h('dd', {}, fmtMs(trial ? trial.latency_ms : task && task.best_latency_ms),
+            trial ? h('span', {class: 'muted'}, ` (trial ${trial.index}, ${trial.stage})`) : null),
+          h('dt', {}, 'Layout'), h('dd', {}, layout ? h('code', {class: 'layout', id: 'best-layout'}, layout)
+            : h('span', {class: 'muted'}, 'default (the tuner recorded no layout)'))),
+        h('pre', {class: 'code config', id: 'best-config'}, JSON.stringify(config, null, 2))));
+    }
+    if (!blocks.length) {
+      blocks.push(h('p', {class: 'muted'}, isActive(job) ? 'No candidate has run correctly yet.'
+        : 'No candidate ran correctly; see the errors in the trials below.'));
+    }
+    fill(this.els.best, blocks);
+    if (!job.has_artifact && !this.scriptLoaded) {
+      fill(this.els.script, isActive(job)
+        ? 'The TVMScript comes with the artifact, once the job has finished.'
+        : 'This job has no artifact, so no TVMScript.');
+    }
+  }
+
+  async loadScript() {
+    if (this.scriptLoaded || !this.job.has_artifact) return;
+    fill(this.els.script, 'Loading the artifact…');
+    try {
+      const res = await fetch(`/api/v1/jobs/${this.id}/artifact`, {signal: this.abort.signal});
+      if (!res.ok) throw new ApiError(res.status, `HTTP ${res.status}`);
+      const files = await readTarGz(await res.blob());
+      const script = files.get('schedule.py');
+      fill(this.els.script, script ? new TextDecoder().decode(script) : 'The artifact has no schedule.py.');
+      this.scriptLoaded = true;
+    } catch (e) {
+      if (e.name !== 'AbortError') fill(this.els.script, `Could not read the artifact: ${errorText(e)}`);
+    }
+  }
+
+  // -- trials table ------------------------------------------------------------------------------------------
+
+  columns() {
+    const multi = (this.job && this.job.tasks && this.job.tasks.length > 1);
+    return [
+      {key: 'order', label: '#', value: (t) => t.id, cell: (t) => t.index, num: true},
+      multi ? {key: 'task', label: 'Task', value: (t) => t.task_id, cell: (t) => this.taskName(t.task_id)} : null,
+      {key: 'stage', label: 'Stage', value: (t) => t.stage, cell: (t) => (t.stage === 'loop' ? 'loop-only' : t.stage)},
+      {key: 'latency', label: 'Latency', value: (t) => t.latency_ms, cell: (t) => fmtMs(t.latency_ms), num: true},
+      {key: 'predicted', label: 'Predicted', value: (t) => t.predicted,
+        cell: (t) => (t.predicted === null ? '—' : t.predicted.toPrecision(3)), num: true},
+      {key: 'config', label: 'Configuration', value: (t) => fmtConfig(t.config), cell: (t) => this.configCell(t)},
+      {key: 'error', label: 'Error', value: (t) => t.error, cell: (t) => this.errorCell(t)},
+      {key: 'time', label: 'Measured', value: (t) => t.created_at, cell: (t) => timeEl(t.created_at)},
+    ].filter(Boolean);
+  }
+
+  taskName(taskId) {
+    const task = (this.job.tasks || []).find((t) => t.id === taskId);
+    return task ? `${task.name} #${task.index}` : String(taskId);
+  }
+
+  configCell(t) {
+    const text = fmtConfig(t.config);
+    const layout = t.extra && t.extra.layout ? fmtLayout(t.extra.layout) : null;
+    return [layout ? h('div', {class: 'layout small'}, `layout ${layout}`) : null, h('code', {class: 'cfg'}, text)];
+  }
+
+  errorCell(t) {
+    if (!t.error) return '';
+    const first = t.error.split('\n')[0];
+    if (first.length <= 120 && first === t.error) return h('span', {class: 'error-text'}, t.error);
+    return h('details', {class: 'error-detail'}, h('summary', {class: 'error-text'}, first.slice(0, 120)),
+      h('pre', {}, t.error));
+  }
+
+  rowsInView() {
+    let rows = this.trials;
+    if (this.filter === 'ok') rows = rows.filter((t) => t.latency_ms !== null);
+    if (this.filter === 'error') rows = rows.filter((t) => t.latency_ms === null);
+    const col = this.columns().find((c) => c.key === this.sort.key) || this.columns()[0];
+    const dir = this.sort.desc ? -1 : 1;
+    return [...rows].sort((a, b) => {
+      const x = col.value(a);
+      const y = col.value(b);
+      if (x === y) return (a.id - b.id) * dir;
+      if (x === null || x === undefined) return 1; // nothing sorts last either way
+      if (y === null || y === undefined) return -1;
+      return (x < y ? -1 : 1) * dir;
+    });
+  }
+
+  renderTable() {
+    const cols = this.columns();
+    fill(this.els.thead, h('tr', {}, cols.map((c) => {
+      const active = this.sort.key === c.key;
+      const btn = h('button', {type: 'button', class: 'sort', dataset: {sort: c.key}},
+        c.label, h('span', {'aria-hidden': 'true'}, active ? (this.sort.desc ? ' ▼' : ' ▲') : ''));
+      btn.addEventListener('click', () => {
+        this.sort = {key: c.key, desc: active ? !this.sort.desc : c.key === 'order'};
+        this.page = 0;
+        this.renderTable();
+        this.els.thead.querySelector(`button[data-sort="${c.key}"]`).focus();
+      });
+      return h('th', {scope: 'col', class: c.num ? 'num' : null,
+        'aria-sort': active ? (this.sort.desc ? 'descending' : 'ascending') : 'none'}, btn);
+    })));
+    const rows = this.rowsInView();
+    const pages = Math.max(1, Math.ceil(rows.length / PAGE_SIZE));
+    this.page = Math.min(this.page, pages - 1);
+    const start = this.page * PAGE_SIZE;
+    const shown = rows.slice(start, start + PAGE_SIZE);
+    fill(this.els.tbody, shown.length ? shown.map((t) => h('tr', {class: t.error ? 'err' : null,
+      dataset: {trialId: t.id}}, cols.map((c) => h('td', {class: c.num ? 'num' : null}, c.cell(t)))))
+      : h('tr', {}, h('td', {colspan: cols.length, class: 'muted'},
+        this.loaded || (this.job && this.job.trials_done === 0) ? 'No trials yet.' : 'Loading trials…')));
+    const go = (p) => () => {
+      this.page = p;
+      this.renderTable();
+    };
+    fill(this.els.pager,
+      h('button', {type: 'button', onclick: go(0), disabled: this.page === 0, 'aria-label': 'first page'}, '«'),
+      h('button', {type: 'button', onclick: go(this.page - 1), disabled: this.page === 0,
+        'aria-label': 'previous page'}, '‹ Prev'),
+      h('span', {class: 'page-info', id: 'trials-page-info'},
+        rows.length ? `${start + 1}–${start + shown.length} of ${rows.length}` : '0 of 0',
+        ` · page ${this.page + 1} of ${pages}`),
+      h('button', {type: 'button', onclick: go(this.page + 1), disabled: this.page >= pages - 1,
+        'aria-label': 'next page'}, 'Next ›'),
+      h('button', {type: 'button', onclick: go(pages - 1), disabled: this.page >= pages - 1,
+        'aria-label': 'last page'}, '»'));
+  }
+}
