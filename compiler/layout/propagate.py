@@ -152,7 +152,6 @@ def propagate(
         The plan; `plan.notes` says what was propagated and where conversions went.
     """
     plan = Plan(graph)
-    fixed: set[int] = set()  # tensors whose layout a complex op set (never overridden, never re-propagated)
     for name, req in requests.items():
         op = graph.op(name)
         if not graph.is_complex(op):
@@ -199,7 +198,6 @@ def propagate(
         req = requests[op.name]
         if "output" in req:
             assign(op, req["output"], "requested")
-            fixed.add(key(op))
             spread_down(op)
         for t in op.input_tensors:
             producer = t.op
@@ -209,7 +207,6 @@ def propagate(
             user_input = graph.is_placeholder(producer) and keep_interface and producer.name in activations
             if key(producer) not in plan.layouts and not graph.is_complex(producer) and not user_input:
                 assign(producer, want, f"requested by {op.name}; its producer writes it directly")
-                fixed.add(key(producer))
                 spread_up(producer)
             else:
                 plan.conversions[(key(op), key(producer))] = want
