@@ -1,0 +1,43 @@
+"""The search: spaces, cost model, features, measurement, search strategies.
+
+Layering: `service -> tuner -> compiler`; `tuner` never imports `service`.
+TVM, numpy and xgboost are imported where used, so importing `tuner` is cheap.
+"""
+
+from __future__ import annotations
+
+from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairwise_accuracy
+from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
+from .search import Proposal, Search, XGBSearch, make_search
+from .space import InvalidConfig, Knob, LoopSpace, ScheduleFailed, SearchSpace, config_key, make_space
+from .task import Task, Trial, TuneResult
+from .tune import apply_config, tune
+
+__all__ = [
+    "Candidate",
+    "CostModel",
+    "InvalidConfig",
+    "Knob",
+    "LocalMeasurer",
+    "LoopSpace",
+    "MeasureResult",
+    "Measurer",
+    "Proposal",
+    "RandomModel",
+    "ScheduleFailed",
+    "Search",
+    "SearchSpace",
+    "Task",
+    "Trial",
+    "TuneResult",
+    "XGBModel",
+    "XGBSearch",
+    "apply_config",
+    "config_key",
+    "make_cost_model",
+    "make_measurer",
+    "make_search",
+    "make_space",
+    "pairwise_accuracy",
+    "tune",
+]

@@ -1,0 +1,343 @@
+"""Measurers: build and run scheduled candidates, check them, time them.
+
+`LocalMeasurer` builds and runs every candidate in a separate process
+(`tvm.support.popen_pool.PopenPoolExecutor`, one worker, a timeout per
+candidate), so a candidate that segfaults, exits or hangs becomes an error
+trial and the worker is restarted; the tuner keeps going. The scheduled module
+travels as `tvm.ir.save_json` text, the target as its exported dict, the input
+and expected arrays as files in a temporary folder owned by the measurer.
+
+Before its time counts, a candidate's output on the task's fixed inputs is
+compared with the output of the untransformed program (computed once per task
+in the same kind of child process, which also times the untuned program: the
+task's baseline).
+
+Layering: `tuner` never imports `service`. TVM and numpy are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .space import Config
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+    from .task import Task
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A configuration and the scheduled module it gives."""
+
+    config: Config
+    mod: tvm.IRModule
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """Latencies of one candidate (one per timed repeat), or why there are none."""
+
+    latencies_ms: list[float] | None
+    error: str | None
+    build_s: float = 0.0
+    run_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Measurer(abc.ABC):
+    """Measures candidates of a task on a device."""
+
+    @abc.abstractmethod
+    def measure_one(self, task: Task, candidate: Candidate) -> MeasureResult:
+        """Builds, checks and times one candidate; failures are results, never raised."""
+
+    def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
+        """`measure_one` for each candidate, in order."""
+        return [self.measure_one(task, c) for c in candidates]
+
+    def baseline_ms(self, task: Task) -> float | None:
+        """Median latency of the untransformed program, None where unknown."""
+        return None
+
+    def close(self) -> None:
+        """Releases worker processes and temporary files."""
+
+    def __enter__(self) -> Measurer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def arg_specs(prim_func: tvm.tirx.PrimFunc) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every parameter of `prim_func`, in call order (the output last)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(prim_func)]
+
+
+def default_inputs(prim_func: tvm.tirx.PrimFunc, seed: int = 0) -> list[np.ndarray]:
+    """Uniform [-1, 1) arrays for every parameter but the output, reproducible from `seed`."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1.0, 1.0, size=s).astype(d) for s, d in arg_specs(prim_func)[:-1]]
+
+
+def untransformed_module(prim_func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+    import tvm
+
+    return tvm.IRModule({"main": prim_func.with_attr("global_symbol", "main")})
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[-1].strip() if lines else ''}"[:500]
+
+
+# ---------------------------------------------------------------------------
+# What runs in the child process (module-level, so cloudpickle sends a reference).
+
+_CHILD_CACHE: dict[str, Any] = {}
+
+
+def _child_arrays(path: str) -> Any:
+    import numpy as np
+
+    if path not in _CHILD_CACHE:
+        with np.load(path) as data:
+            _CHILD_CACHE[path] = [data[f"arr_{i}"] for i in range(len(data.files))]
+    return _CHILD_CACHE[path]
+
+
+def _child_run(
+    mod_json: str,
+    target_config: dict,
+    inputs_path: str,
+    expected_path: str | None,
+    write_expected: bool,
+    repeat: int,
+    min_repeat_ms: int,
+    rtol: float,
+    atol: float,
+    hook: Callable[[dict], None] | None,
+    config: dict,
+) -> dict:
+    """Builds the module, runs it once, checks (or writes) its output, times it."""
+    import numpy as np
+    import tvm
+
+    if hook is not None:
+        hook(config)
+    start = time.perf_counter()
+    mod = tvm.ir.load_json(mod_json)
+    target = tvm.target.Target(target_config)
+    lib = tvm.compile(mod, target=target).jit()
+    build_s = time.perf_counter() - start
+    dev = tvm.cpu(0) if target.kind.name == "llvm" else tvm.device(target.kind.name, 0)
+    func = mod["main"]
+    out_shape, out_dtype = arg_specs(func)[-1]
+    args = [tvm.runtime.tensor(a, dev) for a in _child_arrays(inputs_path)]
+    args.append(tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev))
+    start = time.perf_counter()
+    lib["main"](*args)
+    out = args[-1].numpy()
+    if write_expected:
+        assert expected_path is not None
+        np.save(expected_path, out)
+    elif expected_path is not None:
+        if expected_path not in _CHILD_CACHE:
+            _CHILD_CACHE[expected_path] = np.load(expected_path)
+        expected = _CHILD_CACHE[expected_path]
+        if out.shape != expected.shape:
+            return {"error": f"wrong result: output shape {out.shape} != expected {expected.shape}",
+                    "build_s": build_s}
+        # fp32 sums in another order differ by a few ulps of the largest partial sums
+        tol = atol * max(1.0, float(np.abs(expected).max(initial=0.0)))
+        if not np.allclose(out, expected, rtol=rtol, atol=tol, equal_nan=False):
+            diff = np.abs(out.astype(np.float64) - expected.astype(np.float64))
+            where = tuple(int(i) for i in np.unravel_index(np.nanargmax(diff), diff.shape)) if diff.size else ()
+            return {"error": f"wrong result: max abs diff {np.nanmax(diff):.4g} at {where} "
+                             f"(rtol {rtol}, atol {tol:.3g})", "build_s": build_s}
+    timer = lib.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    latencies = [float(r) * 1e3 for r in timer(*args).results]
+    return {"latencies_ms": latencies, "build_s": build_s, "run_s": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """Per-task files and the untuned program's outcome."""
+
+    tmp: tempfile.TemporaryDirectory
+    inputs_path: str
+    expected_path: str
+    baseline_ms: float | None = None
+    error: str | None = None  # why candidates cannot be checked (the reference failed)
+
+
+class LocalMeasurer(Measurer):
+    """Builds and runs candidates on this machine, one at a time, each in a worker process."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 60.0,
+        repeat: int = 3,
+        min_repeat_ms: int = 20,
+        rtol: float = 1e-3,
+        atol: float = 1e-3,
+        max_process_uses: int | None = 64,
+        child_hook: Callable[[dict], None] | None = None,
+    ):
+        """
+        Args:
+            timeout_s: limit on one candidate's build, check and timing (the
+                reference gets 4x). A candidate over it is an error trial.
+            repeat: timed repeats per candidate; their median is the latency.
+            min_repeat_ms: each repeat runs the program as often as needed to last this long.
+            rtol: relative tolerance of the output check.
+            atol: absolute tolerance, scaled by max(1, max |expected|).
+            max_process_uses: the worker is recycled after this many candidates
+                (bounds leaks of compiled modules); None: never.
+            child_hook: called with the config in the child before building (for
+                tests: a hook that exits or sleeps simulates a crash or a hang).
+                Pickled with cloudpickle.
+        """
+        self.timeout_s = timeout_s
+        self.repeat = repeat
+        self.min_repeat_ms = min_repeat_ms
+        self.rtol, self.atol = rtol, atol
+        self.max_process_uses = max_process_uses
+        self.child_hook = child_hook
+        self._pool = None
+        self._prepared: dict[int, tuple[Task, _Prepared]] = {}
+        self.restarts = 0
+
+    # -- worker pool ----------------------------------------------------------
+
+    def _get_pool(self) -> Any:
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        if self._pool is None:
+            self._pool = PopenPoolExecutor(
+                max_workers=1, timeout=self.timeout_s, maximum_process_uses=self.max_process_uses
+            )
+        return self._pool
+
+    def _restart(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        self.restarts += 1
+
+    def _call(self, timeout_s: float, *args: Any) -> dict:
+        """Runs `_child_run(*args)` in the worker; failures come back as {"error": ...}."""
+        pool = self._get_pool()
+        pool._timeout = timeout_s  # the child's own watchdog (PopenPoolExecutor has one timeout)
+        future = pool.submit(_child_run, *args)
+        try:
+            # The child's watchdog answers first; this one catches a child stuck holding the GIL.
+            return future.result(timeout=timeout_s + 15)
+        except TimeoutError:
+            if not future.done():
+                self._restart()
+            return {"error": f"timed out after {timeout_s:g} s (build, check and run); worker restarted"}
+        except ChildProcessError:
+            self.restarts += 1  # the pool restarts the dead worker lazily
+            return {"error": "the measuring process crashed (segfault, abort or exit) while building or "
+                             "running this candidate; worker restarted"}
+        except Exception as e:  # an exception raised in the child: build error, runtime error
+            return {"error": f"build or run failed: {_one_line(e)}"}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        for _, prepared in self._prepared.values():
+            prepared.tmp.cleanup()
+        self._prepared.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- tasks -----------------------------------------------------------------
+
+    def prepare(self, task: Task) -> _Prepared:
+        """Writes the task's inputs, computes the reference output and the baseline (once per task)."""
+        import numpy as np
+        import tvm
+
+        entry = self._prepared.get(id(task))
+        if entry is not None and entry[0] is task:
+            return entry[1]
+        tmp = tempfile.TemporaryDirectory(prefix="altune-measure-")
+        inputs = task.inputs if task.inputs is not None else default_inputs(task.prim_func)
+        inputs_path = os.path.join(tmp.name, "inputs.npz")
+        expected_path = os.path.join(tmp.name, "expected.npy")
+        with open(inputs_path, "wb") as f:
+            np.savez(f, *inputs)
+        if task.expected is not None:
+            np.save(expected_path, np.asarray(task.expected))
+        prepared = _Prepared(tmp, inputs_path, expected_path)
+        mod_json = tvm.ir.save_json(untransformed_module(task.prim_func))
+        result = self._call(
+            4 * self.timeout_s, mod_json, dict(task.target.export()), inputs_path,
+            expected_path, task.expected is None, self.repeat, self.min_repeat_ms, self.rtol, self.atol,
+            None, {},
+        )
+        if "error" in result:
+            what = "the untransformed program failed, so candidates cannot be checked"
+            prepared.error = f"{what}: {result['error']}" if task.expected is None else None
+        else:
+            lat = sorted(result["latencies_ms"])
+            prepared.baseline_ms = lat[len(lat) // 2]
+        self._prepared[id(task)] = (task, prepared)
+        return prepared
+
+    def baseline_ms(self, task: Task) -> float | None:
+        return self.prepare(task).baseline_ms
+
+    def measure_one(self, task: Task, candidate: Candidate) -> MeasureResult:
+        import tvm
+
+        prepared = self.prepare(task)
+        if prepared.error is not None:
+            return MeasureResult(None, prepared.error)
+        try:
+            mod_json = tvm.ir.save_json(candidate.mod)
+        except Exception as e:
+            return MeasureResult(None, f"cannot serialize the module: {_one_line(e)}")
+        result = self._call(
+            self.timeout_s, mod_json, dict(task.target.export()), prepared.inputs_path,
+            prepared.expected_path, False, self.repeat, self.min_repeat_ms, self.rtol, self.atol,
+            self.child_hook, dict(candidate.config),
+        )
+        if "error" in result:
+            return MeasureResult(None, result["error"], build_s=result.get("build_s", 0.0))
+        return MeasureResult(result["latencies_ms"], None, result["build_s"], result["run_s"])
+
+
+MeasurerKind = Literal["local"]
+
+
+def make_measurer(kind: MeasurerKind, **options: Any) -> Measurer:
+    """The measurer called `kind` (options go to its constructor)."""
+    if kind == "local":
+        return LocalMeasurer(**options)
+    raise ValueError(f"unknown measurer: {kind}")

@@ -1,0 +1,316 @@
+"""Search strategies: which configurations to measure, round after round.
+
+`Search.run` is the tuning lifecycle (MetaSchedule's): `pre_tuning` (learn from
+prior trials), then rounds of `generate_candidates` -> measure each (calling
+`on_trial` at once, polling `should_stop` in between) -> `notify_results`.
+
+`XGBSearch`: each round samples a batch of fresh configurations not measured
+yet plus mutations (one knob step) of the best measured ones, ranks them with
+the cost model, and measures the top-k plus a few random picks (epsilon-greedy).
+Before the model has data, the picks are random.
+
+Layering: `tuner` never imports `service`. numpy is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .cost_model import CostModel, CostModelKind, make_cost_model, pairwise_accuracy
+from .features import Featurizer
+from .measure import Candidate, Measurer
+from .space import Config, InvalidConfig, ScheduleFailed, SearchSpace, config_key, sample_unique
+from .task import Task, Trial
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Proposal:
+    """A configuration chosen for measurement, with its module and why it was chosen."""
+
+    config: Config
+    mod: Any  # tvm.IRModule
+    predicted: float | None = None
+    source: str = "model"  # "model", "random", "start_from"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _noop(trial: Trial) -> None:
+    del trial
+
+
+def _never() -> bool:
+    return False
+
+
+class Search(abc.ABC):
+    """A search strategy over one task's space, measuring with one measurer."""
+
+    def __init__(self, task: Task, space: SearchSpace, measurer: Measurer):
+        self.task, self.space, self.measurer = task, space, measurer
+        self.measured: set[str] = set()  # config keys of every trial so far (prior included)
+
+    @abc.abstractmethod
+    def pre_tuning(self, prior: Sequence[Trial]) -> None:
+        """Learns from trials measured before (resume); they are not measured again."""
+
+    @abc.abstractmethod
+    def generate_candidates(self, n: int) -> list[Proposal]:
+        """Up to `n` unmeasured proposals to measure next; [] when the space is exhausted."""
+
+    @abc.abstractmethod
+    def notify_results(self, trials: Sequence[Trial]) -> None:
+        """Learns from the trials of the last round."""
+
+    def run(
+        self,
+        budget: int,
+        *,
+        prior: Sequence[Trial] = (),
+        start_from: Sequence[Config] = (),
+        on_trial: Callable[[Trial], None] = _noop,
+        should_stop: Callable[[], bool] = _never,
+    ) -> list[Trial]:
+        """Measures up to `budget - len(prior)` candidates; returns the new trials in order.
+
+        Args:
+            budget: on-device measurements in all, the prior ones included.
+            prior: trials of this task measured before (resume).
+            start_from: configurations measured first (known good ones); invalid or
+                already measured ones are skipped.
+            on_trial: called with each trial the moment it is measured.
+            should_stop: polled before each measurement; True ends the search.
+        """
+        self.measured |= {config_key(t.config) for t in prior}
+        self.pre_tuning(prior)
+        next_index = max((t.index for t in prior), default=-1) + 1
+        remaining = budget - len(prior)
+        trials: list[Trial] = []
+
+        def measure(proposal: Proposal, round_: int) -> Trial:
+            nonlocal next_index, remaining
+            result = self.measurer.measure_one(self.task, Candidate(proposal.config, proposal.mod))
+            extra = {"source": proposal.source, "round": round_, "build_s": round(result.build_s, 4),
+                     "run_s": round(result.run_s, 4), **proposal.extra, **result.extra}
+            trial = Trial(next_index, proposal.config, result.latencies_ms, result.error,
+                          predicted=proposal.predicted, extra=extra)
+            next_index += 1
+            remaining -= 1
+            self.measured.add(config_key(proposal.config))
+            trials.append(trial)
+            return trial
+
+        first = self._start_proposals(start_from)
+        for proposal in first:
+            if remaining <= 0 or should_stop():
+                break
+            trial = measure(proposal, 0)
+            on_trial(trial)
+        if first:
+            self.notify_results([t for t in trials if t.extra.get("source") == "start_from"])
+
+        round_ = 0
+        while remaining > 0 and not should_stop():
+            round_ += 1
+            proposals = self.generate_candidates(remaining)
+            if not proposals:
+                log.info("%s: search space exhausted after %d trials", self.task.name, len(self.measured))
+                break
+            batch: list[Trial] = []
+            for proposal in proposals:
+                if remaining <= 0 or should_stop():
+                    break
+                trial = measure(proposal, round_)
+                batch.append(trial)
+                scored = [t for t in batch if t.predicted is not None]
+                accuracy = pairwise_accuracy([t.predicted for t in scored], [t.latency_ms for t in scored])
+                if accuracy is not None:
+                    trial.extra["model_accuracy"] = round(accuracy, 4)
+                on_trial(trial)
+            if batch:
+                self.notify_results(batch)
+        return trials
+
+    def _start_proposals(self, start_from: Sequence[Config]) -> list[Proposal]:
+        out = []
+        for config in start_from:
+            try:
+                config = self.space.validate(config)
+            except InvalidConfig as e:
+                log.warning("%s: skipping start_from config %s: %s", self.task.name, config, e)
+                continue
+            key = config_key(config)
+            if key in self.measured or any(config_key(p.config) == key for p in out):
+                continue
+            try:
+                mod = self.space.apply(config).mod
+            except (InvalidConfig, ScheduleFailed) as e:
+                log.warning("%s: skipping start_from config %s: %s", self.task.name, config, e)
+                continue
+            out.append(Proposal(config, mod, None, "start_from"))
+        return out
+
+
+class XGBSearch(Search):
+    """Model-ranked sampling with mutations of the best, epsilon-greedy (see the module doc)."""
+
+    def __init__(
+        self,
+        task: Task,
+        space: SearchSpace,
+        measurer: Measurer,
+        *,
+        cost_model: CostModelKind | CostModel = "xgb",
+        seed: int = 0,
+        batch_size: int = 128,
+        top_k: int = 8,
+        epsilon: float = 0.125,
+        mutation_fraction: float = 0.5,
+        elite: int = 8,
+        ms_features: bool = True,
+    ):
+        """
+        Args:
+            task: the task.
+            space: its search space.
+            measurer: measures the picks.
+            cost_model: a model or its kind.
+            seed: seeds sampling, picks and the model: the same measurements give
+                the same sequence of configurations.
+            batch_size: candidates ranked per round.
+            top_k: candidates measured per round.
+            epsilon: fraction of each round's picks taken at random from the batch.
+            mutation_fraction: share of the batch made of mutations of the best trials.
+            elite: how many of the best trials are mutated.
+            ms_features: add MetaSchedule's per-store features to the knob features.
+        """
+        import numpy as np
+
+        super().__init__(task, space, measurer)
+        self.rng = np.random.default_rng(seed)
+        self.model = make_cost_model(cost_model, seed) if isinstance(cost_model, str) else cost_model
+        self.batch_size, self.top_k, self.epsilon = batch_size, top_k, epsilon
+        self.mutation_fraction, self.elite = mutation_fraction, elite
+        self.featurize = Featurizer(space, task.target, use_ms=ms_features)
+        self._features: dict[str, np.ndarray] = {}  # config key -> feature row of a proposal
+        self._best: list[tuple[float, Config]] = []  # (latency, config) of correct trials
+
+    def pre_tuning(self, prior: Sequence[Trial]) -> None:
+        usable = []
+        for trial in prior:
+            try:
+                usable.append((self.space.validate(trial.config), trial))
+            except InvalidConfig:
+                continue  # from another space version: counts toward the budget, teaches nothing
+        if not usable:
+            return
+        feats = self.featurize([c for c, _ in usable])
+        self.model.update(feats, [t.latency_ms for _, t in usable])
+        for config, trial in usable:
+            self._remember(config, trial.latency_ms)
+
+    def _remember(self, config: Config, latency: float | None) -> None:
+        if latency is not None:
+            self._best.append((latency, config))
+            self._best.sort(key=lambda x: x[0])
+            del self._best[self.elite :]
+
+    def _mutants(self, n: int, exclude: set[str]) -> list[Config]:
+        out: list[Config] = []
+        if not self._best or n <= 0:
+            return out
+        for _ in range(4 * n):
+            _, parent = self._best[int(self.rng.integers(len(self._best)))]
+            child = self.space.mutate(parent, self.rng)
+            # a second step now and then, to leave a local optimum
+            if self.rng.random() < 0.3:
+                child = self.space.mutate(child, self.rng)
+            key = config_key(child)
+            if key not in exclude:
+                exclude.add(key)
+                out.append(child)
+                if len(out) == n:
+                    break
+        return out
+
+    def generate_candidates(self, n: int) -> list[Proposal]:
+        import numpy as np
+
+        n = min(n, self.top_k)
+        exclude = set(self.measured)
+        mutants = self._mutants(int(self.batch_size * self.mutation_fraction), exclude)
+        fresh = sample_unique(self.space, self.rng, self.batch_size - len(mutants), exclude=list(exclude))
+        pool, schedules, sources = [], [], []
+        for config, source in [(c, "mutation") for c in mutants] + [(c, "sample") for c in fresh]:
+            try:
+                schedules.append(self.space.apply(config))
+            except (InvalidConfig, ScheduleFailed) as e:
+                log.debug("dropping config that does not apply: %s", e)
+                continue
+            pool.append(config)
+            sources.append(source)
+        if not pool:
+            return []
+        feats = self.featurize(pool, schedules)
+        if self.model.trained:
+            scores = np.asarray(self.model.predict(feats), dtype=np.float64)
+            n_random = min(len(pool), int(round(self.epsilon * n)))
+            order = list(np.argsort(-scores, kind="stable"))
+            picks = [(int(i), "model") for i in order[: n - n_random]]
+            rest = order[n - n_random :]
+            if rest and n_random:
+                chosen = self.rng.choice(len(rest), size=min(n_random, len(rest)), replace=False)
+                picks += [(int(rest[int(j)]), "random") for j in chosen]
+        else:
+            scores = None
+            chosen = self.rng.choice(len(pool), size=min(n, len(pool)), replace=False)
+            picks = [(int(i), "random") for i in chosen]
+        out = []
+        for i, source in picks:
+            self._features[config_key(pool[i])] = feats[i]
+            predicted = None if scores is None else float(scores[i])
+            out.append(Proposal(pool[i], schedules[i].mod, predicted, source, {"origin": sources[i]}))
+        return out
+
+    def notify_results(self, trials: Sequence[Trial]) -> None:
+        import numpy as np
+
+        rows, latencies, missing = [], [], []
+        for trial in trials:
+            key = config_key(trial.config)
+            row = self._features.pop(key, None)
+            if row is None:
+                missing.append(trial)
+                continue
+            rows.append(row)
+            latencies.append(trial.latency_ms)
+            self._remember(trial.config, trial.latency_ms)
+        if missing:  # start_from trials: featurize now
+            configs = [self.space.validate(t.config) for t in missing]
+            rows += list(self.featurize(configs))
+            latencies += [t.latency_ms for t in missing]
+            for t in missing:
+                self._remember(t.config, t.latency_ms)
+        if rows:
+            self.model.update(np.stack(rows), latencies)
+
+
+SearchKind = Literal["xgb", "random"]
+
+
+def make_search(kind: SearchKind, task: Task, space: SearchSpace, measurer: Measurer, **options: Any) -> Search:
+    """The search called `kind`: "xgb" (model-ranked) or "random" (the same loop, random scores)."""
+    if kind == "xgb":
+        return XGBSearch(task, space, measurer, **options)
+    if kind == "random":
+        return XGBSearch(task, space, measurer, cost_model="random", **options)
+    raise ValueError(f"unknown search: {kind}")

@@ -1,0 +1,488 @@
+"""Search spaces: a configuration (a dict of named integer knobs) -> a scheduled program.
+
+`LoopSpace` is the loop-only space over one operator's TIR: inline the
+injective producers (padding, dilation, kernel transforms), tile the main
+(reduction) block multi-level (spatial loops 4 levels, reduction loops 2, as
+Ansor's SSRSRS), reorder, parallelize the fused outer spatial loops, vectorize
+the innermost spatial loop, unroll, and place the epilogue (bias/relu) or a
+write-back cache inside a tile level. A configuration is JSON-serializable, so
+the service stores it as is and a later PPO actor can walk each knob up/down
+over `Knob.choices`.
+
+Layering: `tuner` never imports `service`. TVM is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+MAX_INNERMOST_FACTOR = 64  # innermost spatial and reduction tiles, as MetaSchedule's default
+SPATIAL_LEVELS = 4
+REDUCE_LEVELS = 2
+UNROLL_STEPS = (0, 16, 64, 512)
+# Loop orders, outermost first: (kind, level) tokens; every order starts with the
+# spatial levels 0 and 1 (parallel loop and epilogue anchors) and ends with spatial level 3
+# (vectorized).
+ORDERS: tuple[tuple[tuple[str, int], ...], ...] = (
+    (("S", 0), ("S", 1), ("R", 0), ("S", 2), ("R", 1), ("S", 3)),  # SSRSRS (Ansor)
+    (("S", 0), ("S", 1), ("S", 2), ("R", 0), ("R", 1), ("S", 3)),  # SSSRRS
+    (("S", 0), ("S", 1), ("R", 0), ("R", 1), ("S", 2), ("S", 3)),  # SSRRSS
+)
+MAX_EPILOGUE_VECTOR = 64
+
+Config = dict[str, int]
+
+
+class InvalidConfig(ValueError):
+    """A configuration that names unknown knobs, misses knobs, or breaks a constraint."""
+
+
+class ScheduleFailed(RuntimeError):
+    """A valid-looking configuration that TVM refused to apply (a schedule error)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One integer knob of a space and the values it may take (sorted ascending).
+
+    Values of tile knobs are tile factors; a joint constraint (the inner factors'
+    product divides the loop extent) is checked by `SearchSpace.validate`.
+    """
+
+    name: str
+    choices: tuple[int, ...]
+
+
+class SearchSpace(abc.ABC):
+    """A space of configurations for one program."""
+
+    @property
+    @abc.abstractmethod
+    def knobs(self) -> tuple[Knob, ...]:
+        """Every knob, in a fixed order (the order of feature vectors)."""
+
+    @abc.abstractmethod
+    def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
+        """`n` random valid configurations (may repeat)."""
+
+    @abc.abstractmethod
+    def validate(self, config: Config) -> Config:
+        """The canonical form of `config`; raises `InvalidConfig` if it is not in the space."""
+
+    @abc.abstractmethod
+    def apply(self, config: Config) -> tvm.s_tir.Schedule:
+        """The schedule of `config`; raises `InvalidConfig` or `ScheduleFailed`."""
+
+    @abc.abstractmethod
+    def neighbors(self, config: Config) -> list[Config]:
+        """Valid configurations one step away from `config` (one knob changed)."""
+
+    def mutate(self, config: Config, rng: np.random.Generator) -> Config:
+        """A random neighbor of `config` (itself if it has none)."""
+        near = self.neighbors(config)
+        return near[int(rng.integers(len(near)))] if near else dict(config)
+
+
+def config_key(config: Config) -> str:
+    """A canonical string of a configuration (for de-duplication)."""
+    return ",".join(f"{k}={config[k]}" for k in sorted(config))
+
+
+@functools.cache
+def divisors(n: int) -> tuple[int, ...]:
+    """Divisors of `n` ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+@functools.cache
+def prime_factors(n: int) -> tuple[int, ...]:
+    """Distinct prime factors of `n`."""
+    out, p = [], 2
+    while p * p <= n:
+        if n % p == 0:
+            out.append(p)
+            while n % p == 0:
+                n //= p
+        p += 1
+    if n > 1:
+        out.append(n)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A loop of the main block: its knob name, extent and kind ("S" spatial, "R" reduction)."""
+
+    name: str
+    extent: int
+    kind: Literal["S", "R"]
+
+    @property
+    def levels(self) -> int:
+        return SPATIAL_LEVELS if self.kind == "S" else REDUCE_LEVELS
+
+    def knob(self, level: int) -> str:
+        return f"tile.{self.name}.{level}"
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What `LoopSpace` learned about a program once: the blocks it schedules and its loops."""
+
+    main: str  # the reduction block
+    axes: tuple[Axis, ...]  # in the main block's loop order
+    inlinable: tuple[str, ...]  # injective producers that compute_inline accepts, nearest first
+    epilogue_inline: tuple[str, ...]  # consumers inlined into the last consumer
+    epilogue: str | None  # the output block after main (relu / bias_add), None: main writes the output
+
+    @property
+    def spatial(self) -> tuple[Axis, ...]:
+        return tuple(a for a in self.axes if a.kind == "S")
+
+    @property
+    def reduce(self) -> tuple[Axis, ...]:
+        return tuple(a for a in self.axes if a.kind == "R")
+
+
+def _as_module(prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> tvm.IRModule:
+    import tvm
+
+    if isinstance(prim_func, tvm.IRModule):
+        return prim_func
+    return tvm.IRModule({"main": prim_func.with_attr("global_symbol", "main")})
+
+
+def analyze(prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> Structure:
+    """Finds the main block, its loops, and which producers/consumers can be inlined.
+
+    Raises:
+        ValueError: if the program has no reduction block, or its loops do not
+            match the block's iterators one to one (not a TE-made program).
+    """
+    from tvm import s_tir, tirx
+
+    mod = _as_module(prim_func)
+    sch = s_tir.Schedule(mod)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    names = [sch.get(b).name_hint for b in blocks]
+
+    def volume(b) -> int:
+        return math.prod(int(iv.dom.extent) for iv in sch.get(b).iter_vars)
+
+    reductions = [
+        b for b in blocks if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
+    ]
+    if not reductions:
+        raise ValueError(f"no reduction block among {names}: nothing for LoopSpace to tile")
+    main_rv = max(reductions, key=volume)
+    main = sch.get(main_rv).name_hint
+    block = sch.get(main_rv)
+    loops = sch.get_loops(main_rv)
+    assert len(loops) == len(block.iter_vars), f"{main}: {len(loops)=} != {len(block.iter_vars)=}"
+    axes, seen = [], set()
+    for loop, iv in zip(loops, block.iter_vars):
+        extent = int(sch.get(loop).extent)
+        assert extent == int(iv.dom.extent), f"{main}: loop extent {extent} != iterator extent {iv.dom.extent}"
+        name = str(iv.var.name)
+        name = name[2:] if name.startswith("v_") else name
+        while name in seen:
+            name += "_"
+        seen.add(name)
+        axes.append(Axis(name, extent, "R" if iv.iter_type == tirx.IterVar.CommReduce else "S"))
+
+    index = names.index(main)
+    # Producers, nearest first: inlining the padding first leaves the dilation feeding main directly.
+    inlinable = []
+    trial = s_tir.Schedule(mod)
+    for name in reversed(names[:index]):
+        try:
+            trial.compute_inline(trial.get_sblock(name))
+            inlinable.append(name)
+        except (s_tir.ScheduleError, tvm_error()):
+            pass
+    consumers = names[index + 1 :]
+    epilogue_inline: list[str] = []
+    epilogue = consumers[-1] if consumers else None
+    trial = s_tir.Schedule(mod)
+    for name in consumers[:-1]:
+        try:
+            trial.compute_inline(trial.get_sblock(name))
+            epilogue_inline.append(name)
+        except (s_tir.ScheduleError, tvm_error()):
+            epilogue = None  # several epilogue blocks left: keep them all at the root
+    if epilogue is not None and len(epilogue_inline) != len(consumers) - 1:
+        epilogue = None
+    return Structure(main, tuple(axes), tuple(inlinable), tuple(epilogue_inline), epilogue)
+
+
+def tvm_error() -> type[Exception]:
+    """TVM's base error class (schedule primitives raise subclasses of it)."""
+    import tvm
+
+    return tvm.error.TVMError
+
+
+class LoopSpace(SearchSpace):
+    """Multi-level tiling of a program's reduction block, with the knobs listed below.
+
+    Knobs (all integers):
+        tile.<axis>.<level>: tile factor of a main-block loop at level 1..3 (spatial)
+            or 1 (reduction); level 0 takes the rest of the extent.
+        order: index into `ORDERS` (where the reduction levels sit among the spatial ones).
+        parallel: how many outer spatial levels (1 or 2) are fused into the parallel loop.
+        vectorize: 1 vectorizes the innermost spatial loop (level 3 of the last spatial axis).
+        unroll: `pragma_auto_unroll_max_step` on the outer loop, one of `UNROLL_STEPS`
+            (always with `pragma_unroll_explicit`: LLVM codegen ignores the implicit hint,
+            so an unroll_explicit knob would be a no-op on CPU).
+        write_at: where the output is written: 0 = by the main block, the epilogue (if
+            any) at the root; L in {1, 2} = the epilogue (or a write-back cache of the
+            main block when there is no epilogue) inside the last loop of spatial tile
+            level L-1; must be 0 or >= parallel.
+        inline: 1 inlines the injective producers into the main block (only where there are any).
+    """
+
+    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule):
+        """Analyzes `prim_func` (a TE-made program with one reduction block)."""
+        self.mod = _as_module(prim_func)
+        self.structure = analyze(self.mod)
+        knobs: list[Knob] = []
+        for axis in self.structure.axes:
+            if axis.extent == 1:
+                continue
+            for level in range(1, axis.levels):
+                limit = MAX_INNERMOST_FACTOR if level == axis.levels - 1 else axis.extent
+                knobs.append(Knob(axis.knob(level), tuple(d for d in divisors(axis.extent) if d <= limit)))
+        knobs += [
+            Knob("order", tuple(range(len(ORDERS)))),
+            Knob("parallel", (1, 2)),
+            Knob("vectorize", (0, 1)),
+            Knob("unroll", UNROLL_STEPS),
+            Knob("write_at", (0, 1, 2)),
+        ]
+        if self.structure.inlinable:
+            knobs.append(Knob("inline", (0, 1)))
+        self._knobs = tuple(knobs)
+        self._by_name = {k.name: k for k in knobs}
+
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        return self._knobs
+
+    # -- configurations -------------------------------------------------------
+
+    def factors(self, config: Config, axis: Axis) -> list[int]:
+        """All tile factors of `axis` (outermost first; level 0 is the rest of the extent)."""
+        inner = [config.get(axis.knob(level), 1) for level in range(1, axis.levels)]
+        prod = math.prod(inner)
+        assert axis.extent % prod == 0, f"{axis.name}: {inner=} do not divide {axis.extent=}"
+        return [axis.extent // prod, *inner]
+
+    def validate(self, config: Config) -> Config:
+        if not isinstance(config, dict):
+            raise InvalidConfig(f"a configuration is a dict of integer knobs, got {type(config).__name__}")
+        unknown = sorted(set(config) - set(self._by_name))
+        missing = sorted(set(self._by_name) - set(config))
+        if unknown or missing:
+            raise InvalidConfig(f"configuration does not fit this space: unknown knobs {unknown}, missing {missing}")
+        out: Config = {}
+        for knob in self._knobs:
+            value = config[knob.name]
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidConfig(f"{knob.name}={value!r} is not an integer")
+            value = int(value)
+            if value not in knob.choices:
+                raise InvalidConfig(f"{knob.name}={value} not in {list(knob.choices)}")
+            out[knob.name] = value
+        for axis in self.structure.axes:
+            inner = math.prod(out.get(axis.knob(level), 1) for level in range(1, axis.levels))
+            if axis.extent % inner:
+                raise InvalidConfig(f"tiles of {axis.name} multiply to {inner}, which does not divide {axis.extent}")
+        if out["write_at"] and out["write_at"] < out["parallel"]:
+            raise InvalidConfig(f"write_at={out['write_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
+        return out
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
+        return [self._sample_one(rng) for _ in range(n)]
+
+    def _sample_one(self, rng: np.random.Generator) -> Config:
+        config: Config = {}
+        for axis in self.structure.axes:
+            if axis.extent == 1:
+                continue
+            rest = axis.extent
+            # innermost first, each a divisor of what is left, so the product always divides
+            for level in range(axis.levels - 1, 0, -1):
+                limit = MAX_INNERMOST_FACTOR if level == axis.levels - 1 else rest
+                choices = [d for d in divisors(rest) if d <= limit]
+                factor = choices[int(rng.integers(len(choices)))]
+                config[axis.knob(level)] = factor
+                rest //= factor
+        config["order"] = int(rng.integers(len(ORDERS)))
+        config["parallel"] = int(rng.integers(1, 3))
+        config["vectorize"] = int(rng.random() < 0.8)
+        config["unroll"] = UNROLL_STEPS[int(rng.integers(len(UNROLL_STEPS)))]
+        config["write_at"] = int(rng.choice([w for w in (0, 1, 2) if w == 0 or w >= config["parallel"]]))
+        if self.structure.inlinable:
+            config["inline"] = int(rng.random() < 0.8)
+        return self.validate(config)
+
+    def neighbors(self, config: Config) -> list[Config]:
+        config = self.validate(config)
+        out: list[Config] = []
+        seen = {config_key(config)}
+
+        def add(candidate: Config) -> None:
+            try:
+                candidate = self.validate(candidate)
+            except InvalidConfig:
+                return
+            key = config_key(candidate)
+            if key not in seen:
+                seen.add(key)
+                out.append(candidate)
+
+        for axis in self.structure.axes:
+            if axis.extent == 1:
+                continue
+            factors = self.factors(config, axis)
+            # move one prime factor from one level to another (level 0 absorbs the rest)
+            for src in range(axis.levels):
+                for p in prime_factors(factors[src]) if factors[src] > 1 else ():
+                    for dst in range(axis.levels):
+                        if dst == src:
+                            continue
+                        moved = list(factors)
+                        moved[src] //= p
+                        moved[dst] *= p
+                        candidate = dict(config)
+                        for level in range(1, axis.levels):
+                            candidate[axis.knob(level)] = moved[level]
+                        add(candidate)
+        for knob in self._knobs:
+            if knob.name.startswith("tile."):
+                continue
+            i = knob.choices.index(config[knob.name])
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(knob.choices):
+                    add({**config, knob.name: knob.choices[j]})
+        return out
+
+    # -- scheduling ----------------------------------------------------------
+
+    def apply(self, config: Config) -> tvm.s_tir.Schedule:
+        config = self.validate(config)
+        from tvm import s_tir
+
+        try:
+            return self._apply(config)
+        except (s_tir.ScheduleError, tvm_error()) as e:
+            text = str(e).strip().splitlines()
+            raise ScheduleFailed(f"schedule failed: {type(e).__name__}: {text[-1] if text else ''}") from e
+
+    def _apply(self, config: Config) -> tvm.s_tir.Schedule:
+        from tvm import s_tir
+
+        st = self.structure
+        sch = s_tir.Schedule(self.mod)
+        if config.get("inline", 0):
+            for name in st.inlinable:
+                sch.compute_inline(sch.get_sblock(name))
+        for name in st.epilogue_inline:
+            sch.compute_inline(sch.get_sblock(name))
+        main = sch.get_sblock(st.main)
+        write_at = config["write_at"]
+        epilogue = sch.get_sblock(st.epilogue) if st.epilogue is not None else None
+        if epilogue is None and write_at:
+            epilogue = sch.cache_write(main, 0, "global")
+
+        loops = sch.get_loops(main)
+        assert len(loops) == len(st.axes), f"{len(loops)=} != {len(st.axes)=}"
+        levels: dict[tuple[str, int], list] = {}
+        for loop, axis in zip(loops, st.axes):
+            parts = sch.split(loop, factors=self.factors(config, axis), preserve_unit_iters=True)
+            for level, part in enumerate(parts):
+                levels.setdefault((axis.kind, level), []).append(part)
+        order = ORDERS[config["order"]]
+        sch.reorder(*[loop for token in order for loop in levels.get(token, [])])
+
+        outer = [loop for level in range(config["parallel"]) for loop in levels[("S", level)]]
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        if epilogue is not None:
+            if write_at:
+                anchor = fused if write_at == config["parallel"] else levels[("S", write_at - 1)][-1]
+                sch.reverse_compute_at(epilogue, anchor, preserve_unit_loops=True)
+                self._vectorize_tail(sch, epilogue, config)
+            else:
+                self._schedule_root(sch, epilogue, config)
+        sch.parallel(fused)
+        if config["vectorize"] and self.factors(config, st.spatial[-1])[-1] > 1:
+            sch.vectorize(levels[("S", SPATIAL_LEVELS - 1)][-1])
+        if config["unroll"]:
+            sch.annotate(fused, "pragma_auto_unroll_max_step", config["unroll"])
+            # explicit: LLVM codegen ignores the implicit unroll hint
+            sch.annotate(fused, "pragma_unroll_explicit", 1)
+        first_reduce = levels[("R", 0)][0]
+        sch.decompose_reduction(main, first_reduce)
+        if not config.get("inline", 0):
+            for name in st.inlinable:
+                self._schedule_root(sch, sch.get_sblock(name), config)
+        return sch
+
+    @staticmethod
+    def _vectorize_tail(sch: tvm.s_tir.Schedule, block, config: Config) -> None:
+        """Vectorizes the innermost loop of an epilogue placed in a tile (if short enough)."""
+        if not config["vectorize"]:
+            return
+        loops = sch.get_loops(block)
+        inner = loops[-1]
+        extent = int(sch.get(inner).extent)
+        if 1 < extent <= MAX_EPILOGUE_VECTOR:
+            sch.vectorize(inner)
+
+    @staticmethod
+    def _schedule_root(sch: tvm.s_tir.Schedule, block, config: Config) -> None:
+        """A block left at the root: parallel outer loops, vectorized innermost (if short)."""
+        loops = sch.get_loops(block)
+        if len(loops) > 1:
+            outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+            sch.parallel(outer)
+        inner = loops[-1]
+        extent = int(sch.get(inner).extent)
+        if config["vectorize"] and 1 < extent <= MAX_EPILOGUE_VECTOR:
+            sch.vectorize(inner)
+
+
+SpaceKind = Literal["loop"]
+
+
+def make_space(kind: SpaceKind, prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> SearchSpace:
+    """The search space called `kind` over `prim_func`."""
+    if kind == "loop":
+        return LoopSpace(prim_func)
+    raise ValueError(f"unknown search space: {kind}")
+
+
+def sample_unique(space: SearchSpace, rng: np.random.Generator, n: int, exclude: Sequence[str] = ()) -> list[Config]:
+    """Up to `n` distinct configurations whose keys are not in `exclude` (gives up after 8n draws)."""
+    seen = set(exclude)
+    out: list[Config] = []
+    for _ in range(8):
+        for config in space.sample(rng, n):
+            key = config_key(config)
+            if key not in seen:
+                seen.add(key)
+                out.append(config)
+                if len(out) == n:
+                    return out
+    return out

@@ -1,0 +1,90 @@
+"""What the tuner works on and what it produces: tasks, trials, results.
+
+Layering: `tuner` never imports `service`. TVM and numpy are only type-checked here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """One program to tune on one target.
+
+    Attributes:
+        name: a short name ("conv2d").
+        workload_key: the content key of the workload (caches and DB rows use it).
+        prim_func: the untransformed program; its last parameter is the output.
+        target: the TVM target the candidates are compiled for.
+        inputs: input arrays in call order; None: uniform [-1, 1) from seed 0.
+        expected: the correct output for `inputs`; None: the measurer computes it
+            by running the untransformed program.
+    """
+
+    name: str
+    workload_key: str
+    prim_func: tvm.tirx.PrimFunc
+    target: tvm.target.Target
+    inputs: list[np.ndarray] | None = None
+    expected: np.ndarray | None = None
+
+
+@dataclass
+class Trial:
+    """One on-device measurement of a configuration.
+
+    Attributes:
+        index: position in the task's sequence of measurements (prior trials first).
+        config: the configuration (JSON-serializable dict of integer knobs).
+        latencies_ms: one latency per timed repeat; None when the trial failed.
+        error: why it failed (schedule error, build error, wrong result, crash,
+            timeout); None when it ran correctly.
+        predicted: the cost model's score when it was picked (higher is better), if any.
+        stage: the search stage that produced it ("loop", "start_from").
+        extra: free-form facts, e.g. "model_accuracy" (pairwise ranking accuracy
+            of the model on its batch so far, before training on it), "source"
+            ("model", "random", "start_from"), "round", "build_s", "run_s".
+    """
+
+    index: int
+    config: dict
+    latencies_ms: list[float] | None
+    error: str | None
+    predicted: float | None = None
+    stage: str = "loop"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def latency_ms(self) -> float | None:
+        """Median latency in ms, None for a failed trial."""
+        if self.error is not None or not self.latencies_ms:
+            return None
+        return float(statistics.median(self.latencies_ms))
+
+
+@dataclass
+class TuneResult:
+    """The outcome of `tune`.
+
+    Attributes:
+        best: the fastest correct trial (prior trials included), None if none ran correctly.
+        trials: every trial of this call (not the prior ones), in measurement order.
+        baseline_ms: median latency of the untransformed program, None if it failed.
+    """
+
+    best: Trial | None
+    trials: list[Trial]
+    baseline_ms: float | None
+
+
+def best_trial(trials: list[Trial]) -> Trial | None:
+    """The correct trial with the smallest median latency (earliest on ties)."""
+    valid = [t for t in trials if t.latency_ms is not None]
+    return min(valid, key=lambda t: t.latency_ms) if valid else None
