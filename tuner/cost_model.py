@@ -1,10 +1,12 @@
 """Cost models: feature vectors -> scores (higher = predicted faster).
 
 `XGBModel` is trained online on every measurement of a task so far: the target
-of a candidate is its throughput normalized by the task's best, `best / latency`
-in (0, 1] (MetaSchedule's choice), 0 for a failed candidate, regressed with
-squared error; it is refit from scratch at each `update` (a few hundred samples
-train in well under a second). `RandomModel` scores uniformly at random (the
+of a candidate is its log speed relative to the task's best, `log(best /
+latency)` <= 0, a failed candidate one below the worst, regressed with squared
+error. (MetaSchedule's `best / latency` in (0, 1] squeezes every slow candidate
+near 0, so with a few dozen samples the trees only learn "like the best or
+not" and the top of a batch ties.) The model is refit from scratch at each
+`update` (a few hundred samples train in well under a second). `RandomModel` scores uniformly at random (the
 ablation, and the warm-up before any data).
 
 Layering: `tuner` never imports `service`. xgboost and numpy are imported inside functions.
@@ -13,6 +15,7 @@ Layering: `tuner` never imports `service`. xgboost and numpy are imported inside
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -47,12 +50,15 @@ class CostModel(abc.ABC):
 
 
 def targets(latencies_ms: Sequence[float | None]) -> np.ndarray:
-    """Training targets: best / latency in (0, 1], 0 for a failure."""
+    """Training targets: log(best / latency) <= 0 (0 for the task's best); a failure
+    scores one below the worst correct candidate (or -1 when none is correct)."""
     import numpy as np
 
     valid = [x for x in latencies_ms if x is not None and x > 0]
     best = min(valid) if valid else 1.0
-    return np.asarray([best / x if x is not None and x > 0 else 0.0 for x in latencies_ms], dtype=np.float32)
+    scores = [math.log(best / x) if x is not None and x > 0 else None for x in latencies_ms]
+    floor = min((v for v in scores if v is not None), default=0.0) - 1.0
+    return np.asarray([floor if v is None else v for v in scores], dtype=np.float32)
 
 
 def pairwise_accuracy(predicted: Sequence[float], latencies_ms: Sequence[float | None]) -> float | None:

@@ -1,0 +1,98 @@
+"""LocalMeasurer: correct candidates are timed, wrong ones, crashes and hangs become errors."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from tuner_cases import task_of, workload
+
+DENSE = {"m": 8, "n": 12, "k": 16}
+
+
+def _fault(config: dict) -> None:
+    """Runs in the measuring process before it builds: simulates a crashing or hanging candidate."""
+    if config.get("fault") == "exit":
+        os._exit(7)
+    if config.get("fault") == "hang":
+        time.sleep(120)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    import cloudpickle
+
+    import tuner_cases
+    from tuner import LocalMeasurer, LoopSpace
+
+    # the child process cannot import the test modules: send their functions by value
+    cloudpickle.register_pickle_by_value(__import__(__name__))
+    cloudpickle.register_pickle_by_value(tuner_cases)
+    wl = workload("dense", DENSE)
+    task = task_of(wl)
+    space = LoopSpace(wl.prim_func)
+    measurer = LocalMeasurer(timeout_s=10, min_repeat_ms=5, child_hook=_fault)
+    yield wl, task, space, measurer
+    measurer.close()
+
+
+def _good(space):
+    from tuner import Candidate
+
+    config = space.sample(np.random.default_rng(0), 1)[0]
+    return Candidate(config, space.apply(config).mod)
+
+
+def test_correct_candidate_is_timed_and_baseline_known(setup):
+    wl, task, space, measurer = setup
+    result = measurer.measure_one(task, _good(space))
+    assert result.error is None, result.error
+    assert len(result.latencies_ms) == 3 and all(x > 0 for x in result.latencies_ms)
+    assert measurer.baseline_ms(task) > 0
+
+
+def test_wrong_program_is_an_error(setup):
+    from tvm import te
+
+    from tuner import Candidate
+
+    wl, task, space, measurer = setup
+    data = te.placeholder((8, 16), name="data")
+    weight = te.placeholder((12, 16), name="weight")
+    k = te.reduce_axis((0, 16), name="k")
+    # transposed operand: same signature, wrong numbers
+    out = te.compute((8, 12), lambda i, j: te.sum(data[i, k] * weight[(j + 1) % 12, k], axis=k), name="out")
+    wrong = te.create_prim_func([data, weight, out]).with_attr("global_symbol", "main")
+    import tvm
+
+    result = measurer.measure_one(task, Candidate({"wrong": 1}, tvm.IRModule({"main": wrong})))
+    assert result.latencies_ms is None
+    assert result.error.startswith("wrong result: max abs diff"), result.error
+
+
+@pytest.mark.parametrize("fault,message", [("exit", "crashed"), ("hang", "timed out")])
+def test_crash_and_hang_become_errors_and_the_worker_recovers(setup, fault, message):
+    from tuner import Candidate
+
+    wl, task, space, measurer = setup
+    good = _good(space)
+    started = time.monotonic()
+    result = measurer.measure_one(task, Candidate({**good.config, "fault": fault}, good.mod))
+    assert result.latencies_ms is None and message in result.error, result.error
+    assert time.monotonic() - started < 40
+    after = measurer.measure_one(task, good)
+    assert after.error is None, after.error
+
+
+def test_broken_reference_makes_every_candidate_an_error(setup):
+    from tuner import LocalMeasurer
+
+    wl, task, space, _ = setup
+    # expected output of the wrong shape: nothing can match it
+    bad_task = task_of(wl, expected=np.zeros((3, 3), dtype="float32"))
+    with LocalMeasurer(timeout_s=10, min_repeat_ms=5) as measurer:
+        result = measurer.measure_one(bad_task, _good(space))
+    assert result.error is not None and "shape" in result.error, result.error

@@ -1,0 +1,95 @@
+"""LoopSpace: sampling, validation, neighbors, and scheduled programs that compute the right thing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tuner_cases import SMALL, run, workload
+
+
+@pytest.mark.parametrize("operator,params,epilogue", SMALL, ids=[f"{o}-{e}" for o, _, e in SMALL])
+def test_sampled_schedules_match_the_reference(operator, params, epilogue):
+    from tuner import LoopSpace
+
+    wl = workload(operator, params, epilogue)
+    space = LoopSpace(wl.prim_func)
+    assert space.structure.main == wl.compute_block
+    inputs = wl.random_inputs(1)
+    expected = wl.reference(inputs)
+    rng = np.random.default_rng(0)
+    configs = space.sample(rng, 3)
+    # cover the write-back / epilogue placements and both inline settings at least once
+    configs.append(space.validate({**configs[0], "parallel": 1, "write_at": 1, **({"inline": 0} if "inline" in configs[0] else {})}))
+    for config in configs:
+        assert json.loads(json.dumps(config)) == config
+        out = run(space.apply(config).mod, inputs, wl.output.shape)
+        np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3, err_msg=f"{config}")
+
+
+def test_sampling_is_deterministic_and_valid():
+    from tuner import LoopSpace
+
+    wl = workload(*SMALL[0])
+    space = LoopSpace(wl.prim_func)
+    a = space.sample(np.random.default_rng(7), 20)
+    b = space.sample(np.random.default_rng(7), 20)
+    assert a == b
+    for config in a:
+        assert space.validate(config) == config
+        assert {k.name for k in space.knobs} == set(config)
+
+
+def test_invalid_configs_are_rejected():
+    from tuner import InvalidConfig, LoopSpace
+
+    wl = workload("dense", {"m": 8, "n": 12, "k": 16})
+    space = LoopSpace(wl.prim_func)
+    good = space.sample(np.random.default_rng(0), 1)[0]
+    bad = [
+        {**good, "bogus": 1},
+        {k: v for k, v in good.items() if k != "order"},
+        {**good, "tile.i1.3": 5},  # not a divisor of 12
+        {**good, "tile.i1.1": 4, "tile.i1.2": 4, "tile.i1.3": 1},  # 16 does not divide 12
+        {**good, "parallel": 2, "write_at": 1},  # epilogue inside the fused parallel loop
+        {**good, "vectorize": True},
+        {**good, "unroll": 7},
+    ]
+    for config in bad:
+        with pytest.raises(InvalidConfig):
+            space.apply(config)
+
+
+def test_neighbors_are_valid_and_one_step_away():
+    from tuner import LoopSpace
+
+    wl = workload(*SMALL[0])
+    space = LoopSpace(wl.prim_func)
+    config = space.sample(np.random.default_rng(3), 1)[0]
+    near = space.neighbors(config)
+    assert near
+    for other in near:
+        assert space.validate(other) == other
+        changed = {k for k in config if config[k] != other[k]}
+        # a tile move changes at most two levels of one axis
+        assert len(changed) <= 2 and len({k.rsplit(".", 1)[0] for k in changed}) == 1, changed
+
+
+def test_program_without_reduction_is_refused():
+    from tvm import te
+
+    from tuner import LoopSpace
+
+    a = te.placeholder((8,), name="a")
+    b = te.compute((8,), lambda i: a[i] * 2, name="b")
+    with pytest.raises(ValueError, match="no reduction block"):
+        LoopSpace(te.create_prim_func([a, b]).with_attr("global_symbol", "main"))
+
+
+def test_unknown_space_kind():
+    from tuner import make_space
+
+    with pytest.raises(ValueError, match="unknown search space: nope"):
+        make_space("nope", None)
