@@ -1,0 +1,417 @@
+"""Operator benchmark: ours vs TVM MetaSchedule (same number of measurements) vs torch, one run, one target.
+
+    python -m bench.ops [--suite smoke|quick|full] [--cases NAME,...] [--spec FILE] [--budget N]
+                        [--json PATH] [--no-metaschedule] [--no-torch] [--no-untuned]
+
+For each case: our tuner (`tuner.tune`, then the best configuration applied
+and built), MetaSchedule's `tune_tir` with `max_trials_global` = the same
+budget, and the torch op (oneDNN, all cores). Every TVM program is timed the
+same way (`tuner.baselines.time_ms`: time_evaluator, median of repeats of at
+least 50 ms) on the same inputs, and checked against torch's output. Prints
+one table and writes the JSON report (`bench.common`) to --json or under
+bench/results/.
+
+Suites: `smoke` (two tiny cases, for CI), `quick` (one case per operator kind,
+ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`
+(three shapes per operator kind: batch 1 and 16, channel counts from ALT's
+sec. 7.1 set {3, 16, 32, 64, 512, 960, 1280}). `--spec` takes a JSON list of
+operator job specs exactly as `POST /api/v1/jobs` accepts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import Column, fmt_ms, fmt_s, fmt_x, format_table, geomeans, speedup, write_json
+
+
+@dataclass(frozen=True)
+class Case:
+    """One operator instance to benchmark."""
+
+    name: str
+    operator: str
+    params: dict[str, int] = field(hash=False)
+    epilogue: str = "none"
+    dtype: str = "float32"
+
+
+def _op(operator: str, name: str, **params: int) -> Case:
+    return Case(name, operator, params)
+
+
+SMOKE = (
+    _op("conv2d", "conv2d_tiny", batch=1, in_channels=4, height=8, width=8, out_channels=8, kernel=3, padding=1),
+    _op("dense", "dense_tiny", m=16, n=16, k=16),
+)
+
+# The shapes of ../shared/DESIGN.md's reference table.
+QUICK = (
+    _op("conv2d", "conv2d_resnet", batch=1, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
+        padding=1),
+    _op("group_conv2d", "group_conv2d", batch=1, in_channels=128, height=28, width=28, out_channels=128, kernel=3,
+        padding=1, groups=4),
+    _op("depthwise_conv2d", "depthwise_mobilenet", batch=1, channels=144, height=56, width=56, kernel=3,
+        padding=1),
+    _op("dilated_conv2d", "dilated_conv2d", batch=1, in_channels=128, height=28, width=28, out_channels=128,
+        kernel=3, padding=2, dilation=2),
+    _op("conv3d", "conv3d_r3d", batch=1, in_channels=32, depth=8, height=28, width=28, out_channels=32, kernel=3,
+        padding=1),
+    _op("conv1d", "conv1d", batch=1, in_channels=64, width=256, out_channels=64, kernel=3, padding=1),
+    _op("dense", "gemm_512", m=512, n=512, k=512),
+    _op("conv2d_transpose", "conv2d_transpose", batch=1, in_channels=64, height=28, width=28, out_channels=32,
+        kernel=4, stride=2, padding=1),
+)
+
+# Three shapes per operator kind: batch 1 with few and with many channels, and
+# batch 16; channel counts from ALT sec. 7.1 ({3, 16, 32, 64, 512, 960, 1280}),
+# shapes from ResNet-18/3D-18, MobileNet-V2 and BERT layers.
+FULL = (
+    _op("conv2d", "c2d_b1_c3_stem", batch=1, in_channels=3, height=224, width=224, out_channels=64, kernel=7,
+        stride=2, padding=3),
+    _op("conv2d", "c2d_b1_c512", batch=1, in_channels=512, height=7, width=7, out_channels=512, kernel=3,
+        padding=1),
+    _op("conv2d", "c2d_b16_c64", batch=16, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
+        padding=1),
+    _op("group_conv2d", "grp_b1_c64", batch=1, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
+        padding=1, groups=4),
+    _op("group_conv2d", "grp_b1_c512", batch=1, in_channels=512, height=14, width=14, out_channels=512, kernel=3,
+        padding=1, groups=32),
+    _op("group_conv2d", "grp_b16_c32", batch=16, in_channels=32, height=28, width=28, out_channels=32, kernel=3,
+        padding=1, groups=4),
+    _op("depthwise_conv2d", "dep_b1_c32", batch=1, channels=32, height=112, width=112, kernel=3, padding=1),
+    _op("depthwise_conv2d", "dep_b1_c960", batch=1, channels=960, height=7, width=7, kernel=3, padding=1),
+    _op("depthwise_conv2d", "dep_b16_c64", batch=16, channels=64, height=56, width=56, kernel=3, stride=2,
+        padding=1),
+    _op("dilated_conv2d", "dil_b1_c64", batch=1, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
+        padding=2, dilation=2),
+    _op("dilated_conv2d", "dil_b1_c512", batch=1, in_channels=512, height=14, width=14, out_channels=512,
+        kernel=3, padding=2, dilation=2),
+    _op("dilated_conv2d", "dil_b16_c32", batch=16, in_channels=32, height=28, width=28, out_channels=32,
+        kernel=3, padding=2, dilation=2),
+    _op("conv3d", "c3d_b1_c3", batch=1, in_channels=3, depth=16, height=56, width=56, out_channels=64, kernel=3,
+        padding=1),
+    _op("conv3d", "c3d_b1_c512", batch=1, in_channels=512, depth=2, height=7, width=7, out_channels=512, kernel=3,
+        padding=1),
+    _op("conv3d", "c3d_b16_c32", batch=16, in_channels=32, depth=8, height=14, width=14, out_channels=32,
+        kernel=3, padding=1),
+    _op("conv1d", "c1d_b1_c16", batch=1, in_channels=16, width=1024, out_channels=64, kernel=3, padding=1),
+    _op("conv1d", "c1d_b1_c512", batch=1, in_channels=512, width=128, out_channels=512, kernel=3, padding=1),
+    _op("conv1d", "c1d_b16_c64", batch=16, in_channels=64, width=256, out_channels=64, kernel=3, padding=1),
+    _op("dense", "gemm_b1_c1280", m=1, n=1000, k=1280),  # MobileNet-V2 classifier
+    _op("dense", "gemm_512", m=512, n=512, k=512),
+    _op("dense", "gemm_b16_bert", m=16 * 128, n=768, k=768),  # BERT-base projection, 16 sequences of 128
+    _op("conv2d_transpose", "t2d_b1_c512", batch=1, in_channels=512, height=7, width=7, out_channels=256,
+        kernel=4, stride=2, padding=1),
+    _op("conv2d_transpose", "t2d_b1_c64", batch=1, in_channels=64, height=28, width=28, out_channels=32,
+        kernel=4, stride=2, padding=1),
+    _op("conv2d_transpose", "t2d_b16_c32", batch=16, in_channels=32, height=28, width=28, out_channels=16,
+        kernel=4, stride=2, padding=1),
+)
+
+SUITES: dict[str, tuple[tuple[Case, ...], int]] = {  # name -> (cases, default budget)
+    "smoke": (SMOKE, 8),
+    "quick": (QUICK, 64),
+    "full": (FULL, 64),
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to run beside ours, and where MetaSchedule writes its run folders."""
+
+    metaschedule: bool = True
+    torch: bool = True
+    untuned: bool = True
+    work_dir: Path | None = None
+
+
+# ---------------------------------------------------------------------------
+# Picking cases
+
+
+def select(suite: str, names: list[str] | None) -> list[Case]:
+    """The cases of `suite`, or the named ones in the given order (ValueError for an unknown name)."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite: {suite!r}; known: {', '.join(SUITES)}")
+    cases = SUITES[suite][0]
+    if not names:
+        return list(cases)
+    by_name = {c.name: c for c in cases}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown case(s) in suite {suite}: {', '.join(unknown)}; known: {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
+@dataclass(frozen=True)
+class SpecCase:
+    """A case from a job spec: its own target, budget and seed."""
+
+    case: Case
+    target: str
+    budget: int
+    seed: int
+
+
+def load_specs(path: Path) -> list[SpecCase]:
+    """Reads a JSON list of operator job specs, validated as `POST /api/v1/jobs` validates them.
+
+    Raises:
+        ValueError: the file is not a JSON list, or a spec is invalid (with its index).
+    """
+    from pydantic import ValidationError
+
+    from compiler.workloads import WorkloadError, validate
+    from service.schemas import OperatorJobCreate
+
+    specs = json.loads(Path(path).read_text())
+    if not isinstance(specs, list):
+        raise ValueError(f"{path}: expected a JSON list of operator job specs, got {type(specs).__name__}")
+    out = []
+    for i, raw in enumerate(specs):
+        try:
+            spec = OperatorJobCreate.model_validate(raw)
+            params = validate(spec.operator, spec.params, spec.dtype, spec.epilogue)
+        except (ValidationError, WorkloadError) as e:
+            raise ValueError(f"{path}: spec [{i}]: {e}") from e
+        name = f"{i}_{spec.operator}" + ("" if spec.epilogue == "none" else f"_{spec.epilogue}")
+        out.append(SpecCase(Case(name, spec.operator, params, spec.epilogue, spec.dtype),
+                            spec.target, spec.budget, spec.seed))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+def _layout_of(config: dict) -> str | None:
+    """The data layout a configuration chose, as text (None: the user's layouts, loops only)."""
+    layout = config.get("layout") if isinstance(config, dict) else None
+    if layout is None:
+        return None
+    return layout if isinstance(layout, str) else json.dumps(layout, sort_keys=True)
+
+
+def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any) -> dict:
+    """Tunes `task` with our tuner, then builds, checks and times its best configuration."""
+    from tuner import apply_config, tune
+    from tuner.baselines import check_close, run_and_time
+
+    start = time.perf_counter()
+    result = tune(task, budget, seed=seed)
+    row: dict[str, Any] = {
+        "ours_tune_s": time.perf_counter() - start,
+        "ours_trials": len(result.trials),
+        "ours_errors": sum(t.error is not None for t in result.trials),
+        "ours_ms": None,
+        "ours_correct": False,
+        "layout": None,
+        "config": None,
+    }
+    if result.best is None:
+        errors = {t.error for t in result.trials if t.error}
+        row["error"] = f"ours: no correct trial in {len(result.trials)}" + (
+            f" (e.g. {sorted(errors)[0][:200]})" if errors else ""
+        )
+        return row
+    row["config"] = result.best.config
+    row["layout"] = _layout_of(result.best.config)
+    row["ours_search_ms"] = result.best.latency_ms
+    try:
+        out, ms = run_and_time(apply_config(task, result.best.config), task.prim_func, task.target, inputs)
+    except Exception as e:  # noqa: BLE001 - a failed case is reported, the others still run
+        row["error"] = f"ours: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
+        return row
+    mismatch = check_close(out, expected)
+    row["ours_correct"] = mismatch is None
+    if mismatch is not None:
+        row["error"] = f"ours: {mismatch}"
+        return row
+    row["ours_ms"] = ms
+    return row
+
+
+def run_case(case: Case, target_name: str, budget: int, seed: int, options: Options) -> dict:
+    """Runs ours and the baselines on one case; never raises for a failure of one of them."""
+    from compiler.target import resolve_target
+    from compiler.workloads import make_workload
+    from tuner import Task
+    from tuner.baselines import metaschedule, torch_latency, untuned_latency
+
+    wl = make_workload(case.operator, case.params, case.dtype, case.epilogue)
+    target = resolve_target(target_name)
+    inputs = wl.random_inputs(seed)
+    expected = wl.reference(inputs)
+    row: dict[str, Any] = {
+        "name": case.name,
+        "operator": case.operator,
+        "params": dict(wl.params),
+        "epilogue": case.epilogue,
+        "workload_key": wl.key,
+        "flops": wl.flops,
+        "budget": budget,
+        "untuned_ms": untuned_latency(wl.prim_func, target, inputs) if options.untuned else None,
+    }
+    task = Task(case.name, wl.key, wl.prim_func, target, inputs, expected)
+    row.update(run_ours(task, budget, seed, inputs, expected))
+
+    row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
+               metaschedule_correct=None, metaschedule_error=None)
+    if options.metaschedule:
+        ms = metaschedule(wl.prim_func, target, budget, options.work_dir, seed=seed, inputs=inputs,
+                          expected=expected)
+        row.update(metaschedule_ms=ms.latency_ms, metaschedule_tune_s=ms.tune_s, metaschedule_trials=ms.trials,
+                   metaschedule_correct=ms.correct, metaschedule_error=ms.error)
+    row["torch_ms"] = torch_latency(wl, seed=seed) if options.torch else None
+
+    row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
+    row["ours_gflops"] = wl.flops / row["ours_ms"] / 1e6 if row["ours_ms"] else None
+    row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
+    row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
+    return row
+
+
+def run(
+    suite: str,
+    cases: list[Case] | list[SpecCase],
+    *,
+    target: str = "host",
+    budget: int | None = None,
+    seed: int = 0,
+    options: Options = Options(),
+    log: Any = sys.stderr,
+) -> dict:
+    """Runs `cases` and returns the report (see `bench.common`).
+
+    Args:
+        suite: the suite's name (or "spec" for job specs), recorded in the report.
+        cases: suite cases, or `SpecCase`s that carry their own target, budget and seed.
+        target: target name for suite cases.
+        budget: measurements per tuner; for spec cases, overrides the spec's budget when given.
+        seed: seed of inputs, ours and MetaSchedule for suite cases.
+        options: which baselines to run.
+        log: where progress lines go.
+    """
+    from compiler.target import target_key
+
+    from bench.common import environment
+
+    default_budget = SUITES[suite][1] if suite in SUITES else 64
+    plan = []
+    for c in cases:
+        if isinstance(c, SpecCase):
+            plan.append((c.case, c.target, budget if budget is not None else c.budget, c.seed))
+        else:
+            plan.append((c, target, budget if budget is not None else default_budget, seed))
+    targets = {target_key(t) for _, t, _, _ in plan}
+    if len(targets) > 1:
+        raise ValueError(f"one benchmark runs on one target; the cases name {sorted(targets)}")
+    budgets = sorted({b for _, _, b, _ in plan})
+
+    with tempfile.TemporaryDirectory(prefix="altune-bench-") as tmp:
+        work = options.work_dir if options.work_dir is not None else Path(tmp)
+        opts = Options(options.metaschedule, options.torch, options.untuned, work)
+        rows = []
+        for i, (case, target_name, case_budget, case_seed) in enumerate(plan):
+            print(f"[{i + 1}/{len(plan)}] {case.name} (budget {case_budget}) ...", file=log, flush=True)
+            row = run_case(case, target_name, case_budget, case_seed, opts)
+            print(f"    ours {fmt_ms(row['ours_ms'])} ms, MetaSchedule {fmt_ms(row['metaschedule_ms'])} ms, "
+                  f"torch {fmt_ms(row['torch_ms'])} ms" + (f"  [{row['error']}]" if row.get("error") else ""),
+                  file=log, flush=True)
+            rows.append(row)
+    return {
+        "suite": suite,
+        "target": targets.pop() if targets else target_key(target),
+        "budget": budgets[-1] if budgets else (budget or default_budget),
+        "budgets": budgets,
+        "cases": rows,
+        "geomean": geomeans(rows),
+        "environment": environment(),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+def _correct_cell(row: dict) -> str:
+    if row["correct"]:
+        return "yes"
+    if not row.get("ours_correct"):
+        return "NO (ours)"
+    return "NO (MS)"
+
+
+COLUMNS = (
+    Column("case", lambda r: r["name"], right=False),
+    Column("untuned ms", lambda r: fmt_ms(r.get("untuned_ms"))),
+    Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
+    Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
+    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms"))),
+    Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
+    Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
+    Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
+    Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
+    Column("correct", _correct_cell, right=False),
+)
+
+
+def table(report: dict) -> str:
+    """The report as a text table, with a geomean row and the failures below it."""
+    g = report["geomean"]
+    footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
+               "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
+    head = (f"suite {report['suite']}, target {report['target']}, budget {report['budget']} "
+            f"on-device measurements each (ours and MetaSchedule); speedup = baseline ms / ours ms")
+    notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
+    notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
+    return "\n".join([head, format_table(COLUMNS, report["cases"], footer), *notes])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ops", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--suite", default="quick", choices=sorted(SUITES), help="case suite (default quick)")
+    parser.add_argument("--cases", help="comma-separated case names of the suite (default: all)")
+    parser.add_argument("--spec", type=Path, help="JSON list of operator job specs (POST /api/v1/jobs format)")
+    parser.add_argument("--budget", type=int, help="on-device measurements per tuner (default: the suite's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", default="host", help="target name for suite cases (default host)")
+    parser.add_argument("--json", type=Path, help="where to write the report (default bench/results/...)")
+    parser.add_argument("--work-dir", type=Path, help="keep MetaSchedule's run folders (logs, database) here")
+    parser.add_argument("--no-metaschedule", action="store_true", help="skip the MetaSchedule baseline")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
+    parser.add_argument("--no-untuned", action="store_true", help="skip timing the untuned program")
+    args = parser.parse_args(argv)
+    if args.budget is not None and args.budget < 1:
+        parser.error("--budget must be >= 1")
+
+    try:
+        if args.spec is not None:
+            if args.cases:
+                parser.error("--cases picks suite cases; a --spec file runs all its specs")
+            suite, cases = "spec", load_specs(args.spec)
+        else:
+            suite, cases = args.suite, select(args.suite, args.cases.split(",") if args.cases else None)
+    except ValueError as e:
+        parser.error(str(e))
+    options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir)
+    report = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options)
+    print(table(report))
+    path = write_json(report, args.json)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

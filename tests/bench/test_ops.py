@@ -1,0 +1,110 @@
+"""bench.ops: the smoke suite end to end, and the report helpers without tuning."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import common, ops
+
+
+def _finite(value) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
+    """Ours, MetaSchedule and torch on both smoke cases at budget 4 (about 2-3 minutes on 2 cores)."""
+    path = tmp_path / "smoke.json"
+
+    assert ops.main(["--suite", "smoke", "--budget", "4", "--json", str(path)]) == 0
+
+    report = json.loads(path.read_text())
+    common.check_report(report)
+    assert report["suite"] == "smoke"
+    assert report["budget"] == 4
+    assert report["target"].startswith("llvm -mcpu=")
+    assert [c["name"] for c in report["cases"]] == [c.name for c in ops.SMOKE]
+    for case in report["cases"]:
+        assert case["correct"] is True, case.get("error") or case.get("metaschedule_error")
+        for key in ("ours_ms", "metaschedule_ms", "torch_ms", "untuned_ms", "ours_tune_s", "metaschedule_tune_s"):
+            assert _finite(case[key]), f"{case['name']}.{key} = {case[key]!r}"
+        assert case["ours_trials"] <= 4 and case["metaschedule_trials"] <= 4
+    assert _finite(report["geomean"]["vs_metaschedule"]) and _finite(report["geomean"]["vs_torch"])
+    out = capsys.readouterr().out
+    assert "geomean" in out and "conv2d_tiny" in out and str(path) in out
+
+
+def _case(name: str, ours: float | None, ms: float | None, torch: float | None) -> dict:
+    return {"name": name, "ours_ms": ours, "metaschedule_ms": ms, "torch_ms": torch, "ours_tune_s": 1.0,
+            "metaschedule_tune_s": 2.0 if ms else None, "layout": None, "correct": ours is not None}
+
+
+def test_geomean_is_over_per_case_ratios_and_skips_missing():
+    cases = [_case("a", 1.0, 2.0, 0.5), _case("b", 2.0, 8.0, None), _case("c", None, 1.0, 1.0)]
+    g = common.geomeans(cases)
+    assert g["vs_metaschedule"] == pytest.approx(math.sqrt(2.0 * 4.0))
+    assert g["vs_torch"] == pytest.approx(0.5)
+    assert common.geomean([]) is None
+
+
+def test_check_report_names_the_bad_field():
+    report = {"suite": "s", "target": "llvm", "budget": 4, "cases": [_case("a", 1.0, 2.0, 0.5)],
+              "geomean": common.geomeans([_case("a", 1.0, 2.0, 0.5)])}
+    common.check_report(report)
+    del report["cases"][0]["layout"]
+    with pytest.raises(ValueError, match=r"cases\[0\]\.layout"):
+        common.check_report(report)
+
+
+def test_write_json_defaults_under_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
+    report = {"suite": "smoke", "target": "llvm", "budget": 4, "cases": [], "geomean": common.geomeans([])}
+    path = common.write_json(report)
+    assert path.parent == tmp_path / "results" and path.name.startswith("ops-smoke-")
+    assert json.loads(path.read_text()) == report
+
+
+def test_table_has_one_row_per_case_and_a_geomean():
+    cases = [_case("a", 1.0, 2.0, 0.5) | {"untuned_ms": 10.0}]
+    report = {"suite": "s", "target": "llvm", "budget": 4, "cases": cases, "geomean": common.geomeans(cases)}
+    text = ops.table(report)
+    assert "2.00x" in text and "0.50x" in text and text.count("\na ") == 1 and "geomean" in text
+
+
+def test_suites_are_valid_workloads():
+    from compiler.workloads import make_workload
+
+    assert len(ops.SUITES["quick"][0]) == 8
+    assert len({c.operator for c in ops.SUITES["quick"][0]}) == 8
+    for cases, _ in ops.SUITES.values():
+        assert len({c.name for c in cases}) == len(cases)
+        for case in cases:
+            make_workload(case.operator, case.params, case.dtype, case.epilogue)
+    full = ops.SUITES["full"][0]
+    assert all(sum(c.operator == op for c in full) == 3 for op in {c.operator for c in full})
+
+
+def test_select_rejects_unknown_cases():
+    assert [c.name for c in ops.select("quick", ["gemm_512", "conv2d_resnet"])] == ["gemm_512", "conv2d_resnet"]
+    with pytest.raises(ValueError, match="nope"):
+        ops.select("quick", ["nope"])
+
+
+def test_spec_file_is_validated_like_the_api(tmp_path):
+    spec = {"kind": "operator", "operator": "dense", "params": {"m": 8, "n": 8, "k": 8}, "dtype": "float32",
+            "epilogue": "relu", "target": "host", "budget": 16, "seed": 3}
+    path = tmp_path / "specs.json"
+    path.write_text(json.dumps([spec]))
+    (case,) = ops.load_specs(path)
+    assert (case.case.operator, case.case.epilogue, case.budget, case.seed) == ("dense", "relu", 16, 3)
+
+    path.write_text(json.dumps([spec | {"bogus": 1}]))
+    with pytest.raises(ValueError, match=r"spec \[0\]"):
+        ops.load_specs(path)
+    path.write_text(json.dumps([spec | {"params": {"m": 8}}]))
+    with pytest.raises(ValueError, match="params.n"):
+        ops.load_specs(path)
