@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     import tvm
 
 MAX_INNERMOST_FACTOR = 64  # innermost spatial and reduction tiles, as MetaSchedule's default
+# Product of the innermost spatial tiles (the accumulators live in registers: 32 AVX-512
+# registers hold 512 fp32); bigger tiles spill and were 5-20x slower in our first runs.
+MAX_REGISTER_TILE = 512
 SPATIAL_LEVELS = 4
 REDUCE_LEVELS = 2
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -308,6 +311,9 @@ class LoopSpace(SearchSpace):
             inner = math.prod(out.get(axis.knob(level), 1) for level in range(1, axis.levels))
             if axis.extent % inner:
                 raise InvalidConfig(f"tiles of {axis.name} multiply to {inner}, which does not divide {axis.extent}")
+        register = math.prod(out.get(a.knob(SPATIAL_LEVELS - 1), 1) for a in self.structure.spatial)
+        if register > MAX_REGISTER_TILE:
+            raise InvalidConfig(f"innermost spatial tiles multiply to {register} > {MAX_REGISTER_TILE}")
         if out["write_at"] and out["write_at"] < out["parallel"]:
             raise InvalidConfig(f"write_at={out['write_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
         return out
@@ -317,17 +323,22 @@ class LoopSpace(SearchSpace):
 
     def _sample_one(self, rng: np.random.Generator) -> Config:
         config: Config = {}
-        for axis in self.structure.axes:
-            if axis.extent == 1:
-                continue
+        register = MAX_REGISTER_TILE  # what the innermost spatial tiles may still multiply by
+        axes = [a for a in self.structure.axes if a.extent > 1]
+        for i in rng.permutation(len(axes)):  # no axis always gets the register budget first
+            axis = axes[int(i)]
             rest = axis.extent
             # innermost first, each a divisor of what is left, so the product always divides
             for level in range(axis.levels - 1, 0, -1):
                 limit = MAX_INNERMOST_FACTOR if level == axis.levels - 1 else rest
+                if axis.kind == "S" and level == axis.levels - 1:
+                    limit = min(limit, register)
                 choices = [d for d in divisors(rest) if d <= limit]
                 factor = choices[int(rng.integers(len(choices)))]
                 config[axis.knob(level)] = factor
                 rest //= factor
+                if axis.kind == "S" and level == axis.levels - 1:
+                    register //= factor
         config["order"] = int(rng.integers(len(ORDERS)))
         config["parallel"] = int(rng.integers(1, 3))
         config["vectorize"] = int(rng.random() < 0.8)
