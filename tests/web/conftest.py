@@ -184,15 +184,29 @@ def browser():
         b.close()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.call_failed = report.failed
+    return report
+
+
 @pytest.fixture
-def page(browser):
-    """A fresh tab at laptop size; fails the test on any uncaught script error."""
+def page(browser, request):
+    """A fresh tab at laptop size; fails the test on any uncaught script error; a screenshot if the test failed."""
     context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     context.set_default_timeout(20_000)
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda e: errors.append(str(e)))
+    # shown by pytest when a test fails
+    tab.on("console", lambda m: print(f"console {m.type}: {m.text}"))
+    tab.on("requestfailed", lambda r: print(f"request failed: {r.method} {r.url} {r.failure}"))
     yield tab
+    if getattr(request.node, "call_failed", False):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(SCREENSHOTS / f"FAILED-{request.node.name}.png"), full_page=True)
     context.close()
     assert not errors, f"script errors in the page: {errors}"
 

@@ -29,10 +29,13 @@ function scheduler(draw) {
   };
 }
 
+// whole trial numbers only
+const axisTrials = {label: 'trials', size: 40, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]};
+
 const axisMs = {
   scale: 'ms',
   label: 'latency',
-  values: (u, ticks) => ticks.map((v) => (v >= 1 ? `${+v.toPrecision(3)} ms` : `${+(v * 1000).toPrecision(3)} µs`)),
+  values: (u, ticks) => ticks.map((v) => (v == null ? null : v >= 1 ? `${+v.toPrecision(3)} ms` : `${+(v * 1000).toPrecision(3)} µs`)),
   size: 70,
 };
 
@@ -146,7 +149,7 @@ export class TrialChart {
     const opts = {
       ...sizeOf(this.el, this.height),
       scales: {x: {time: false}, ms: {distr: 3}},
-      axes: [{label: 'trials', size: 40}, axisMs],
+      axes: [axisTrials, axisMs],
       series: this.series(),
       legend: {live: true},
       cursor: {drag: {x: true, y: false}},
@@ -240,7 +243,7 @@ export function compareChart(el, runs, {height = 320} = {}) {
   const opts = {
     ...sizeOf(el, height),
     scales: {x: {time: false}, ms: {distr: 3}},
-    axes: [{label: 'trials', size: 40}, axisMs],
+    axes: [axisTrials, axisMs],
     series: [{label: 'trial'}, ...runs.map((r, i) => ({
       label: r.label, stroke: colorOf(i), width: 2, scale: 'ms', paths: uPlot.paths.stepped({align: 1}),
       points: {show: false}, spanGaps: false,
