@@ -28,6 +28,29 @@ def _postgres_reason() -> str | None:
 _PG_SKIP = _postgres_reason()
 
 
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A database of this test run's own on the PostgreSQL server, so parallel runs never meet."""
+    if _PG_SKIP:
+        pytest.skip(_PG_SKIP)
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"altune_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    from service.db import get_engine
+
+    get_engine.cache_clear()  # engines made for the per-test URL hold connections to it
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
 def _reset_postgres(url: str) -> None:
     from sqlalchemy import create_engine, text
 
@@ -46,9 +69,7 @@ def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'altune.db'}"
     else:
-        if _PG_SKIP:
-            pytest.skip(_PG_SKIP)
-        url = POSTGRES_URL
+        url = request.getfixturevalue("postgres_url")
         _reset_postgres(url)
     upgrade(url)
     return url

@@ -23,7 +23,9 @@ CONV = {"kind": "operator", "operator": "conv2d",
 def _wait(client: httpx.Client, job_id: int, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        job = client.get(f"/api/v1/jobs/{job_id}").json()
+        r = client.get(f"/api/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        job = r.json()
         if job["status"] not in ("queued", "running"):
             return job
         assert time.monotonic() < deadline, f"job still {job['status']} after {timeout} s: {job}"
