@@ -140,6 +140,9 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
     page.wait_for_function("document.querySelector('.head-status .badge').dataset.status === 'cancelled'",
                            timeout=60_000)
     screenshots(page, "job-cancelled")
+    page.click("a:has-text('Tune again')")  # the form, filled from the job's spec
+    page.wait_for_selector("#f-params-m")
+    assert page.input_value("#f-params-m") == "64" and page.input_value("#f-budget") == "2000"
 
     # a bad field: the API's 422 is shown beside it
     _submit_through_form(page, base, "conv2d", {"batch": "1", "in_channels": "3", "height": "4", "width": "4",
@@ -267,6 +270,7 @@ def test_big_job_loads_in_pages_and_stalled_job_warns(live_server, page, screens
     warning = page.locator(".stalled")
     warning.wait_for()
     assert "measured nothing for" in warning.inner_text()
+    page.wait_for_function("document.querySelector('#trials-page-info').textContent.startsWith('1–3 of 3')")
     screenshots(page, "job-stalled")
 
     with httpx.Client(base_url=live_server.url) as client:

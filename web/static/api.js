@@ -91,7 +91,11 @@ export async function request(path, {method = 'GET', body, signal} = {}) {
     throw new ApiError(0, 'the server is unreachable');
   }
   const date = Date.parse(res.headers.get('date') || '');
-  if (!Number.isNaN(date)) serverOffsetMs = date - Date.now();
+  if (!Number.isNaN(date)) {
+    // the header has whole seconds: only a clearly skewed clock is worth correcting
+    const skew = date + 500 - Date.now();
+    serverOffsetMs = Math.abs(skew) > 2000 ? skew : 0;
+  }
   if (res.status === 503) {
     checkHealth();
   } else {

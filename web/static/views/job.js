@@ -248,7 +248,12 @@ class JobView {
     const recent = trials.slice(-50);
     let rate = null; // trials per second
     const times = recent.map((t) => Date.parse(t.created_at));
-    if (times.length >= 2 && times.at(-1) > times[0]) {
+    // the typical gap between measurements, for the stall threshold
+    const gap = times.length >= 2 ? (times.at(-1) - times[0]) / 1000 / (times.length - 1) : 0;
+    if (job.status === 'running' && times.length >= 2) {
+      // up to now, not to the last trial: the rate (and the ETA) decays while nothing is measured
+      rate = (times.length - 1) / (Math.max(serverNow() - times[0], times.at(-1) - times[0], 1000) / 1000);
+    } else if (times.length >= 2 && times.at(-1) > times[0]) {
       rate = (times.length - 1) / ((times.at(-1) - times[0]) / 1000);
     } else if (job.started_at && job.trials_done > 0) {
       const end = job.finished_at ? Date.parse(job.finished_at) : serverNow();
@@ -256,7 +261,6 @@ class JobView {
     }
     const lastTrial = trials.length ? Date.parse(trials.at(-1).created_at) : null;
     const lastActivity = Math.max(lastTrial || 0, job.started_at ? Date.parse(job.started_at) : 0) || null;
-    const gap = rate ? 1 / rate : 0;
     const stallAfter = Math.max(STALL_MIN_SECONDS, 10 * gap);
     const idle = lastActivity ? (serverNow() - lastActivity) / 1000 : null;
     const leaseLost = job.status === 'running' && job.lease_expires_at && Date.parse(job.lease_expires_at) < serverNow();
@@ -325,7 +329,7 @@ class JobView {
           Date.parse(job.lease_expires_at)) / 1000)} ago; another worker will take the job over and resume it.`));
     } else if (s.stalled) {
       alerts.push(h('p', {class: 'warn-box stalled', role: 'status'},
-        `Stalled? This job has measured nothing for ${fmtDuration(s.idle)}` +
+        `Stalled? This job has measured nothing for ${s.idle < 120 ? 'over a minute' : `${Math.floor(s.idle / 60)} minutes`}` +
         `${job.worker_id ? ` (worker ${job.worker_id})` : ''}.`));
     }
     if (job.status === 'queued') {
@@ -359,7 +363,8 @@ class JobView {
         s.timeouts ? ` (${s.timeouts} timed out)` : job.errors ? ' (0 timed out)' : ''),
       fact('Throughput', s.rate ? `${(s.rate * 60).toFixed(s.rate * 60 >= 10 ? 0 : 1)} trials/min` : '—'),
       fact('ETA', h('span', {id: 'job-eta'}, job.status === 'running'
-        ? (s.eta !== null ? `${fmtDuration(s.eta)} left` : 'estimating…') : isActive(job) ? 'not started' : '—')),
+        ? (s.stalled || s.leaseLost ? 'unknown (stalled)' : s.eta !== null ? `${fmtDuration(s.eta)} left`
+          : 'estimating…') : isActive(job) ? 'not started' : '—')),
       fact('Target', job.target),
       fact('Created', timeEl(job.created_at)),
       fact('Started', timeEl(job.started_at)),
