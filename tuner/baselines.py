@@ -241,20 +241,30 @@ def _quiet_metaschedule(log_dir: Path) -> Iterator[None]:
 
     MetaSchedule's logging config binds its console handler to `ext://sys.stdout`
     when tuning starts, so swapping `sys.stdout` for a file during the call
-    redirects it; its per-task logs go to `<work_dir>/logs` already. Output of
-    our own program (tables) is unaffected outside the call.
+    redirects it; its per-task logs go to `<work_dir>/logs` already. Afterwards
+    the handlers it installed are closed, so no file stays open in a removed
+    folder. Unnamed handlers (pytest's log capture adds some) are detached during
+    the call: MetaSchedule formats every handler name of its logger and fails on None.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
-    logger = logging.getLogger(_MS_LOGGER)
+    root = logging.getLogger(_MS_LOGGER)
+    unnamed = [h for h in root.handlers if h.get_name() is None]
+    for handler in unnamed:
+        root.removeHandler(handler)
     with open(log_dir / "console.log", "a") as console, contextlib.redirect_stdout(console):
         try:
             yield
         finally:
-            # Handlers bound to `console` must not outlive it (the next write would fail).
-            for handler in list(logger.handlers):
-                if getattr(handler, "stream", None) is console:
-                    logger.removeHandler(handler)
-                    handler.close()
+            for name in [_MS_LOGGER, *logging.Logger.manager.loggerDict]:
+                if not name.startswith(_MS_LOGGER):
+                    continue
+                logger = logging.getLogger(name)
+                for handler in list(logger.handlers):
+                    if (handler.get_name() or "").startswith(_MS_LOGGER):
+                        logger.removeHandler(handler)
+                        handler.close()
+            for handler in unnamed:
+                root.addHandler(handler)
 
 
 def metaschedule(
