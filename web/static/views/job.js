@@ -43,7 +43,7 @@ class JobView {
     this.main.append(h('h1', {}, `Job #${this.id}`), h('p', {class: 'muted', role: 'status'}, 'Loading job…'));
     let job;
     try {
-      job = await this.fetchNew();
+      job = await getJob(this.id, {signal: this.abort.signal});
     } catch (e) {
       if (e.name === 'AbortError') return;
       setTitle(e.status === 404 ? `Job ${this.id} not found` : `Job ${this.id}`);
@@ -59,21 +59,6 @@ class JobView {
     this.onReconnect = () => this.refresh();
     window.addEventListener('altune:reconnected', this.onReconnect);
     this.loadHistory();
-  }
-
-  /**
-   * The job, waiting up to 2 s while it is not found: the API answers POST /jobs before its transaction
-   * commits, so a page opened right after submitting can ask too early.
-   */
-  async fetchNew() {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await getJob(this.id, {signal: this.abort.signal});
-      } catch (e) {
-        if (e.status !== 404 || attempt >= 8) throw e;
-        await new Promise((resolve) => setTimeout(resolve, 250));
-      }
-    }
   }
 
   restart() {
