@@ -17,6 +17,7 @@ run: $(STAMP)
 	$(VENV)/bin/altune serve
 
 test: $(STAMP)
+	sh scripts/install-chromium.sh
 	$(PY) -m pytest -q -ra
 
 bench-smoke: $(STAMP)

@@ -25,7 +25,9 @@ def get_session(settings: SettingsDep) -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": the session commits when the handler returns, before the response is sent,
+# so a client that reads right after a 201 finds the row, and a failed commit is never answered 2xx
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def invalid(loc: tuple[str | int, ...], message: str) -> RequestValidationError:

@@ -60,9 +60,7 @@ def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsD
     spec = validate_operator_job(body, settings)
     job = Job(kind=body.kind, name=body.operator, spec=spec, target=body.target, budget=body.budget)
     session.add(job)
-    # commit before answering: a yield dependency's exit may run after the response is sent,
-    # and a client that reads the job at once must find it
-    session.commit()
+    session.flush()
     return _public(session, job)
 
 
@@ -109,7 +107,6 @@ def cancel_job(job_id: int, session: SessionDep) -> JobPublic:
         update(Job).where(Job.id == job_id, Job.status == "queued").values(status="cancelled", finished_at=now)
     )
     session.execute(update(Job).where(Job.id == job_id, Job.status == "running").values(cancel_requested=True))
-    session.commit()
     session.refresh(job)
     return _public(session, job)
 
