@@ -45,7 +45,7 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
-    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow, index=True)
 
     tasks: Mapped[list[TuningTask]] = relationship(back_populates="job", order_by="TuningTask.id")
 
@@ -61,14 +61,19 @@ class Job(Base):
         return job
 
     @classmethod
-    def where_status(cls, session: Session, status: str | None, limit: int, offset: int) -> tuple[list[Job], int]:
-        """A page of jobs, newest first, and the total count."""
+    def where_filter(
+        cls, session: Session, *, status: str | None = None, workload: str | None = None, limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[Job], int]:
+        """A page of jobs, newest first, in a status and/or with a task of a workload key, and their count."""
         query = select(cls)
-        count = select(func.count()).select_from(cls)
         if status:
-            query, count = query.where(cls.status == status), count.where(cls.status == status)
+            query = query.where(cls.status == status)
+        if workload:
+            query = query.where(cls.id.in_(select(TuningTask.job_id).where(TuningTask.workload_key == workload)))
+        count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
         rows = session.scalars(query.order_by(cls.id.desc()).limit(limit).offset(offset)).all()
-        return list(rows), session.scalar(count) or 0
+        return list(rows), count
 
 
 class TuningTask(Base):
@@ -118,6 +123,14 @@ class TrialRow(Base):
     @classmethod
     def where_task(cls, session: Session, task_id: int) -> list[TrialRow]:
         return list(session.scalars(select(cls).where(cls.task_id == task_id).order_by(cls.index)).all())
+
+    @classmethod
+    def stage_summary(cls, session: Session, job_id: int) -> tuple[dict[str, int], datetime | None]:
+        """Trials per stage of a job, and when its last trial was measured."""
+        rows = session.execute(
+            select(cls.stage, func.count(), func.max(cls.created_at)).where(cls.job_id == job_id).group_by(cls.stage)
+        ).all()
+        return {stage: n for stage, n, _ in rows}, max((last for _, _, last in rows), default=None)
 
     @classmethod
     def where_job(cls, session: Session, job_id: int, limit: int, offset: int) -> tuple[list[TrialRow], int]:

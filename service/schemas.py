@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
 
 def _as_utc(value: datetime | None) -> datetime | None:
@@ -13,7 +13,9 @@ def _as_utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
-UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
+UTCDateTime = Annotated[
+    datetime, AfterValidator(_as_utc), PlainSerializer(lambda d: _as_utc(d).isoformat(), return_type=str, when_used="json")
+]
 
 
 class OperatorJobCreate(BaseModel):
@@ -92,6 +94,8 @@ class JobPublic(BaseModel):
     updated_at: UTCDateTime
     tasks: list[TaskPublic] = []
     has_artifact: bool = False
+    trials_by_stage: dict[str, int] = Field({}, description="measured trials per search stage (joint, loop)")
+    last_trial_at: UTCDateTime | None = Field(None, description="when the latest trial was measured")
 
 
 class JobsPublic(BaseModel):

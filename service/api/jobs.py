@@ -24,6 +24,7 @@ StatusFilter = Annotated[
 def _public(session: SessionDep, job: Job) -> JobPublic:
     out = JobPublic.model_validate(job)
     out.has_artifact = Artifact.find_by_job(session, job.id) is not None
+    out.trials_by_stage, out.last_trial_at = TrialRow.stage_summary(session, job.id)
     return out
 
 
@@ -68,11 +69,12 @@ def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsD
 def read_jobs(
     session: SessionDep,
     status: StatusFilter = None,
+    workload: Annotated[str | None, Query(description="only jobs with a task of this workload key")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JobsPublic:
     """List jobs, newest first."""
-    jobs, count = Job.where_status(session, status, limit, offset)
+    jobs, count = Job.where_filter(session, status=status, workload=workload, limit=limit, offset=offset)
     return JobsPublic(data=[_public(session, j) for j in jobs], count=count)
 
 

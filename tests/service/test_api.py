@@ -126,3 +126,36 @@ def test_openapi_describes_routes(client):
     assert paths["/api/v1/jobs"]["post"]["summary"]
     assert {"/api/v1/jobs/{job_id}/trials", "/api/v1/jobs/{job_id}/cancel", "/api/v1/jobs/{job_id}/artifact",
             "/api/v1/schedules", "/api/v1/operators", "/healthz"} <= set(paths)
+
+
+def test_migrations_match_the_models(db_url):
+    """The Alembic head creates exactly the schema the ORM models describe."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from service.db import get_engine
+    from service.models import Base
+
+    with get_engine(db_url).connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == [], diff
+
+
+def test_jobs_filter_by_workload_and_stage_summary(client, settings):
+    from service.db import session_scope
+    from service.models import TrialRow, TuningTask
+
+    first = client.post("/api/v1/jobs", json=CONV).json()
+    client.post("/api/v1/jobs", json=_with(p_kernel=5))
+    with session_scope(settings.resolved_database_url) as s:
+        task = TuningTask(job_id=first["id"], index=0, name="conv2d", workload_key="conv2d[k3]", budget=64)
+        s.add(task)
+        s.flush()
+        for i, stage in enumerate(["joint", "joint", "loop"]):
+            s.add(TrialRow(job_id=first["id"], task_id=task.id, index=i, config={}, latency_ms=1.0 + i,
+                           latencies_ms=[1.0 + i], stage=stage, extra={}))
+    listed = client.get("/api/v1/jobs", params={"workload": "conv2d[k3]"}).json()
+    assert listed["count"] == 1 and listed["data"][0]["id"] == first["id"]
+    job = client.get(f"/api/v1/jobs/{first['id']}").json()
+    assert job["trials_by_stage"] == {"joint": 2, "loop": 1}
+    assert job["last_trial_at"].endswith("+00:00")
