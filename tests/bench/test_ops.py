@@ -17,7 +17,7 @@ def _finite(value) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
-    """Ours, MetaSchedule and torch on both smoke cases at budget 4 (about 2-3 minutes on 2 cores)."""
+    """Ours, MetaSchedule and torch on both smoke cases at budget 4 (about 1.5 minutes on 2 busy cores)."""
     path = tmp_path / "smoke.json"
 
     assert ops.main(["--suite", "smoke", "--budget", "4", "--json", str(path)]) == 0
