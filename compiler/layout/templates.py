@@ -169,7 +169,8 @@ def conv_template(graph: Graph, op: Any) -> LayoutTemplate:
                 pos += 1
             pos += 1
         # outer = [N, O/ot, S1/.., ...], inner = [ot, s1t, ...]: channels last in both groups
-        perm = [outer[0], *outer[2:], outer[1], *inner[1:], *inner[:1]] if c["ot"] > 1 else [outer[0], *outer[2:], outer[1], *inner]
+        inner = [*inner[1:], inner[0]] if c["ot"] > 1 else inner  # the channel tile goes innermost
+        perm = [outer[0], *outer[2:], outer[1], *inner]
         out = out.reorder(*perm)
 
         # input: unfold every spatial dim by the output tile, split I by it

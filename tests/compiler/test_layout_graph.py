@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.layout import CONVERT_PREFIX, Graph, Layout, LayoutError, apply_layout, layout_template, propagate, rewrite
+from compiler.layout import (
+    CONVERT_PREFIX,
+    Graph,
+    Layout,
+    LayoutError,
+    apply_layout,
+    layout_template,
+    propagate,
+    rewrite,
+)
 from compiler.workloads import make_workload
 
 CASES = [
