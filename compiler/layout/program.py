@@ -42,19 +42,7 @@ def te_graph(workload: Workload) -> Graph:
     Mirrors `Workload.prim_func` stage by stage (same op names), so block names
     and results agree with the untransformed program.
     """
-    from tvm import te, tirx
-
-    from compiler.workloads import operators
-
-    # TODO(workloads): use a public `Workload.te_tensors()` once the catalog exposes one.
-    placeholders = [te.placeholder(s.shape, s.dtype, name=s.name) for s in workload.inputs]
-    out = operators._IMPLS[workload.operator].te_compute(workload.params, placeholders[0], placeholders[1])
-    if workload.epilogue in ("bias", "bias_relu"):
-        conv, bias, axis = out, placeholders[2], workload._bias_axis
-        out = te.compute(conv.shape, lambda *i: conv(*i) + bias[i[axis]], name="bias_add")
-    if workload.epilogue in ("relu", "bias_relu"):
-        pre = out
-        out = te.compute(pre.shape, lambda *i: tirx.max(pre(*i), tirx.const(0, pre.dtype)), name="relu")
+    placeholders, out = workload.te_tensors()
     return Graph(placeholders, [out])
 
 

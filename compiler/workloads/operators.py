@@ -592,9 +592,11 @@ class Workload:
         """All arguments of `prim_func` in call order: inputs, then the output."""
         return (*self.inputs, self.output)
 
-    @functools.cached_property
-    def prim_func(self) -> tvm.tirx.PrimFunc:
-        """The untransformed TIR program (global_symbol "main"), from `te.create_prim_func`."""
+    def te_tensors(self) -> tuple[list[tvm.te.Tensor], tvm.te.Tensor]:
+        """A fresh TE graph of the workload: its placeholders (in `inputs` order) and its output.
+
+        The epilogue stages are separate ops named `bias_add` and `relu`.
+        """
         from tvm import te, tirx
 
         placeholders = [te.placeholder(s.shape, s.dtype, name=s.name) for s in self.inputs]
@@ -608,6 +610,14 @@ class Workload:
         if self.epilogue in ("relu", "bias_relu"):
             pre = out
             out = te.compute(pre.shape, lambda *i: tirx.max(pre(*i), tirx.const(0, pre.dtype)), name="relu")
+        return placeholders, out
+
+    @functools.cached_property
+    def prim_func(self) -> tvm.tirx.PrimFunc:
+        """The untransformed TIR program (global_symbol "main"), from `te.create_prim_func`."""
+        from tvm import te
+
+        placeholders, out = self.te_tensors()
         return te.create_prim_func([*placeholders, out]).with_attr("global_symbol", "main")
 
     @functools.cached_property

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 import random
 import socket
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -69,48 +67,18 @@ def api_server(settings, fast_events) -> Iterator[ApiServer]:
         yield server
 
 
-# -- a stand-in tuner while tuner/ lands ---------------------------------------------------------------------
+# -- a stand-in tuner with a steady pace and both stages ---------------------------------------------------------------------
 
 FAKE_TRIAL_SECONDS = 0.35
 FAKE_LAYOUT = "N H/4 W/16 O/16 4 16 16"
 
 
-@dataclass(frozen=True)
-class _Task:
-    name: str
-    workload_key: str
-    prim_func: object
-    target: object
-    inputs: list | None = None
-    expected: object | None = None
-
-
-@dataclass
-class _Trial:
-    index: int
-    config: dict
-    latencies_ms: list[float] | None
-    error: str | None
-    predicted: float | None = None
-    stage: str = "loop"
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def latency_ms(self) -> float | None:
-        return statistics.median(self.latencies_ms) if self.latencies_ms else None
-
-
-@dataclass
-class _Result:
-    best: _Trial | None
-    trials: list[_Trial]
-    baseline_ms: float | None
-
-
-def _fake_tune(task: _Task, budget: int, *, seed: int = 0, prior: Sequence = (), start_from: Sequence[dict] = (),
+def _fake_tune(task, budget: int, *, seed: int = 0, prior: Sequence = (), start_from: Sequence[dict] = (),
                on_trial: Callable = lambda t: None, should_stop: Callable[[], bool] = lambda: False,
-               measurer=None) -> _Result:
+               measurer=None):
     """Emits plausible trials at a steady pace: a joint stage with layouts, then loop-only, a few errors."""
+    from tuner import Trial, TuneResult
+
     rng = random.Random(seed)
     trials = list(prior)
     for i in range(len(trials), budget):
@@ -128,16 +96,16 @@ def _fake_tune(task: _Task, budget: int, *, seed: int = 0, prior: Sequence = (),
         else:
             lat = 0.05 * (0.93 ** i) * rng.uniform(1.0, 1.6)
             latencies = [lat, lat * 1.01, lat * 0.99]
-        trial = _Trial(index=i, config=config, latencies_ms=latencies, error=error, predicted=rng.random(),
-                       stage=stage, extra={"layout": FAKE_LAYOUT} if stage == "joint" else {})
+        trial = Trial(index=i, config=config, latencies_ms=latencies, error=error, predicted=rng.random(),
+                       stage=stage, extra={"layout": FAKE_LAYOUT})  # loop-only keeps the best layout
         on_trial(trial)
         trials.append(trial)
     measured = [t for t in trials if t.latency_ms is not None]
     best = min(measured, key=lambda t: t.latency_ms) if measured else None
-    return _Result(best=best, trials=trials, baseline_ms=0.4)
+    return TuneResult(best=best, trials=trials, baseline_ms=0.4)
 
 
-def _fake_apply_config(task: _Task, config: dict):
+def _fake_apply_config(task, config: dict):
     import tvm
 
     return tvm.IRModule({"main": task.prim_func})
@@ -145,13 +113,11 @@ def _fake_apply_config(task: _Task, config: dict):
 
 @pytest.fixture
 def tuner_kind(monkeypatch) -> str:
-    """'real' once tuner/ exports tune(); until then (or with ALTUNE_TEST_FAKE_TUNER=1) a stand-in that paces trials."""
+    """'real', or with ALTUNE_TEST_FAKE_TUNER=1 a stand-in that paces trials (joint then loop stage, some errors)."""
     import tuner
 
-    if hasattr(tuner, "tune") and os.environ.get("ALTUNE_TEST_FAKE_TUNER") != "1":
+    if os.environ.get("ALTUNE_TEST_FAKE_TUNER") != "1":
         return "real"
-    monkeypatch.setattr(tuner, "Task", _Task, raising=False)
-    monkeypatch.setattr(tuner, "Trial", _Trial, raising=False)
     monkeypatch.setattr(tuner, "tune", _fake_tune, raising=False)
     monkeypatch.setattr(tuner, "apply_config", _fake_apply_config, raising=False)
     return "fake"

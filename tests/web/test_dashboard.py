@@ -106,7 +106,7 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
     assert latencies, "measured trials listed"
     if tuner_kind == "fake":
         assert page.locator("#best-layout").inner_text() == "N H/4 W/16 O/16 4 16 16"
-        assert "(2 timed out)" in page.locator("dl.facts").inner_text() or "timed out" in page.content()
+        assert "1 timed out" in page.locator("dl.facts").first.inner_text()  # trial 3 of the stand-in
     screenshots(page, "job-finished")
 
     # download the artifact: a tar.gz with manifest.json
