@@ -1,0 +1,703 @@
+"""Whole models: a `torch.export` file -> Relax -> fused tasks -> a tuned Relax VM executable -> an artifact.
+
+    ep = load_exported_program(path)                   # safe: no pickle from the file is executed
+    model = import_model(ep)                           # legalized and fused Relax, params, tasks
+    model.tasks                                        # one per distinct fused PrimFunc, with its weight
+    ex = build_model(model, target, {task.workload_key: scheduled_mod, ...})
+    outs = run_model(ex, model, inputs)                # numpy in, numpy out
+    write_model_artifact(dest, model, ex, target, ...) # lib.so, params.npz, manifest.json, run.py
+
+Import: `relax.frontend.torch.from_exported_program(keep_params_as_input=True)`
+(parameters stay arguments of "main", after the user inputs, so they ship
+beside the library and are never baked into it), then `DecomposeOpsForInference`,
+`LegalizeOps`, `AnnotateTIROpPattern`, `FoldConstant`, `FuseOps`, `FuseTIR`: the
+fused PrimFuncs are what gets tuned. Tasks are deduplicated by the structural
+hash of the PrimFunc (its name left out), and weighted by how many `call_tir`s
+of "main" call one of its copies.
+
+Loading an upload safely. `torch.export.load` unpickles with
+`torch.load(weights_only=False)` the weights and constants saved with
+`use_pickle`, the legacy `.pt` weight files and the sample inputs when the
+restricted unpickler refuses them (`deserialize_torch_artifact` falls back),
+`pickle.loads` "opaque" constants, and loads AOTInductor shared libraries: any
+of these runs code from the file. So before torch sees the bytes,
+`load_exported_program` (1) requires a zip whose every member is one of the
+plain parts `torch.export.save` writes (JSON graph and configs, raw tensor
+bytes, version files, the sample-input file, text extra files) and refuses
+anything else by name (AOTInductor folders, legacy `.pt` weights, custom or
+opaque objects); (2) refuses a payload config that marks any tensor
+`use_pickle` (tensor subclasses); (3) opens the sample-input file with
+`torch.load(weights_only=True)`, the restricted unpickler that only rebuilds
+tensors and containers, and refuses the file if that fails; (4) checks the
+archive's declared and actual sizes against a limit (zip bombs); and (5) runs
+`torch.export.load` with `torch.load` forced to `weights_only=True` and
+`pickle.loads` refused, so a case the scan missed fails instead of executing.
+
+Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy
+are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+import threading
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .operators import TensorSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    import tvm
+
+DEFAULT_MAX_FILE_BYTES = 1 << 30  # an upload, compressed and uncompressed
+DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 28  # any input, parameter or intermediate tensor
+MODEL_ARTIFACT_FILES = ("lib.so", "params.npz", "manifest.json", "run.py")
+MODEL_MANIFEST_FORMAT = 1
+COMPLEX_OPS = ("conv", "matmul", "dense")  # fused-function name parts that mark a complex op (ALT templates)
+
+
+class ModelError(ValueError):
+    """A model that cannot be imported, with the field to blame ("file", "model", "input_shapes").
+
+    str() is "field: message", as `WorkloadError`.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+# ---------------------------------------------------------------------------
+# Safe loading
+
+
+# Members `torch.export.save` writes, relative to the archive's root folder.
+_PLAIN_MEMBERS = (
+    r"archive_format", r"archive_version", r"byteorder", r"\.data/version", r"\.data/serialization_id",
+    r"models/[\w.-]+\.json", r"data/weights/weight_\d+", r"data/weights/[\w.-]+_weights_config\.json",
+    r"data/constants/tensor_\d+", r"data/constants/[\w.-]+_constants_config\.json",
+    r"data/sample_inputs/[\w.-]+\.pt", r"extra/[\w./-]+",
+)
+_PLAIN = re.compile("|".join(f"(?:{p})" for p in _PLAIN_MEMBERS))
+_load_lock = threading.Lock()
+
+
+def load_exported_program(
+    source: str | os.PathLike | bytes, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> torch.export.ExportedProgram:
+    """Loads a `torch.export.save` file without executing code from it (see the module docstring).
+
+    Args:
+        source: a path or the file's bytes.
+        max_bytes: the largest accepted file, and the largest total of its unpacked members.
+
+    Raises:
+        ModelError: field "file": not a zip, not an exported program, a member
+            that could carry code (named), too big, or torch failed to read it.
+    """
+    data = Path(source).read_bytes() if not isinstance(source, bytes | bytearray) else bytes(source)
+    if len(data) > max_bytes:
+        raise ModelError("file", f"the file has {len(data)} bytes, more than the limit {max_bytes}")
+    _check_archive(data, max_bytes)
+
+    import pickle
+
+    import torch
+
+    real_load, real_loads = torch.load, pickle.loads
+
+    def weights_only_load(*args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        return real_load(*args, **kwargs)
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise ModelError("file", "the file holds a pickled Python object; refused")
+
+    with _load_lock:  # the patches are process-wide: one load at a time
+        torch.load, pickle.loads = weights_only_load, refuse
+        try:
+            return torch.export.load(io.BytesIO(data))
+        except ModelError:
+            raise
+        except Exception as e:  # torch's reasons are many (versions, schema, bad JSON): all mean "unreadable"
+            raise ModelError("file", f"not a readable torch.export program: {type(e).__name__}: {_short(e)}") from e
+        finally:
+            torch.load, pickle.loads = real_load, real_loads
+
+
+def _check_archive(data: bytes, max_bytes: int) -> None:
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise ModelError("file", "not a torch.export program (.pt2): the file is not a zip archive")
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ModelError("file", f"a damaged zip archive: {e}") from e
+    if not infos:
+        raise ModelError("file", "an empty zip archive")
+    if sum(i.file_size for i in infos) > max_bytes:
+        raise ModelError("file", f"the archive unpacks to more than {max_bytes} bytes")
+    root = infos[0].filename.split("/", 1)[0]
+    names = {}
+    for info in infos:
+        prefix, _, rest = info.filename.partition("/")
+        if info.is_dir():
+            continue
+        if prefix != root or not rest or not _PLAIN.fullmatch(rest):
+            raise ModelError("file", f"unexpected archive member {info.filename!r}: not a plain torch.export "
+                                     "program (pickled objects, compiled code and legacy formats are refused)")
+        names[rest] = info
+    if "archive_format" not in names or not any(n.startswith("models/") for n in names):
+        raise ModelError("file", "not a torch.export program (.pt2): no archive_format or models/ in the archive")
+    for rest, info in names.items():
+        if rest.endswith(("_weights_config.json", "_constants_config.json")):
+            try:
+                config = json.loads(_read(archive, info, max_bytes)).get("config", {})
+            except (ValueError, AttributeError) as e:
+                raise ModelError("file", f"{info.filename}: not a JSON payload config") from e
+            for fqn, meta in config.items():
+                if not isinstance(meta, dict) or meta.get("use_pickle") or not str(
+                        meta.get("path_name", "")).startswith(("weight_", "tensor_")):
+                    raise ModelError("file", f"{info.filename}: {fqn!r} is stored as a pickled object; refused")
+        elif rest.startswith("data/sample_inputs/"):
+            import torch
+
+            try:
+                torch.load(io.BytesIO(_read(archive, info, max_bytes)), weights_only=True)
+            except Exception as e:  # the restricted unpickler refused: it names a global it does not allow
+                raise ModelError("file", f"{info.filename}: holds more than tensors ({_short(e)}); refused") from e
+
+
+def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, max_bytes: int) -> bytes:
+    with archive.open(info) as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ModelError("file", f"{info.filename} unpacks to more than {max_bytes} bytes")
+    return data
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+# ---------------------------------------------------------------------------
+# Import and task extraction
+
+
+@dataclass(frozen=True, eq=False)
+class ModelTask:
+    """One distinct fused PrimFunc of a model.
+
+    Attributes:
+        name: the fused function's name without numeric suffixes ("fused_conv2d_add_relu").
+        workload_key: "<name>:<structural hash, 16 hex>:<arg shapes>:<dtype>", stable across imports.
+        prim_func: the untuned PrimFunc, global symbol "main" (what `tuner.Task` takes).
+        weight: how many times the model calls it.
+        complex: it contains a convolution or a matrix product (ALT layout templates apply).
+        functions: names of the model's global functions that are copies of it.
+        args: its parameters (inputs, then outputs), with shapes and dtypes.
+    """
+
+    name: str
+    workload_key: str
+    prim_func: tvm.tirx.PrimFunc
+    weight: int
+    complex: bool
+    functions: tuple[str, ...]
+    args: tuple[TensorSpec, ...]
+
+
+@dataclass(eq=False)
+class ImportedModel:
+    """A model as Relax, fused and legalized, with its parameters and tasks.
+
+    Attributes:
+        mod: the IRModule: "main" (Relax; inputs, then parameters) and the fused PrimFuncs.
+        params: parameter arrays in "main"'s order after the inputs.
+        param_names: their names ("conv1.weight").
+        inputs: the user inputs ("x", shapes, dtypes).
+        outputs: the outputs in flattened order.
+        tasks: one per distinct fused PrimFunc, by descending weight then name.
+    """
+
+    mod: tvm.IRModule
+    params: list[np.ndarray]
+    param_names: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    tasks: list[ModelTask] = field(default_factory=list)
+
+
+def import_model(
+    ep: torch.export.ExportedProgram,
+    input_shapes: Sequence[Sequence[int]] | None = None,
+    *,
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+) -> ImportedModel:
+    """torch.export program -> fused Relax, parameters and tasks.
+
+    Args:
+        ep: the exported program (static shapes).
+        input_shapes: the user's input shapes, checked against the program's; None: the program's.
+        max_tensor_elements: largest accepted input, parameter or intermediate tensor.
+
+    Raises:
+        ModelError: "model" for unsupported operators (named) or a failed import;
+            "input_shapes" for shapes that differ from the program's, dynamic
+            shapes, or a tensor over `max_tensor_elements`.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.torch import from_exported_program
+
+    user_inputs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    program_shapes = []
+    for spec in user_inputs:
+        val = placeholders[spec.arg.name].meta.get("val")
+        shape = tuple(getattr(val, "shape", ()))
+        if not all(isinstance(d, int) for d in shape):
+            raise ModelError("input_shapes", f"input {spec.arg.name!r} has a dynamic shape {tuple(map(str, shape))}; "
+                                             "export with static shapes")
+        program_shapes.append(tuple(int(d) for d in shape))
+    if input_shapes is not None:
+        given = [tuple(int(d) for d in s) for s in input_shapes]
+        if given != program_shapes:
+            raise ModelError("input_shapes", f"the program was exported for input shapes {program_shapes}, "
+                                             f"got {given}; export it again with these shapes")
+
+    try:
+        mod = from_exported_program(ep, keep_params_as_input=True)
+    except (AssertionError, ValueError, NotImplementedError, KeyError, TypeError) as e:
+        found = re.search(r"Unsupported function types \[(.*?)\]", str(e))
+        if found:
+            ops = sorted(o.strip(" '\"") for o in found.group(1).split(","))
+            raise ModelError("model", f"unsupported operator(s): {', '.join(ops)}") from e
+        raise ModelError("model", f"import failed: {type(e).__name__}: {_short(e)}") from e
+    num_input = int(mod["main"].attrs["num_input"])
+    mod, params = detach_params(mod)
+    main = mod["main"]
+    param_vars = list(main.params[num_input:])
+    param_arrays = [p.numpy() for p in params.get("main", [])]
+    assert len(param_arrays) == len(param_vars), f"{len(param_arrays)=} != {len(param_vars)=}"
+    names_by_var = {_var_name(s.arg.name): s.target for s in ep.graph_signature.input_specs if s.target}
+    param_names = [names_by_var.get(v.name, v.name) for v in param_vars]
+    inputs = [_spec(v.name, v.ty) for v in main.params[:num_input]]
+    outputs = [_spec(f"output{i}", si) for i, si in enumerate(_flatten_sinfo(main.ret_ty))]
+    for spec in [*inputs, *(TensorSpec(n, tuple(a.shape), str(a.dtype)) for n, a in
+                            zip(param_names, param_arrays))]:
+        if spec.size > max_tensor_elements:
+            raise ModelError("input_shapes", f"tensor {spec.name} {'x'.join(map(str, spec.shape))} has "
+                                             f"{spec.size} elements, more than the limit {max_tensor_elements}")
+
+    seq = tvm.transform.Sequential([
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ])
+    try:
+        fused = seq(mod)
+    except Exception as e:  # an operator Relax imports but cannot legalize
+        raise ModelError("model", f"lowering failed: {type(e).__name__}: {_short(e)}") from e
+    model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs)
+    model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
+    return model
+
+
+def _var_name(fx_name: str) -> str:
+    return fx_name  # the importer names "main"'s parameters after the fx placeholders ("p_conv1_weight")
+
+
+def _spec(name: str, sinfo: Any) -> TensorSpec:
+    shape = tuple(int(d) for d in sinfo.shape)
+    return TensorSpec(name, shape, str(sinfo.dtype))
+
+
+def _flatten_sinfo(sinfo: Any) -> list[Any]:
+    from tvm import relax
+
+    if isinstance(sinfo, relax.TupleType):
+        return [s for f in sinfo.fields for s in _flatten_sinfo(f)]
+    return [sinfo]
+
+
+def _call_counts(main: Any) -> dict[str, int]:
+    """How often "main" calls each global function with call_tir."""
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    counts: dict[str, int] = {}
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[0], tvm.ir.GlobalVar):
+            name = expr.args[0].name_hint
+            counts[name] = counts.get(name, 0) + 1
+
+    relax.analysis.post_order_visit(main.body, visit)
+    return counts
+
+
+def _func_args(func: Any) -> tuple[TensorSpec, ...]:
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return tuple(TensorSpec(f"arg{i}", tuple(int(d) for d in a.shape), str(a.dtype))
+                 for i, a in enumerate(ArgInfo.from_prim_func(func)))
+
+
+def structural_key(func: Any) -> int:
+    """The structural hash of a PrimFunc, its name and global symbol left out."""
+    import tvm_ffi
+
+    return int(tvm_ffi.structural_hash(func.without_attr("global_symbol"), map_free_vars=True))
+
+
+def extract_tasks(mod: tvm.IRModule, *, max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS) -> list[ModelTask]:
+    """One task per distinct PrimFunc called by "main" (structural hash), weighted by its calls.
+
+    Raises:
+        ModelError: "input_shapes" when an intermediate tensor exceeds `max_tensor_elements`.
+    """
+    import tvm
+
+    counts = _call_counts(mod["main"])
+    groups: dict[int, list[tuple[str, Any]]] = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, tvm.tirx.PrimFunc) and counts.get(gv.name_hint):
+            groups.setdefault(structural_key(func), []).append((gv.name_hint, func))
+    tasks = []
+    for digest, members in groups.items():
+        members.sort()
+        name = re.sub(r"\d+(?=_|$)", "", members[0][0])
+        func = members[0][1]
+        args = _func_args(func)
+        for spec in args:
+            if spec.size > max_tensor_elements:
+                raise ModelError("input_shapes", f"tensor {spec.name} {'x'.join(map(str, spec.shape))} of {name} "
+                                                 f"has {spec.size} elements, more than the limit {max_tensor_elements}")
+        shapes = ",".join("x".join(map(str, a.shape)) for a in args)
+        dtypes = sorted({a.dtype for a in args})
+        key = f"{name}:{digest & (2**64 - 1):016x}:{shapes}:{'/'.join(dtypes)}"
+        tasks.append(ModelTask(
+            name=name, workload_key=key, prim_func=func.with_attr("global_symbol", "main"),
+            weight=sum(counts[n] for n, _ in members), complex=any(p in name for p in COMPLEX_OPS),
+            functions=tuple(n for n, _ in members), args=args,
+        ))
+    tasks.sort(key=lambda t: (-t.weight, t.name, t.workload_key))
+    return tasks
+
+
+# ---------------------------------------------------------------------------
+# Build and run
+
+
+def _scheduled_func(scheduled: Any) -> Any:
+    import tvm
+
+    if isinstance(scheduled, tvm.IRModule):
+        funcs = [f for _, f in scheduled.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        assert len(funcs) == 1, f"a scheduled task module must hold one PrimFunc, got {len(funcs)}"
+        scheduled = funcs[0]
+    return scheduled
+
+
+def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any]) -> tvm.IRModule:
+    """`model.mod` with the PrimFunc of every task in `schedules` (workload key -> scheduled
+    IRModule or PrimFunc with the task's signature) replaced by its scheduled version."""
+    import tvm
+
+    mod = model.mod
+    by_key = {t.workload_key: t for t in model.tasks}
+    unknown = set(schedules) - set(by_key)
+    assert not unknown, f"schedules for workload keys the model does not have: {sorted(unknown)}"
+    updates = {}
+    for key, scheduled in schedules.items():
+        task = by_key[key]
+        func = _scheduled_func(scheduled)
+        got = _func_args(func)
+        assert [(a.shape, a.dtype) for a in got] == [(a.shape, a.dtype) for a in task.args], (
+            f"scheduled {task.name} has arguments {got}, the task {task.args}")
+        for name in task.functions:
+            original = mod[name]
+            new = func.without_attr("global_symbol")
+            if original.attrs is not None and "global_symbol" in original.attrs:
+                new = new.with_attr("global_symbol", original.attrs["global_symbol"])
+            updates[mod.get_global_var(name)] = new
+    if not updates:
+        return mod
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in updates.items():
+        out[gv] = func
+    return out
+
+
+def build_model(
+    model: ImportedModel, target: tvm.target.Target, schedules: Mapping[str, Any] | None = None
+) -> Any:
+    """Compiles the model with the given task schedules (untuned PrimFuncs elsewhere).
+
+    Args:
+        model: from `import_model`.
+        target: the TVM target.
+        schedules: workload key -> scheduled IRModule/PrimFunc (e.g. `tuner.apply_config`'s result).
+
+    Returns:
+        A `relax.VMExecutable`: `relax.VirtualMachine(ex, dev)["main"](*inputs, *params)`.
+    """
+    import tvm
+    from tvm import relax
+    mod = apply_schedules(model, schedules or {})
+    lower = tvm.transform.Sequential(_lower_passes())
+    with target:
+        return relax.build(mod, target=target, relax_pipeline=lower)
+
+
+def _lower_passes() -> list[Any]:
+    """What relax's default pipeline runs after fusion (the CPU backend's dataflow-lower and finalize lists)."""
+    from tvm import relax
+
+    return [
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+        relax.transform.StaticPlanBlockMemory(),
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+
+
+def _device(target: Any) -> Any:
+    import tvm
+
+    kind = target.kind.name if hasattr(target, "kind") else str(target)
+    return tvm.cpu(0) if kind == "llvm" else tvm.device(kind, 0)
+
+
+def _flatten_out(out: Any) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [a for item in out for a in _flatten_out(item)]
+
+
+def run_model(ex: Any, model: ImportedModel, inputs: Sequence[np.ndarray], target: Any = "llvm") -> list[np.ndarray]:
+    """Runs the executable once on numpy inputs; the outputs flattened, as numpy."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    dev = _device(target)
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    args += [tvm.runtime.tensor(p, dev) for p in model.params]
+    return _flatten_out(vm["main"](*args))
+
+
+def time_model(ex: Any, model: ImportedModel, inputs: Sequence[np.ndarray], target: Any = "llvm", *,
+               repeat: int = 5, min_repeat_ms: float = 50.0) -> float:
+    """Median latency (ms) of one model run: `time_evaluator` over the VM's "main"."""
+    import statistics
+
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    dev = _device(target)
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    args += [tvm.runtime.tensor(p, dev) for p in model.params]
+    timer = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
+    return statistics.median(timer(*args).results) * 1e3
+
+
+# ---------------------------------------------------------------------------
+# The artifact
+
+RUN_PY = '''"""Loads and runs this altune model artifact with TVM's runtime (no altune needed).
+
+    python run.py                      # random inputs, prints output shapes
+    python run.py inputs.npz out.npz   # inputs named as in manifest.json, outputs output0, output1, ...
+
+From Python: `from run import load; run = load("."); outputs = run(*numpy_inputs)`.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+def load(folder="."):
+    """A function numpy inputs -> list of numpy outputs, for the artifact unpacked in `folder`."""
+    folder = Path(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    dev = tvm.device(manifest["device"], 0)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(folder / "lib.so")), dev)
+    with np.load(folder / "params.npz", allow_pickle=False) as npz:
+        params = [tvm.runtime.tensor(npz[p["key"]], dev) for p in manifest["params"]]
+
+    def flatten(out):
+        return [out.numpy()] if hasattr(out, "numpy") else [a for o in out for a in flatten(o)]
+
+    def run(*inputs):
+        assert len(inputs) == len(manifest["inputs"]), f"{len(inputs)} inputs, expected {len(manifest['inputs'])}"
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a, dtype=s["dtype"]), dev)
+                for a, s in zip(inputs, manifest["inputs"])]
+        return flatten(vm["main"](*args, *params))
+
+    run.manifest = manifest
+    return run
+
+
+def main(argv):
+    run = load(Path(__file__).resolve().parent)
+    specs = run.manifest["inputs"]
+    if argv:
+        with np.load(argv[0], allow_pickle=False) as npz:
+            inputs = [npz[s["name"]] for s in specs]
+    else:
+        rng = np.random.default_rng(0)
+        inputs = [rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]) if s["dtype"].startswith("float")
+                  else rng.integers(0, 100, s["shape"]).astype(s["dtype"]) for s in specs]
+    outputs = run(*inputs)
+    for i, out in enumerate(outputs):
+        print(f"output{i}: shape {list(out.shape)} {out.dtype}")
+    if len(argv) > 1:
+        np.savez(argv[1], **{f"output{i}": o for i, o in enumerate(outputs)})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+'''
+
+
+def make_model_manifest(model: ImportedModel, target: Any, *, latency_ms: float | None = None,
+                        tasks: Sequence[dict] = (), spec: dict | None = None) -> dict:
+    """manifest.json of a model artifact: inputs, outputs, params (npz keys in call order), tasks."""
+    import tvm
+
+    def tensor(s: TensorSpec) -> dict:
+        return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
+
+    kind = target.kind.name if hasattr(target, "kind") else str(target)
+    return {
+        "format": MODEL_MANIFEST_FORMAT,
+        "kind": "model",
+        "function": "main",
+        "call": 'vm["main"](*inputs, *params)',
+        "usage": "python run.py [inputs.npz [outputs.npz]]; or from run import load; outputs = load('.')(*inputs)",
+        "inputs": [tensor(s) for s in model.inputs],
+        "outputs": [tensor(s) for s in model.outputs],
+        "params": [{"key": f"p{i}", "name": n, "shape": list(a.shape), "dtype": str(a.dtype)}
+                   for i, (n, a) in enumerate(zip(model.param_names, model.params))],
+        "tasks": list(tasks) or [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight,
+                                  "complex": t.complex} for t in model.tasks],
+        "target": str(target),
+        "device": "cpu" if kind == "llvm" else kind,
+        "latency_ms": latency_ms,
+        "spec": spec or {},
+        "tvm_version": tvm.__version__,
+    }
+
+
+def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, ex: Any, target: Any, *,
+                         latency_ms: float | None = None, tasks: Sequence[dict] = (),
+                         spec: dict | None = None) -> Path:
+    """Writes the model artifact (.tar.gz, atomically): lib.so, params.npz, manifest.json, run.py.
+
+    Args:
+        dest: the .tar.gz path (parents created, an existing file replaced).
+        model: the imported model (its params are written in call order).
+        ex: `build_model`'s executable.
+        target: the target it was built for.
+        latency_ms: measured end-to-end latency, if any.
+        tasks: per-task facts for the manifest (name, key, weight, latency...); the model's tasks when empty.
+        spec: the job spec, recorded as given.
+    """
+    import numpy as np
+
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    manifest = make_model_manifest(model, target, latency_ms=latency_ms, tasks=tasks, spec=spec)
+    with tempfile.TemporaryDirectory(prefix="altune-model-") as tmp:
+        folder = Path(tmp)
+        ex.export_library(str(folder / "lib.so"))
+        np.savez(folder / "params.npz", **{f"p{i}": a for i, a in enumerate(model.params)})
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (folder / "run.py").write_text(RUN_PY)
+        partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+        try:
+            with tarfile.open(partial, "w:gz") as tar:
+                for name in MODEL_ARTIFACT_FILES:
+                    tar.add(folder / name, arcname=name)
+            os.replace(partial, dest)
+        finally:
+            partial.unlink(missing_ok=True)
+    return dest
+
+
+def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
+    """Extracts the known files of a model artifact (regular files only, no paths) into `dest_dir`."""
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name in MODEL_ARTIFACT_FILES]
+        missing = set(MODEL_ARTIFACT_FILES) - {m.name for m in members}
+        if missing:
+            raise ValueError(f"{path}: not an altune model artifact, missing {sorted(missing)}")
+        for member in members:
+            source = tar.extractfile(member)
+            assert source is not None, f"{member.name} has no content"
+            (dest_dir / member.name).write_bytes(source.read())
+    return dest_dir
+
+
+@contextlib.contextmanager
+def _chdir(path: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
+    """A torch module's outputs on numpy or torch inputs, flattened, as numpy (the reference)."""
+    import numpy as np
+    import torch
+
+    def flatten(out: Any) -> list[np.ndarray]:
+        if isinstance(out, torch.Tensor):
+            return [out.detach().numpy()]
+        return [a for o in out for a in flatten(o)]
+
+    tensors = [torch.from_numpy(np.asarray(a)) if not isinstance(a, torch.Tensor) else a for a in inputs]
+    with torch.no_grad():
+        return flatten(module(*tensors))
