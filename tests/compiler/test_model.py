@@ -1,0 +1,187 @@
+"""Model import (safe loading, fusion, task extraction), build with and without tuned tasks, the artifact."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from compiler.workloads import model as M  # noqa: E402
+from compiler.workloads import zoo  # noqa: E402
+
+
+class Evil:
+    """Unpickling this creates the marker file: the test fails if it ever exists."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """name -> path of the model's `torch.export.save` file."""
+    folder = tmp_path_factory.mktemp("pt2")
+    out = {}
+    for name in ("small_cnn", "small_transformer"):
+        out[name] = folder / f"{name}.pt2"
+        torch.export.save(zoo.export(name), out[name])
+    return out
+
+
+@pytest.fixture(scope="module")
+def imported(saved):
+    return {name: M.import_model(M.load_exported_program(path)) for name, path in saved.items()}
+
+
+def _reference(name):
+    module, inputs = zoo.create(name)
+    return [i.numpy() for i in inputs], M.torch_outputs(module, inputs)
+
+
+def test_tasks_are_deduplicated_and_weighted(imported, saved):
+    cnn = imported["small_cnn"]
+    assert [s.shape for s in cnn.inputs] == [(1, 3, 16, 16)] and [s.shape for s in cnn.outputs] == [(1, 10)]
+    assert cnn.param_names[:2] == ["conv1.weight", "conv1.bias"]
+    calls = M._call_counts(cnn.mod["main"])
+    assert sum(t.weight for t in cnn.tasks) == sum(calls.values())
+    assert len({t.workload_key for t in cnn.tasks}) == len(cnn.tasks)
+    # conv2 and conv3 (+bias, relu) are one task called twice
+    conv_relu = [t for t in cnn.tasks if t.name == "fused_conv2d_add_relu"]
+    assert len(conv_relu) == 1 and conv_relu[0].weight == 2 and conv_relu[0].complex
+    assert {t.name for t in cnn.tasks if t.complex} >= {"fused_conv2d_add_relu", "fused_matmul_add"}
+    assert not any(t.complex for t in cnn.tasks if t.name in ("fused_relu", "transpose"))
+    # keys depend on content only: a second import gives the same ones
+    again = M.import_model(M.load_exported_program(saved["small_cnn"].read_bytes()))
+    assert [t.workload_key for t in again.tasks] == [t.workload_key for t in cnn.tasks]
+    # the transformer block: every call_tir belongs to one task, the projections are complex tasks
+    tf = imported["small_transformer"]
+    assert sum(t.weight for t in tf.tasks) == sum(M._call_counts(tf.mod["main"]).values())
+    assert any(t.complex and "matmul" in t.name for t in tf.tasks)
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "small_transformer"])
+def test_untuned_build_matches_torch(imported, name, host_target):
+    model = imported[name]
+    inputs, expected = _reference(name)
+    ex = M.build_model(model, host_target)
+    outs = M.run_model(ex, model, inputs, host_target)
+    assert len(outs) == len(expected)
+    for out, ref in zip(outs, expected):
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_tuned_task_build_and_artifact(imported, host_target, tmp_path):
+    from tuner import Task, apply_config, tune
+
+    model = imported["small_cnn"]
+    task = next(t for t in model.tasks if t.name == "fused_conv2d_add_relu")
+    result = tune(Task(task.name, task.workload_key, task.prim_func, host_target), 2, seed=0)
+    assert result.best is not None, [t.error for t in result.trials]
+    scheduled = apply_config(Task(task.name, task.workload_key, task.prim_func, host_target), result.best.config)
+    mod = M.apply_schedules(model, {task.workload_key: scheduled})
+    for name in task.functions:
+        assert not mod[name].same_as(model.mod[name])
+    ex = M.build_model(model, host_target, {task.workload_key: scheduled})
+    inputs, expected = _reference("small_cnn")
+    np.testing.assert_allclose(M.run_model(ex, model, inputs, host_target)[0], expected[0], rtol=1e-4, atol=1e-4)
+
+    dest = M.write_model_artifact(tmp_path / "model.tar.gz", model, ex, host_target, latency_ms=1.0)
+    folder = M.extract_model_artifact(dest, tmp_path / "unpacked")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(M.MODEL_ARTIFACT_FILES)
+    np.savez(tmp_path / "in.npz", x=inputs[0])
+    done = subprocess.run([sys.executable, "run.py", str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                          cwd=folder, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "output0: shape [1, 10]" in done.stdout
+    with np.load(tmp_path / "out.npz") as out:
+        np.testing.assert_allclose(out["output0"], expected[0], rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Bad files
+
+
+def _error(source, **kwargs) -> M.ModelError:
+    with pytest.raises(M.ModelError) as info:
+        M.import_model(M.load_exported_program(source, **kwargs))
+    return info.value
+
+
+def test_random_bytes_are_not_a_program():
+    err = _error(np.random.default_rng(0).bytes(4096))
+    assert err.field == "file" and "not a zip" in err.message
+
+
+def test_malicious_pickles_never_run(tmp_path, saved):
+    marker = tmp_path / "pwned"
+    # a bare pickle, and torch.save's zip around one
+    assert _error(pickle.dumps(Evil(str(marker)))).field == "file"
+    buf = io.BytesIO()
+    torch.save(Evil(str(marker)), buf)
+    err = _error(buf.getvalue())
+    assert "data.pkl" in err.message
+    # a real program whose sample-input file is replaced by the malicious pickle
+    err = _error(_replace_member(saved["small_cnn"], "data/sample_inputs/", buf.getvalue()))
+    assert err.field == "file" and "sample_inputs" in err.message
+    # a weight marked use_pickle (torch.export.load would torch.load it with weights_only=False)
+    with zipfile.ZipFile(saved["small_cnn"]) as z:
+        name = next(n for n in z.namelist() if n.endswith("_weights_config.json"))
+        config = z.read(name).decode().replace('"use_pickle": false', '"use_pickle": true', 1)
+    err = _error(_replace_member(saved["small_cnn"], name, config.encode(), exact=True))
+    assert "pickled" in err.message
+    # an extra member that is not part of a plain program (e.g. a compiled AOTInductor library)
+    err = _error(_add_member(saved["small_cnn"], "data/aotinductor/model/model.so", b"\x7fELF"))
+    assert "aotinductor" in err.message
+    assert not marker.exists()
+
+
+def _replace_member(path, part, data, exact=False):
+    out = io.BytesIO()
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            hit = info.filename == part if exact else part in info.filename
+            dst.writestr(info, data if hit else src.read(info))
+    return out.getvalue()
+
+
+def _add_member(path, rest, data):
+    out = io.BytesIO()
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        dst.writestr(src.infolist()[0].filename.split("/")[0] + "/" + rest, data)
+    return out.getvalue()
+
+
+def test_unsupported_operator_is_named(tmp_path):
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs()
+
+    path = tmp_path / "fft.pt2"
+    torch.export.save(torch.export.export(Spectrum(), (torch.randn(8),)), path)
+    err = _error(path)
+    assert err.field == "model" and "_fft_r2c" in err.message
+
+
+def test_sizes_and_shapes_are_checked(saved):
+    ep = M.load_exported_program(saved["small_cnn"])
+    with pytest.raises(M.ModelError) as info:
+        M.import_model(ep, input_shapes=[(1, 3, 32, 32)])
+    assert info.value.field == "input_shapes" and "(1, 3, 16, 16)" in info.value.message
+    with pytest.raises(M.ModelError) as info:
+        M.import_model(ep, max_tensor_elements=500)
+    assert info.value.field == "input_shapes" and "more than the limit 500" in info.value.message
+    err = _error(saved["small_cnn"], max_bytes=1000)
+    assert err.field == "file" and "limit 1000" in err.message
