@@ -1,0 +1,158 @@
+"""Model jobs: upload a `torch.export` program (or name a zoo model) to tune end to end.
+
+`POST /api/v1/models` takes multipart form data: `file` (the `torch.export.save`
+file) and `spec` (JSON: `input_shapes`, `target`, `budget`, `seed`, `name`).
+`POST /api/v1/models/zoo` takes JSON naming a built-in model. Both import the
+model before answering (safely: see `compiler.workloads.model`), so a bad
+upload is answered 422 naming the problem and leaves nothing behind; a good one
+is stored content-addressed under `<artifact dir>/models/<sha256>.pt2` and
+becomes a queued job of kind "model" with one task per distinct fused
+subgraph, created in the same transaction. A worker runs it with
+`service.model_worker.run_model_job`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, UploadFile
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.api.deps import SessionDep, SettingsDep, invalid
+from service.models import Job, TuningTask
+from service.schemas import JobPublic
+
+router = APIRouter(prefix="/models", tags=["models"])
+
+
+class ModelJobSpec(BaseModel):
+    """The JSON fields of a model upload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=64, description="a name for the job; default: the file's name")
+    input_shapes: list[list[int]] | None = Field(
+        None, description="example input shapes in call order; must match the exported program's (default: its own)"
+    )
+    target: str = Field("host", description="where to tune and run: host, llvm, cuda")
+    budget: int = Field(64, ge=1, description="on-device measurements for the whole model")
+    seed: int = Field(0, ge=0)
+
+
+class ZooJobCreate(ModelJobSpec):
+    """Tune a built-in model (`compiler.workloads.zoo`): resnet18, mobilenet_v2, bert_tiny, small_cnn, ..."""
+
+    model: str = Field(description="zoo model name")
+
+
+def _max_upload_bytes(settings: Any) -> int:
+    return int(getattr(settings, "max_upload_bytes", 1 << 30))  # a Settings field to add; 1 GiB until then
+
+
+def _check_spec(spec: ModelJobSpec, settings: Any, loc: str) -> None:
+    from compiler.target import TARGET_NAMES
+
+    if spec.budget > settings.max_budget:
+        raise invalid(("body", loc, "budget"), f"budget must be at most {settings.max_budget}, got {spec.budget}")
+    if spec.target not in TARGET_NAMES:
+        raise invalid(("body", loc, "target"), f"unknown target {spec.target!r}; known: {', '.join(TARGET_NAMES)}")
+
+
+def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]) -> Any:
+    """The imported model, or a 422 naming the field the ModelError blames."""
+    from compiler.workloads.model import ModelError, import_model, load_exported_program
+
+    try:
+        ep = load_exported_program(data, max_bytes=_max_upload_bytes(settings))
+        return import_model(ep, spec.input_shapes, max_tensor_elements=settings.max_tensor_elements)
+    except ModelError as e:
+        where = {"file": loc, "model": loc, "input_shapes": ("body", "spec", "input_shapes")}[e.field] \
+            if e.field in ("file", "model", "input_shapes") else loc
+        raise invalid(where, e.message) from None
+
+
+def _store_upload(data: bytes, settings: Any) -> tuple[Path, str]:
+    digest = hashlib.sha256(data).hexdigest()
+    folder = settings.resolved_artifact_dir / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{digest}.pt2"
+    if not path.exists():
+        partial = folder / f".{digest}.{os.getpid()}.partial"
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    return path, digest
+
+
+def _create(session: Any, name: str, spec: ModelJobSpec, imported: Any, path: Path, digest: str,
+            extra: dict) -> Job:
+    record = spec.model_dump() | extra | {
+        "kind": "model", "name": name, "model_file": str(path), "sha256": digest,
+        "input_shapes": [list(s.shape) for s in imported.inputs],
+    }
+    job = Job(kind="model", name=name[:64], spec=record, target=spec.target, budget=spec.budget)
+    session.add(job)
+    session.flush()
+    for index, task in enumerate(imported.tasks):
+        session.add(TuningTask(job_id=job.id, index=index, name=task.name[:128], workload_key=task.workload_key,
+                               weight=task.weight, budget=0))
+    session.flush()
+    session.refresh(job)
+    return job
+
+
+def _public(session: Any, job: Job) -> JobPublic:
+    from service.api.jobs import _public as public
+
+    return public(session, job)
+
+
+@router.post("", status_code=201, response_model=JobPublic)
+def create_model_job(
+    session: SessionDep,
+    settings: SettingsDep,
+    file: Annotated[UploadFile, File(description="a torch.export.save file (.pt2)")],
+    spec: Annotated[str, Form(description="JSON: input_shapes, target, budget, seed, name")] = "{}",
+) -> JobPublic:
+    """Upload a torch.export program to tune end to end; answers at once, a worker runs it."""
+    try:
+        parsed = ModelJobSpec.model_validate(json.loads(spec))
+    except json.JSONDecodeError as e:
+        raise invalid(("body", "spec"), f"not JSON: {e}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise invalid(("body", "spec", *first["loc"]), first["msg"]) from None
+    _check_spec(parsed, settings, "spec")
+    limit = _max_upload_bytes(settings)
+    data = file.file.read(limit + 1)
+    if len(data) > limit:
+        raise invalid(("body", "file"), f"the file is larger than {limit} bytes")
+    imported = _import(data, parsed, settings, ("body", "file"))
+    path, digest = _store_upload(data, settings)
+    name = parsed.name or Path(file.filename or "model.pt2").stem or "model"
+    return _public(session, _create(session, name, parsed, imported, path, digest, {"source": "upload"}))
+
+
+@router.post("/zoo", status_code=201, response_model=JobPublic)
+def create_zoo_job(body: ZooJobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
+    """Tune a built-in model (random weights, nothing downloaded)."""
+    import io
+
+    import torch
+
+    from compiler.workloads import zoo
+
+    if body.model not in zoo.MODELS:
+        raise invalid(("body", "model"), f"unknown model {body.model!r}; known: {', '.join(zoo.MODELS)}")
+    _check_spec(body, settings, "spec")
+    buf = io.BytesIO()
+    torch.export.save(zoo.export(body.model, body.seed), buf)
+    data = buf.getvalue()
+    imported = _import(data, body, settings, ("body", "model"))
+    path, digest = _store_upload(data, settings)
+    spec = ModelJobSpec.model_validate(body.model_dump(exclude={"model"}))
+    return _public(session, _create(session, body.name or body.model, spec, imported, path, digest,
+                                    {"source": "zoo", "model": body.model}))

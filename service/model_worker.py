@@ -1,0 +1,215 @@
+"""Running a model job (kind "model"): import, tune every tunable task under the gradient scheduler, build, store.
+
+`service.worker` calls `run_model_job(run)` with its `_JobRun` for a job of kind
+"model"; the lease, heartbeat, cancel and trial recording are the worker's.
+
+1. The uploaded file (`spec["model_file"]`, content-addressed) is loaded with
+   the safe loader and imported; the job's tasks (made by the API, one per
+   distinct fused subgraph) are matched by workload key.
+2. Tasks with a known schedule on this target (`schedules` table) get one
+   measurement of it (`start_from`) and no more, so a re-submitted model
+   finishes quickly; the other tunable tasks share the rest of the budget under
+   `tuner.scheduler.GradientScheduler` (rounds of `tune(prior=...)`, so a
+   resumed job continues from its stored trials).
+3. After every trial the job's `best_latency_ms` is the model's estimated
+   latency, sum of weight x (best, else untuned) over the tuned tasks.
+4. At the end: the best configuration of every task that beats its untuned
+   program is applied, the model built and checked, its end-to-end latency
+   measured, the artifact (`compiler.workloads.model.write_model_artifact`)
+   stored, and the schedules table updated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import update
+
+from service.db import session_scope, utcnow
+from service.models import Artifact, Job, Schedule, TrialRow, TuningTask
+
+if TYPE_CHECKING:
+    from service.worker import _JobRun
+
+log = logging.getLogger("altune.model_worker")
+TRIALS_PER_ROUND = 8
+
+
+def _tunable(prim_func: Any) -> bool:
+    from tuner import LoopSpace
+
+    try:
+        LoopSpace(prim_func)
+    except Exception:  # element-wise and multi-reduction functions stay untuned
+        return False
+    return True
+
+
+def run_model_job(run: _JobRun) -> None:
+    """Tune, build and store a model job; ends in a finished status unless the lease is lost."""
+    from compiler.target import resolve_target, target_key
+    from compiler.workloads.model import build_model, import_model, load_exported_program, time_model
+    from service.worker import LeaseLost
+    from tuner import LocalMeasurer, Task, Trial, apply_config, tune
+    from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency
+
+    with session_scope(run.url) as s:
+        job = Job.find_or_raise_by_id(s, run.job_id)
+        spec, budget, attempts = dict(job.spec), job.budget, job.attempts
+    if attempts > run.settings.max_attempts:
+        run.finish("failed", error=f"abandoned by a worker {attempts - 1} times; giving up")
+        return
+
+    model = import_model(load_exported_program(Path(spec["model_file"])), spec.get("input_shapes"),
+                         max_tensor_elements=run.settings.max_tensor_elements)
+    target = resolve_target(spec["target"])
+    tkey = target_key(spec["target"])
+    seed = int(spec.get("seed", 0))
+
+    picked = [t for t in model.tasks if _tunable(t.prim_func)]
+    tasks = [Task(t.name, t.workload_key, t.prim_func, target) for t in picked]
+    rows: list[int] = []
+    prior: list[list[Trial]] = []
+    known: list[dict | None] = []
+    with session_scope(run.url) as s:
+        by_key = {r.workload_key: r for r in TuningTask.where_job(s, run.job_id)}
+        for index, t in enumerate(model.tasks):
+            if t.workload_key not in by_key:  # a job made before tasks were stored at submission
+                row = TuningTask(job_id=run.job_id, index=len(by_key) + index, name=t.name[:128],
+                                 workload_key=t.workload_key, weight=t.weight, budget=0)
+                s.add(row)
+                s.flush()
+                by_key[t.workload_key] = row
+        for t in picked:
+            row = by_key[t.workload_key]
+            rows.append(row.id)
+            prior.append([Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error,
+                                predicted=r.predicted, stage=r.stage, extra=r.extra)
+                          for r in TrialRow.where_task(s, row.id)])
+            schedule = Schedule.find_by_key(s, t.workload_key, tkey)
+            known.append(dict(schedule.config) if schedule is not None else None)
+
+    best: list[Any] = [None] * len(tasks)
+    untuned: list[float | None] = [None] * len(tasks)
+    weights = [t.weight for t in picked]
+
+    def publish() -> None:
+        values = [b.latency_ms if b is not None else None for b in best]
+        estimate = estimated_latency(weights, values, untuned)
+        if estimate is not None:
+            with session_scope(run.url) as s:
+                s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=estimate))
+
+    measurer = LocalMeasurer(timeout_s=run.settings.measure_timeout)
+
+    def tune_round(i: int, n: int, start_from: list[dict] = ()) -> RoundResult:
+        result = tune(tasks[i], len(prior[i]) + n, seed=seed, prior=prior[i], start_from=start_from,
+                      on_trial=lambda trial: run._record(rows[i], trial), should_stop=run.should_stop,
+                      measurer=measurer)
+        prior[i] += result.trials
+        best[i], untuned[i] = result.best, result.baseline_ms
+        if result.baseline_ms is not None:
+            with session_scope(run.url) as s:
+                s.execute(update(TuningTask).where(TuningTask.id == rows[i]).values(baseline_ms=result.baseline_ms))
+        publish()
+        if run.stop_reason == "lease":
+            raise LeaseLost()
+        return RoundResult(result.best.latency_ms if result.best is not None else None, len(result.trials))
+
+    try:
+        # known schedules first: one measurement each (none when this job already measured it)
+        fresh = []
+        for i, config in enumerate(known):
+            if config is None:
+                fresh.append(i)
+                continue
+            measured = any(t.config == config for t in prior[i])
+            tune_round(i, 0 if measured else 1, [] if measured else [config])
+        spent = sum(len(p) for p in prior)
+        if fresh and budget > spent:
+            local = {j: i for j, i in enumerate(fresh)}
+            per_round = trials_per_round(budget - spent, len(fresh))
+            scheduler = GradientScheduler(
+                [weights[i] for i in fresh], lambda j, n: tune_round(local[j], n), budget - spent,
+                trials_per_round=per_round, seed=seed, should_stop=run.should_stop,
+            )
+            for j, i in local.items():  # resumed: the scheduler starts from what each task already has
+                if prior[i]:
+                    scheduler.state.rounds[j] = max(1, len(prior[i]) // per_round)
+                    scheduler.state.trials[j] = len(prior[i])
+                    b = best_of(prior[i])
+                    scheduler.state.history[j].append(b.latency_ms if b is not None else None)
+            scheduler.run()
+    finally:
+        measurer.close()
+    if run.stop_reason == "lease":
+        raise LeaseLost()
+
+    schedules = {}
+    for i, task in enumerate(tasks):
+        b = best[i] if best[i] is not None else best_of(prior[i])
+        if b is not None and (untuned[i] is None or b.latency_ms < untuned[i]):
+            schedules[task.workload_key] = apply_config(task, b.config)
+    ex = build_model(model, target, schedules)
+    inputs = _random_inputs(model, seed)
+    latency = time_model(ex, model, inputs, target)
+    untuned_latency = time_model(build_model(model, target), model, inputs, target, repeat=3)
+
+    task_facts = []
+    for t in model.tasks:
+        i = next((k for k, p in enumerate(picked) if p.workload_key == t.workload_key), None)
+        b = (best[i] or best_of(prior[i])) if i is not None else None
+        task_facts.append({"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "complex": t.complex,
+                           "tuned": t.workload_key in schedules, "latency_ms": b.latency_ms if b else None,
+                           "untuned_ms": untuned[i] if i is not None else None})
+    _store_artifact(run, model, ex, target, latency, task_facts, spec)
+    for i, task in enumerate(tasks):
+        b = best[i] or best_of(prior[i])
+        if b is not None:  # kept even when the untuned program wins: the task need not be searched again
+            run._store_schedule(task.workload_key, tkey, b.config, b.latency_ms)
+    with session_scope(run.url) as s:
+        for i, row_id in enumerate(rows):
+            s.execute(update(TuningTask).where(TuningTask.id == row_id).values(budget=len(prior[i])))
+        s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=latency,
+                                                                 baseline_ms=untuned_latency))
+    if run.stop_reason == "cancel":
+        run.finish("cancelled")
+    else:
+        run.finish("succeeded")
+
+
+def trials_per_round(budget: int, tasks: int) -> int:
+    """Measurements per scheduler round: at most `TRIALS_PER_ROUND`, fewer when the budget could not
+    otherwise give every task its warm-up round."""
+    return max(1, min(TRIALS_PER_ROUND, budget // max(1, tasks)))
+
+
+def best_of(trials: list) -> Any:
+    from tuner.task import best_trial
+
+    return best_trial(trials)
+
+
+def _random_inputs(model: Any, seed: int) -> list:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, s.shape).astype(s.dtype) if s.dtype.startswith("float")
+            else rng.integers(0, 100, s.shape).astype(s.dtype) for s in model.inputs]
+
+
+def _store_artifact(run: _JobRun, model: Any, ex: Any, target: Any, latency: float, tasks: list, spec: dict) -> None:
+    from compiler.workloads.model import write_model_artifact
+
+    dest = run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz"
+    path = Path(write_model_artifact(dest, model, ex, target, latency_ms=latency, tasks=tasks, spec=spec))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with session_scope(run.url) as s:
+        row = Artifact.find_by_job(s, run.job_id)
+        if row is None:
+            s.add(Artifact(job_id=run.job_id, path=str(path), size=path.stat().st_size, sha256=digest))
+        else:
+            row.path, row.size, row.sha256, row.created_at = str(path), path.stat().st_size, digest, utcnow()

@@ -1,0 +1,174 @@
+"""Model jobs over the API: upload, bad uploads, a worker tunes and builds, artifact runs, re-submission reuses."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from compiler.workloads import zoo  # noqa: E402
+from service.db import session_scope  # noqa: E402
+from service.models import Job, Schedule, TrialRow  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def model_jobs_wired(monkeypatch):
+    """What service/worker.py and service/api/__init__.py will say; wired here until they do."""
+    from service import worker
+    from service.api import models as models_api
+    from service.model_worker import run_model_job
+
+    original = worker._JobRun.execute
+
+    def execute(self):
+        with session_scope(self.url) as s:
+            kind = Job.find_or_raise_by_id(s, self.job_id).kind
+        return run_model_job(self) if kind == "model" else original(self)
+
+    monkeypatch.setattr(worker._JobRun, "execute", execute)
+    import service.api as api
+
+    create = api.create_app
+
+    def create_app(settings=None):
+        app = create(settings)
+        app.include_router(models_api.router, prefix="/api/v1")
+        return app
+
+    monkeypatch.setattr(api, "create_app", create_app)
+
+
+@pytest.fixture
+def api(settings):
+    from fastapi.testclient import TestClient
+
+    import service.api
+
+    with TestClient(service.api.create_app(settings)) as c:
+        yield c
+
+
+def _pt2(name: str) -> bytes:
+    buf = io.BytesIO()
+    torch.export.save(zoo.export(name), buf)
+    return buf.getvalue()
+
+
+def _upload(client, data: bytes, **spec):
+    return client.post("/api/v1/models", files={"file": ("net.pt2", data, "application/octet-stream")},
+                       data={"spec": json.dumps(spec)})
+
+
+def _jobs(settings) -> int:
+    with session_scope(settings.resolved_database_url) as s:
+        return s.query(Job).count()
+
+
+class Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_bad_uploads_are_422_and_leave_no_job(api, settings, tmp_path):
+    marker = tmp_path / "pwned"
+    cases = [
+        (np.random.default_rng(0).bytes(1000), {}, ["body", "file"], "not a zip"),
+        (pickle.dumps(Evil(str(marker))), {}, ["body", "file"], "not a zip"),
+        (_pt2("small_cnn"), {"input_shapes": [[1, 3, 8, 8]]}, ["body", "spec", "input_shapes"], "exported for"),
+        (_pt2("small_cnn"), {"budget": 10**9}, ["body", "spec", "budget"], "at most"),
+        (_pt2("small_cnn"), {"target": "tpu"}, ["body", "spec", "target"], "unknown target"),
+        (_pt2("small_cnn"), {"bogus": 1}, ["body", "spec", "bogus"], "Extra inputs"),
+    ]
+    buf = io.BytesIO()
+    torch.save(Evil(str(marker)), buf)
+    cases.append((buf.getvalue(), {}, ["body", "file"], "data.pkl"))
+
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs()
+
+    fft = io.BytesIO()
+    torch.export.save(torch.export.export(Spectrum(), (torch.randn(8),)), fft)
+    cases.append((fft.getvalue(), {}, ["body", "file"], "_fft_r2c"))
+    for data, spec, loc, text in cases:
+        r = _upload(api, data, **spec)
+        assert r.status_code == 422, r.text
+        (detail,) = r.json()["detail"]
+        assert detail["loc"] == loc and text in detail["msg"], detail
+    assert _jobs(settings) == 0
+    assert not marker.exists()
+    assert not list((settings.resolved_artifact_dir / "models").glob("*.pt2")) if (
+        settings.resolved_artifact_dir / "models").exists() else True
+
+
+def _run_and_compare(api, settings, job_id, tmp_path, name):
+    from service.worker import Worker
+
+    assert Worker(settings).run_once() == job_id
+    job = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job["error"]
+    artifact = api.get(f"/api/v1/jobs/{job_id}/artifact")
+    assert artifact.status_code == 200
+    folder = tmp_path / f"job{job_id}"
+    folder.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(artifact.content)) as tar:
+        tar.extractall(folder, filter="data")
+    module, inputs = zoo.create(name)
+    np.savez(folder / "in.npz", **{s["name"]: i.numpy() for s, i in
+                                   zip(json.loads((folder / "manifest.json").read_text())["inputs"], inputs)})
+    done = subprocess.run([sys.executable, "run.py", "in.npz", "out.npz"], cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with torch.no_grad():
+        expected = module(*inputs).numpy()
+    with np.load(folder / "out.npz") as out:
+        np.testing.assert_allclose(out["output0"], expected, rtol=1e-4, atol=1e-4)
+    return job
+
+
+@pytest.mark.slow
+def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
+    data = _pt2("small_cnn")
+    r = _upload(api, data, budget=16, target="host")
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["kind"] == "model" and job["status"] == "queued"
+    conv = [t for t in job["tasks"] if t["name"] == "fused_conv2d_add_relu"]
+    assert len(conv) == 1 and conv[0]["weight"] == 2
+    first = _run_and_compare(api, settings, job["id"], tmp_path, "small_cnn")
+    assert first["trials_done"] == 16 and first["best_latency_ms"] > 0 and first["baseline_ms"] > 0
+    with session_scope(settings.resolved_database_url) as s:
+        known = {row.workload_key for row in s.query(Schedule).all()}
+    assert conv[0]["workload_key"] in known
+
+    # the same model again: every task with a schedule is measured once with it, nothing else is searched
+    again = _upload(api, data, budget=16, target="host").json()
+    second = _run_and_compare(api, settings, again["id"], tmp_path, "small_cnn")
+    assert second["trials_done"] <= len(known) < 16
+    with session_scope(settings.resolved_database_url) as s:
+        rows = s.query(TrialRow).filter(TrialRow.job_id == again["id"]).all()
+        schedules = {row.workload_key: row.config for row in s.query(Schedule).all()}
+        keys = {t["id"]: t["workload_key"] for t in second["tasks"]}
+        assert rows and all(r.config == schedules[keys[r.task_id]] for r in rows)
+
+
+def test_zoo_job(api, settings):
+    r = api.post("/api/v1/models/zoo", json={"model": "small_transformer", "budget": 8})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["name"] == "small_transformer" and job["spec"]["source"] == "zoo" and len(job["tasks"]) > 5
+    r = api.post("/api/v1/models/zoo", json={"model": "vgg"})
+    assert r.status_code == 422 and "unknown model" in r.json()["detail"][0]["msg"]
+    assert _jobs(settings) == 1
