@@ -39,7 +39,6 @@ are imported inside functions.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -48,7 +47,7 @@ import tarfile
 import tempfile
 import threading
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -295,7 +294,8 @@ def import_model(
     param_vars = list(main.params[num_input:])
     param_arrays = [p.numpy() for p in params.get("main", [])]
     assert len(param_arrays) == len(param_vars), f"{len(param_arrays)=} != {len(param_vars)=}"
-    names_by_var = {_var_name(s.arg.name): s.target for s in ep.graph_signature.input_specs if s.target}
+    # the importer names "main"'s parameters after the fx placeholders ("p_conv1_weight")
+    names_by_var = {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.target}
     param_names = [names_by_var.get(v.name, v.name) for v in param_vars]
     inputs = [_spec(v.name, v.ty) for v in main.params[:num_input]]
     outputs = [_spec(f"output{i}", si) for i, si in enumerate(_flatten_sinfo(main.ret_ty))]
@@ -321,10 +321,6 @@ def import_model(
     model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs)
     model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
     return model
-
-
-def _var_name(fx_name: str) -> str:
-    return fx_name  # the importer names "main"'s parameters after the fx placeholders ("p_conv1_weight")
 
 
 def _spec(name: str, sinfo: Any) -> TensorSpec:
@@ -676,16 +672,6 @@ def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike)
             assert source is not None, f"{member.name} has no content"
             (dest_dir / member.name).write_bytes(source.read())
     return dest_dir
-
-
-@contextlib.contextmanager
-def _chdir(path: Path) -> Iterator[None]:
-    before = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:

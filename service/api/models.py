@@ -69,9 +69,8 @@ def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]
     try:
         ep = load_exported_program(data, max_bytes=_max_upload_bytes(settings))
         return import_model(ep, spec.input_shapes, max_tensor_elements=settings.max_tensor_elements)
-    except ModelError as e:
-        where = {"file": loc, "model": loc, "input_shapes": ("body", "spec", "input_shapes")}[e.field] \
-            if e.field in ("file", "model", "input_shapes") else loc
+    except ModelError as e:  # "file" and "model" blame the upload, "input_shapes" the spec field
+        where = ("body", "spec", "input_shapes") if e.field == "input_shapes" else loc
         raise invalid(where, e.message) from None
 
 
