@@ -112,9 +112,9 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
         if trial is not None and (untuned is None or trial.latency_ms < untuned):
             schedules[task.workload_key] = apply_config(task, trial.config)
     tune_s = time.perf_counter() - start
-    ex = build_model(model, target, schedules)
+    built = build_model(model, target, schedules)
     return {
-        "ex": ex,
+        "built": built,
         "ours_tune_s": tune_s,
         "tasks": len(model.tasks),
         "tunable_tasks": len(picked),
@@ -165,6 +165,7 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
 
 
 def _run_vm(ex: Any, inputs: list, params: list, target: Any, time_it: bool) -> tuple[list, float | None]:
+    """Runs (and times) a VM executable on the inputs and the parameters it takes."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -202,14 +203,15 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
 
     row["untuned_ms"] = None
     if options["untuned"]:
-        _, row["untuned_ms"] = _run_vm(build_model(model, target), inputs, model.params, target, True)
+        untuned = build_model(model, target)
+        _, row["untuned_ms"] = _run_vm(untuned.ex, inputs, untuned.params, target, True)
 
     row.update(ours_ms=None, ours_correct=False, error=None)
     try:
         ours = run_ours(model, target, budget, seed, options["trials_per_round"], log)
-        ex = ours.pop("ex")
+        built = ours.pop("built")
         row.update(ours)
-        outs, ms_ = _run_vm(ex, inputs, model.params, target, True)
+        outs, ms_ = _run_vm(built.ex, inputs, built.params, target, True)
         mismatch = _check(outs, expected)
         row["ours_correct"] = mismatch is None
         if mismatch is None:

@@ -153,10 +153,10 @@ def run_model_job(run: _JobRun) -> None:
         b = best[i] if best[i] is not None else best_of(prior[i])
         if b is not None and (untuned[i] is None or b.latency_ms < untuned[i]):
             schedules[task.workload_key] = apply_config(task, b.config)
-    ex = build_model(model, target, schedules)
+    built = build_model(model, target, schedules)
     inputs = _random_inputs(model, seed)
-    latency = time_model(ex, model, inputs, target)
-    untuned_latency = time_model(build_model(model, target), model, inputs, target, repeat=3)
+    latency = time_model(built, inputs, target)
+    untuned_latency = time_model(build_model(model, target), inputs, target, repeat=3)
 
     task_facts = []
     for t in model.tasks:
@@ -165,7 +165,7 @@ def run_model_job(run: _JobRun) -> None:
         task_facts.append({"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "complex": t.complex,
                            "tuned": t.workload_key in schedules, "latency_ms": b.latency_ms if b else None,
                            "untuned_ms": untuned[i] if i is not None else None})
-    _store_artifact(run, model, ex, target, latency, task_facts, spec)
+    _store_artifact(run, model, built, target, latency, task_facts, spec)
     for i, task in enumerate(tasks):
         b = best[i] or best_of(prior[i])
         if b is not None:  # kept even when the untuned program wins: the task need not be searched again
@@ -201,11 +201,11 @@ def _random_inputs(model: Any, seed: int) -> list:
             else rng.integers(0, 100, s.shape).astype(s.dtype) for s in model.inputs]
 
 
-def _store_artifact(run: _JobRun, model: Any, ex: Any, target: Any, latency: float, tasks: list, spec: dict) -> None:
+def _store_artifact(run: _JobRun, model: Any, built: Any, target: Any, latency: float, tasks: list, spec: dict) -> None:
     from compiler.workloads.model import write_model_artifact
 
     dest = run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz"
-    path = Path(write_model_artifact(dest, model, ex, target, latency_ms=latency, tasks=tasks, spec=spec))
+    path = Path(write_model_artifact(dest, model, built, target, latency_ms=latency, tasks=tasks, spec=spec))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     with session_scope(run.url) as s:
         row = Artifact.find_by_job(s, run.job_id)

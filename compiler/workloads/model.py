@@ -3,9 +3,10 @@
     ep = load_exported_program(path)                   # safe: no pickle from the file is executed
     model = import_model(ep)                           # legalized and fused Relax, params, tasks
     model.tasks                                        # one per distinct fused PrimFunc, with its weight
-    ex = build_model(model, target, {task.workload_key: scheduled_mod, ...})
-    outs = run_model(ex, model, inputs)                # numpy in, numpy out
-    write_model_artifact(dest, model, ex, target, ...) # lib.so, params.npz, manifest.json, run.py
+    built = build_model(model, target, {task.workload_key: scheduled_mod, ...},
+                        layouts={task.workload_key: TaskLayout(func_in_new_layouts, index_maps)})
+    outs = run_model(built, inputs)                    # numpy in, numpy out
+    write_model_artifact(dest, model, built, target, ...)  # lib.so, params.npz, manifest.json, run.py
 
 Import: `relax.frontend.torch.from_exported_program(keep_params_as_input=True)`
 (parameters stay arguments of "main", after the user inputs, so they ship
@@ -14,6 +15,17 @@ beside the library and are never baked into it), then `DecomposeOpsForInference`
 fused PrimFuncs are what gets tuned. Tasks are deduplicated by the structural
 hash of the PrimFunc (its name left out), and weighted by how many `call_tir`s
 of "main" call one of its copies.
+
+Build: scheduled PrimFuncs replace every copy of their task's function. A task
+given a `TaskLayout` (its function rewritten for other buffer layouts) is swapped
+in by `relax.transform.AlterOpImpl`, which wraps the call in `layout_transform`s;
+`LiftTransformParams` then moves every parameter-only computation -- the weight
+layout transforms, bias reshapes, batch-norm constants -- into
+`main_transform_params`, which `build_model` runs once, so the parameters ship
+already transformed; transforms of activations stay as conversions between
+tasks. Element-wise producers and consumers inside a fused task share its
+layout (FuseOps put them in the same PrimFunc); across tasks no propagation is
+done yet (see docs/design.md).
 
 Loading an upload safely. `torch.export.load` unpickles with
 `torch.load(weights_only=False)` the weights and constants saved with
@@ -416,27 +428,65 @@ def _scheduled_func(scheduled: Any) -> Any:
     return scheduled
 
 
-def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any]) -> tvm.IRModule:
+@dataclass(frozen=True, eq=False)
+class TaskLayout:
+    """A task's program in other buffer layouts (graph-level layout, ALT sec. 4.2).
+
+    Attributes:
+        prim_func: the task's PrimFunc rewritten for the new layouts (e.g. by `Schedule.transform_layout`
+            or an ALT layout program); same arguments in the same order, new shapes.
+        index_maps: one per argument (inputs, then outputs): old index -> new index, as an
+            `IndexMap` or a lambda; None keeps that argument's layout.
+    """
+
+    prim_func: Any
+    index_maps: tuple[Any, ...]
+
+
+@dataclass(eq=False)
+class BuiltModel:
+    """A compiled model and the arguments it takes after the inputs.
+
+    Attributes:
+        ex: the `relax.VMExecutable`; `vm["main"](*inputs, *params)`.
+        params: parameters transformed at build time (`main_transform_params` run once: packed
+            weights for tasks with layouts, parameter-only arithmetic), in call order.
+    """
+
+    ex: Any
+    params: list[np.ndarray]
+
+
+def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any],
+                    layouts: Mapping[str, TaskLayout] | None = None) -> tvm.IRModule:
     """`model.mod` with the PrimFunc of every task in `schedules` (workload key -> scheduled
-    IRModule or PrimFunc with the task's signature) replaced by its scheduled version."""
+    IRModule or PrimFunc) replaced by its scheduled version. A scheduled function has the task's
+    signature, or its layout's (`layouts[key].prim_func`) when the task has one; a task with a
+    layout but no schedule gets the layout's function. Tasks with a layout are marked with an
+    "operator_name" ("altune_task<i>") for `AlterOpImpl`; nothing else is changed here."""
     import tvm
 
+    layouts = dict(layouts or {})
     mod = model.mod
     by_key = {t.workload_key: t for t in model.tasks}
-    unknown = set(schedules) - set(by_key)
-    assert not unknown, f"schedules for workload keys the model does not have: {sorted(unknown)}"
+    unknown = (set(schedules) | set(layouts)) - set(by_key)
+    assert not unknown, f"schedules or layouts for workload keys the model does not have: {sorted(unknown)}"
     updates = {}
-    for key, scheduled in schedules.items():
+    for key in [*schedules, *(k for k in layouts if k not in schedules)]:
         task = by_key[key]
-        func = _scheduled_func(scheduled)
+        func = _scheduled_func(schedules[key]) if key in schedules else layouts[key].prim_func
+        want = _func_args(layouts[key].prim_func) if key in layouts else task.args
         got = _func_args(func)
-        assert [(a.shape, a.dtype) for a in got] == [(a.shape, a.dtype) for a in task.args], (
-            f"scheduled {task.name} has arguments {got}, the task {task.args}")
+        assert [(a.shape, a.dtype) for a in got] == [(a.shape, a.dtype) for a in want], (
+            f"scheduled {task.name} has arguments {got}, expected {want}")
         for name in task.functions:
-            original = mod[name]
-            new = func.without_attr("global_symbol")
-            if original.attrs is not None and "global_symbol" in original.attrs:
-                new = new.with_attr("global_symbol", original.attrs["global_symbol"])
+            if key in layouts:  # AlterOpImpl swaps the function in; the original stays, marked
+                new = mod[name].with_attr("operator_name", _operator_name(model, key))
+            else:
+                new = func.without_attr("global_symbol")
+                original = mod[name]
+                if original.attrs is not None and "global_symbol" in original.attrs:
+                    new = new.with_attr("global_symbol", original.attrs["global_symbol"])
             updates[mod.get_global_var(name)] = new
     if not updates:
         return mod
@@ -446,25 +496,82 @@ def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any]) -> tvm.I
     return out
 
 
+def _operator_name(model: ImportedModel, key: str) -> str:
+    return f"altune_task{[t.workload_key for t in model.tasks].index(key)}"
+
+
+def _identity_map(ndim: int) -> Any:
+    from tvm.tirx import IndexMap
+
+    return IndexMap.from_func(lambda *idx: list(idx), ndim=ndim)
+
+
+def alter_layouts(model: ImportedModel, mod: tvm.IRModule, schedules: Mapping[str, Any],
+                  layouts: Mapping[str, TaskLayout]) -> tvm.IRModule:
+    """Swaps in the layout functions with `relax.transform.AlterOpImpl`, which wraps each call in
+    `layout_transform`s: on a parameter they are lifted to build time by `LiftTransformParams`
+    (see `build_model`); on an activation they stay as runtime conversions."""
+    from tvm import relax
+    from tvm.tirx import IndexMap
+
+    if not layouts:
+        return mod
+    impls, transforms = {}, {}
+    for key, layout in layouts.items():
+        name = _operator_name(model, key)
+        func = _scheduled_func(schedules[key]) if key in schedules else layout.prim_func
+        impls[name] = func.without_attr("global_symbol").with_attr("operator_name", name)
+        task = next(t for t in model.tasks if t.workload_key == key)
+        assert len(layout.index_maps) == len(task.args), (
+            f"{task.name}: {len(layout.index_maps)} index maps for {len(task.args)} arguments")
+        transforms[name] = [
+            _identity_map(len(arg.shape)) if m is None else (m if isinstance(m, IndexMap) else IndexMap.from_func(m))
+            for m, arg in zip(layout.index_maps, task.args)
+        ]
+    return relax.transform.AlterOpImpl(impls, transforms)(mod)
+
+
 def build_model(
-    model: ImportedModel, target: tvm.target.Target, schedules: Mapping[str, Any] | None = None
-) -> Any:
-    """Compiles the model with the given task schedules (untuned PrimFuncs elsewhere).
+    model: ImportedModel, target: tvm.target.Target, schedules: Mapping[str, Any] | None = None,
+    layouts: Mapping[str, TaskLayout] | None = None,
+) -> BuiltModel:
+    """Compiles the model with the given task schedules and layouts (untuned PrimFuncs elsewhere).
 
     Args:
         model: from `import_model`.
         target: the TVM target.
         schedules: workload key -> scheduled IRModule/PrimFunc (e.g. `tuner.apply_config`'s result).
+        layouts: workload key -> the task in other buffer layouts; weights are transformed here,
+            once, activations by conversions between the tasks.
 
     Returns:
-        A `relax.VMExecutable`: `relax.VirtualMachine(ex, dev)["main"](*inputs, *params)`.
+        The executable and its (build-time transformed) parameters.
     """
+    import numpy as np
     import tvm
     from tvm import relax
-    mod = apply_schedules(model, schedules or {})
+
+    schedules, layouts = dict(schedules or {}), dict(layouts or {})
+    mod = apply_schedules(model, schedules, layouts)
+    mod = alter_layouts(model, mod, schedules, layouts)
+    # parameter-only work (layout transforms of weights, bias reshapes, batch-norm constants) moves to
+    # "main_transform_params", run once below; what it adds is legalized like the rest
+    mod = relax.transform.LiftTransformParams()(mod)
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.DeadCodeElimination()])(mod)
     lower = tvm.transform.Sequential(_lower_passes())
     with target:
-        return relax.build(mod, target=target, relax_pipeline=lower)
+        ex = relax.build(mod, target=target, relax_pipeline=lower)
+    dev = _device(target)
+    vm = relax.VirtualMachine(ex, dev)
+    transformed = vm["main_transform_params"]([tvm.runtime.tensor(p, dev) for p in model.params])
+    return BuiltModel(ex, [np.ascontiguousarray(t.numpy()) for t in _flatten_tensors(transformed)])
+
+
+def _flatten_tensors(out: Any) -> list[Any]:
+    if hasattr(out, "numpy"):
+        return [out]
+    return [a for item in out for a in _flatten_tensors(item)]
 
 
 def _lower_passes() -> list[Any]:
@@ -499,20 +606,20 @@ def _flatten_out(out: Any) -> list[np.ndarray]:
     return [a for item in out for a in _flatten_out(item)]
 
 
-def run_model(ex: Any, model: ImportedModel, inputs: Sequence[np.ndarray], target: Any = "llvm") -> list[np.ndarray]:
-    """Runs the executable once on numpy inputs; the outputs flattened, as numpy."""
+def run_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "llvm") -> list[np.ndarray]:
+    """Runs the built model once on numpy inputs; the outputs flattened, as numpy."""
     import numpy as np
     import tvm
     from tvm import relax
 
     dev = _device(target)
-    vm = relax.VirtualMachine(ex, dev)
+    vm = relax.VirtualMachine(built.ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
-    args += [tvm.runtime.tensor(p, dev) for p in model.params]
+    args += [tvm.runtime.tensor(p, dev) for p in built.params]
     return _flatten_out(vm["main"](*args))
 
 
-def time_model(ex: Any, model: ImportedModel, inputs: Sequence[np.ndarray], target: Any = "llvm", *,
+def time_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "llvm", *,
                repeat: int = 5, min_repeat_ms: float = 50.0) -> float:
     """Median latency (ms) of one model run: `time_evaluator` over the VM's "main"."""
     import statistics
@@ -522,9 +629,9 @@ def time_model(ex: Any, model: ImportedModel, inputs: Sequence[np.ndarray], targ
     from tvm import relax
 
     dev = _device(target)
-    vm = relax.VirtualMachine(ex, dev)
+    vm = relax.VirtualMachine(built.ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
-    args += [tvm.runtime.tensor(p, dev) for p in model.params]
+    args += [tvm.runtime.tensor(p, dev) for p in built.params]
     timer = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
     return statistics.median(timer(*args).results) * 1e3
 
@@ -593,7 +700,7 @@ if __name__ == "__main__":
 '''
 
 
-def make_model_manifest(model: ImportedModel, target: Any, *, latency_ms: float | None = None,
+def make_model_manifest(model: ImportedModel, built: BuiltModel, target: Any, *, latency_ms: float | None = None,
                         tasks: Sequence[dict] = (), spec: dict | None = None) -> dict:
     """manifest.json of a model artifact: inputs, outputs, params (npz keys in call order), tasks."""
     import tvm
@@ -610,8 +717,11 @@ def make_model_manifest(model: ImportedModel, target: Any, *, latency_ms: float 
         "usage": "python run.py [inputs.npz [outputs.npz]]; or from run import load; outputs = load('.')(*inputs)",
         "inputs": [tensor(s) for s in model.inputs],
         "outputs": [tensor(s) for s in model.outputs],
-        "params": [{"key": f"p{i}", "name": n, "shape": list(a.shape), "dtype": str(a.dtype)}
-                   for i, (n, a) in enumerate(zip(model.param_names, model.params))],
+        # the parameters "main" takes: the model's, transformed at build time (packed layouts), in call order
+        "params": [{"key": f"p{i}", "shape": list(a.shape), "dtype": str(a.dtype)}
+                   for i, a in enumerate(built.params)],
+        "model_params": [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype)}
+                         for n, a in zip(model.param_names, model.params)],
         "tasks": list(tasks) or [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight,
                                   "complex": t.complex} for t in model.tasks],
         "target": str(target),
@@ -622,15 +732,15 @@ def make_model_manifest(model: ImportedModel, target: Any, *, latency_ms: float 
     }
 
 
-def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, ex: Any, target: Any, *,
+def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: BuiltModel, target: Any, *,
                          latency_ms: float | None = None, tasks: Sequence[dict] = (),
                          spec: dict | None = None) -> Path:
     """Writes the model artifact (.tar.gz, atomically): lib.so, params.npz, manifest.json, run.py.
 
     Args:
         dest: the .tar.gz path (parents created, an existing file replaced).
-        model: the imported model (its params are written in call order).
-        ex: `build_model`'s executable.
+        model: the imported model.
+        built: `build_model`'s result (its library and transformed parameters are written).
         target: the target it was built for.
         latency_ms: measured end-to-end latency, if any.
         tasks: per-task facts for the manifest (name, key, weight, latency...); the model's tasks when empty.
@@ -640,11 +750,11 @@ def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, ex: Any,
 
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    manifest = make_model_manifest(model, target, latency_ms=latency_ms, tasks=tasks, spec=spec)
+    manifest = make_model_manifest(model, built, target, latency_ms=latency_ms, tasks=tasks, spec=spec)
     with tempfile.TemporaryDirectory(prefix="altune-model-") as tmp:
         folder = Path(tmp)
-        ex.export_library(str(folder / "lib.so"))
-        np.savez(folder / "params.npz", **{f"p{i}": a for i, a in enumerate(model.params)})
+        built.ex.export_library(str(folder / "lib.so"))
+        np.savez(folder / "params.npz", **{f"p{i}": a for i, a in enumerate(built.params)})
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (folder / "run.py").write_text(RUN_PY)
         partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")

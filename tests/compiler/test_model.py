@@ -74,8 +74,8 @@ def test_tasks_are_deduplicated_and_weighted(imported, saved):
 def test_untuned_build_matches_torch(imported, name, host_target):
     model = imported[name]
     inputs, expected = _reference(name)
-    ex = M.build_model(model, host_target)
-    outs = M.run_model(ex, model, inputs, host_target)
+    built = M.build_model(model, host_target)
+    outs = M.run_model(built, inputs, host_target)
     assert len(outs) == len(expected)
     for out, ref in zip(outs, expected):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
@@ -92,11 +92,11 @@ def test_tuned_task_build_and_artifact(imported, host_target, tmp_path):
     mod = M.apply_schedules(model, {task.workload_key: scheduled})
     for name in task.functions:
         assert not mod[name].same_as(model.mod[name])
-    ex = M.build_model(model, host_target, {task.workload_key: scheduled})
+    built = M.build_model(model, host_target, {task.workload_key: scheduled})
     inputs, expected = _reference("small_cnn")
-    np.testing.assert_allclose(M.run_model(ex, model, inputs, host_target)[0], expected[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(M.run_model(built, inputs, host_target)[0], expected[0], rtol=1e-4, atol=1e-4)
 
-    dest = M.write_model_artifact(tmp_path / "model.tar.gz", model, ex, host_target, latency_ms=1.0)
+    dest = M.write_model_artifact(tmp_path / "model.tar.gz", model, built, host_target, latency_ms=1.0)
     folder = M.extract_model_artifact(dest, tmp_path / "unpacked")
     assert sorted(p.name for p in folder.iterdir()) == sorted(M.MODEL_ARTIFACT_FILES)
     np.savez(tmp_path / "in.npz", x=inputs[0])
@@ -106,6 +106,36 @@ def test_tuned_task_build_and_artifact(imported, host_target, tmp_path):
     assert "output0: shape [1, 10]" in done.stdout
     with np.load(tmp_path / "out.npz") as out:
         np.testing.assert_allclose(out["output0"], expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_task_layouts_pack_weights_at_build_time(imported, host_target):
+    from tvm import s_tir
+
+    model = imported["small_cnn"]
+    task = next(t for t in model.tasks if t.name == "fused_conv2d_add_relu")
+    sch = s_tir.Schedule(task.prim_func)
+    conv = sch.get_sblock("conv2d_nchw")
+    weight_map = lambda o, i, h, w: [o // 4, i, h, w, o % 4]  # noqa: E731 - O/4 I H W 4o
+    out_map = lambda n, c, h, w: [n, c // 4, h, w, c % 4]  # noqa: E731 - N C/4 H W 4c
+    sch.transform_layout(conv, ("read", 1), weight_map)
+    sch.transform_layout(sch.get_sblock("compute"), ("write", 0), out_map)
+    layout = M.TaskLayout(sch.mod["main"], (None, weight_map, None, out_map))
+    built = M.build_model(model, host_target, layouts={task.workload_key: layout})
+    # both weights of the task were packed once, at build time: (8, 8, 3, 3) -> (2, 8, 3, 3, 4)
+    shapes = [p.shape for p in built.params]
+    assert shapes.count((2, 8, 3, 3, 4)) == 2 and (8, 8, 3, 3) not in shapes, shapes
+    inputs, expected = _reference("small_cnn")
+    np.testing.assert_allclose(M.run_model(built, inputs, host_target)[0], expected[0], rtol=1e-4, atol=1e-4)
+    # with a tuned schedule of the layout function too
+    from tuner import Task, apply_config, tune
+
+    ltask = Task(task.name, task.workload_key + ":packed", layout.prim_func.with_attr("global_symbol", "main"),
+                 host_target)
+    result = tune(ltask, 2, seed=0)
+    assert result.best is not None, [t.error for t in result.trials]
+    built = M.build_model(model, host_target, {task.workload_key: apply_config(ltask, result.best.config)},
+                          {task.workload_key: layout})
+    np.testing.assert_allclose(M.run_model(built, inputs, host_target)[0], expected[0], rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------
