@@ -3,8 +3,10 @@
     python -m bench.ops [--suite smoke|quick|full] [--cases NAME,...] [--spec FILE] [--budget N]
                         [--json PATH] [--no-metaschedule] [--no-torch] [--no-untuned]
 
-For each case: our tuner (`tuner.tune`, then the best configuration applied
-and built), MetaSchedule's `tune_tir` with `max_trials_global` = the same
+For each case: our tuner (`tuner.tune`: the ALT search, layouts and loops; then
+the best configuration applied and built), the ALT-OL ablation (ours, loops only
+in the fixed channels-last layout, same budget; column "ALT-OL", JSON
+`ours_loop_only_ms`), MetaSchedule's `tune_tir` with `max_trials_global` = the same
 budget, and the torch op (oneDNN, all cores). Every TVM program is timed the
 same way (`tuner.baselines.time_ms`: time_evaluator, median of repeats of at
 least 50 ms) on the same inputs, and checked against torch's output. Prints
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import Column, fmt_ms, fmt_s, fmt_x, format_table, geomeans, speedup, write_json
+from bench.common import Column, fmt_ms, fmt_s, fmt_x, format_table, geomean, geomeans, speedup, write_json
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Options:
     torch: bool = True
     untuned: bool = True
     work_dir: Path | None = None
+    loop_only: bool = True  # the ALT-OL ablation column
 
 
 # ---------------------------------------------------------------------------
@@ -192,50 +195,55 @@ def load_specs(path: Path) -> list[SpecCase]:
 # Running
 
 
-def _layout_of(config: dict) -> str | None:
-    """The data layout a configuration chose, as text (None: the user's layouts, loops only)."""
-    layout = config.get("layout") if isinstance(config, dict) else None
-    if layout is None:
-        return None
-    return layout if isinstance(layout, str) else json.dumps(layout, sort_keys=True)
+def _layout_of(trial: Any) -> str | None:
+    """The data layout a trial chose, as text (the output layout; None: the user's layouts, loops only)."""
+    return trial.extra.get("layout") if trial is not None else None
 
 
-def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any) -> dict:
-    """Tunes `task` with our tuner, then builds, checks and times its best configuration."""
-    from tuner import apply_config, tune
+def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, *, prefix: str = "ours",
+             **options: Any) -> dict:
+    """Tunes `task` with our tuner (`options` go to `tune`), then builds, checks and times its best configuration.
+
+    A configuration in tuned layouts runs as the artifact does: data and output in the
+    user's layouts, the constants packed once beforehand (not timed).
+    """
+    from tuner import apply_config, layout_of_config, tune
     from tuner.baselines import check_close, run_and_time
 
     start = time.perf_counter()
-    result = tune(task, budget, seed=seed)
+    result = tune(task, budget, seed=seed, **options)
     row: dict[str, Any] = {
-        "ours_tune_s": time.perf_counter() - start,
-        "ours_trials": len(result.trials),
-        "ours_errors": sum(t.error is not None for t in result.trials),
-        "ours_ms": None,
-        "ours_correct": False,
-        "layout": None,
-        "config": None,
+        f"{prefix}_tune_s": time.perf_counter() - start,
+        f"{prefix}_trials": len(result.trials),
+        f"{prefix}_errors": sum(t.error is not None for t in result.trials),
+        f"{prefix}_ms": None,
+        f"{prefix}_correct": False,
+        f"{prefix}_layout" if prefix != "ours" else "layout": None,
+        f"{prefix}_config" if prefix != "ours" else "config": None,
     }
     if result.best is None:
         errors = {t.error for t in result.trials if t.error}
-        row["error"] = f"ours: no correct trial in {len(result.trials)}" + (
-            f" (e.g. {sorted(errors)[0][:200]})" if errors else ""
-        )
+        row[f"{prefix}_error" if prefix != "ours" else "error"] = (
+            f"{prefix}: no correct trial in {len(result.trials)}"
+            + (f" (e.g. {sorted(errors)[0][:200]})" if errors else ""))
         return row
-    row["config"] = result.best.config
-    row["layout"] = _layout_of(result.best.config)
-    row["ours_search_ms"] = result.best.latency_ms
+    row[f"{prefix}_config" if prefix != "ours" else "config"] = result.best.config
+    row[f"{prefix}_layout" if prefix != "ours" else "layout"] = _layout_of(result.best)
+    row[f"{prefix}_search_ms"] = result.best.latency_ms
+    error_key = f"{prefix}_error" if prefix != "ours" else "error"
     try:
-        out, ms = run_and_time(apply_config(task, result.best.config), task.prim_func, task.target, inputs)
+        prog = layout_of_config(task, result.best.config)
+        args = inputs if prog is None else prog.pack_inputs(inputs)
+        out, ms = run_and_time(apply_config(task, result.best.config), task.prim_func, task.target, args)
     except Exception as e:  # noqa: BLE001 - a failed case is reported, the others still run
-        row["error"] = f"ours: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
+        row[error_key] = f"{prefix}: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
         return row
     mismatch = check_close(out, expected)
-    row["ours_correct"] = mismatch is None
+    row[f"{prefix}_correct"] = mismatch is None
     if mismatch is not None:
-        row["error"] = f"ours: {mismatch}"
+        row[error_key] = f"{prefix}: {mismatch}"
         return row
-    row["ours_ms"] = ms
+    row[f"{prefix}_ms"] = ms
     return row
 
 
@@ -260,8 +268,10 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         "budget": budget,
         "untuned_ms": untuned_latency(wl.prim_func, target, inputs) if options.untuned else None,
     }
-    task = Task(case.name, wl.key, wl.prim_func, target, inputs, expected)
+    task = Task(case.name, wl.key, wl.prim_func, target, inputs, expected, workload=wl)
     row.update(run_ours(task, budget, seed, inputs, expected))
+    if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
+        row.update(run_ours(task, budget, seed, inputs, expected, prefix="ours_loop_only", layout={}))
 
     row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
                metaschedule_correct=None, metaschedule_error=None)
@@ -276,6 +286,7 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
     row["ours_gflops"] = wl.flops / row["ours_ms"] / 1e6 if row["ours_ms"] else None
     row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
     row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
+    row["vs_loop_only"] = speedup(row.get("ours_loop_only_ms"), row["ours_ms"])
     return row
 
 
@@ -318,12 +329,13 @@ def run(
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-") as tmp:
         work = options.work_dir if options.work_dir is not None else Path(tmp)
-        opts = Options(options.metaschedule, options.torch, options.untuned, work)
+        opts = Options(options.metaschedule, options.torch, options.untuned, work, options.loop_only)
         rows = []
         for i, (case, target_name, case_budget, case_seed) in enumerate(plan):
             print(f"[{i + 1}/{len(plan)}] {case.name} (budget {case_budget}) ...", file=log, flush=True)
             row = run_case(case, target_name, case_budget, case_seed, opts)
-            print(f"    ours {fmt_ms(row['ours_ms'])} ms, MetaSchedule {fmt_ms(row['metaschedule_ms'])} ms, "
+            print(f"    ours {fmt_ms(row['ours_ms'])} ms ({row.get('layout')}), "
+                  f"loop-only {fmt_ms(row.get('ours_loop_only_ms'))} ms, MetaSchedule {fmt_ms(row['metaschedule_ms'])} ms, "
                   f"torch {fmt_ms(row['torch_ms'])} ms" + (f"  [{row['error']}]" if row.get("error") else ""),
                   file=log, flush=True)
             rows.append(row)
@@ -333,7 +345,7 @@ def run(
         "budget": budgets[-1] if budgets else (budget or default_budget),
         "budgets": budgets,
         "cases": rows,
-        "geomean": geomeans(rows),
+        "geomean": {**geomeans(rows), "vs_loop_only": geomean(r.get("vs_loop_only") for r in rows)},
         "environment": environment(),
     }
 
@@ -354,13 +366,17 @@ COLUMNS = (
     Column("case", lambda r: r["name"], right=False),
     Column("untuned ms", lambda r: fmt_ms(r.get("untuned_ms"))),
     Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
+    Column("ALT-OL ms", lambda r: fmt_ms(r.get("ours_loop_only_ms"))),
     Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
     Column("torch ms", lambda r: fmt_ms(r.get("torch_ms"))),
     Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
     Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
+    Column("vs OL", lambda r: fmt_x(r.get("vs_loop_only"))),
     Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
+    Column("OL tune s", lambda r: fmt_s(r.get("ours_loop_only_tune_s"))),
     Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
     Column("correct", _correct_cell, right=False),
+    Column("layout", lambda r: r.get("layout") or "-", right=False),
 )
 
 
@@ -368,10 +384,12 @@ def table(report: dict) -> str:
     """The report as a text table, with a geomean row and the failures below it."""
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
+               "vs_loop_only": g.get("vs_loop_only"),
                "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
     head = (f"suite {report['suite']}, target {report['target']}, budget {report['budget']} "
             f"on-device measurements each (ours and MetaSchedule); speedup = baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
+    notes += [f"  {r['name']}: {r['ours_loop_only_error']}" for r in report["cases"] if r.get("ours_loop_only_error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
     return "\n".join([head, format_table(COLUMNS, report["cases"], footer), *notes])
 
@@ -392,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-metaschedule", action="store_true", help="skip the MetaSchedule baseline")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
     parser.add_argument("--no-untuned", action="store_true", help="skip timing the untuned program")
+    parser.add_argument("--no-loop-only", action="store_true",
+                        help="skip the ALT-OL ablation (ours, loops only, fixed channels-last layout)")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget < 1:
         parser.error("--budget must be >= 1")
@@ -405,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             suite, cases = args.suite, select(args.suite, args.cases.split(",") if args.cases else None)
     except ValueError as e:
         parser.error(str(e))
-    options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir)
+    options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir,
+                      not args.no_loop_only)
     report = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options)
     print(table(report))
     path = write_json(report, args.json)

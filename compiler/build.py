@@ -5,7 +5,11 @@ An artifact holds three files:
 - `lib.so`: the compiled library (`export_library`), loadable with
   `tvm.runtime.load_module` and nothing of altune;
 - `manifest.json`: function name, arguments in call order with shapes, dtypes and
-  roles, target, measured latency, workload key, the job spec, TVM version;
+  roles, target, measured latency, workload key, the job spec, TVM version; for a
+  program tuned in other layouts (ALT), also `pack` (the "pack_constants"
+  function that puts weight/bias into their tuned layouts, run once at load) and
+  `layouts`: "main" then takes the data and writes the output in the user's
+  layouts, and the constants packed;
 - `schedule.py`: the TVMScript of the scheduled module, to read or rebuild.
 """
 
@@ -27,6 +31,10 @@ if TYPE_CHECKING:
 MANIFEST_FORMAT = 1
 ARTIFACT_FILES = ("lib.so", "manifest.json", "schedule.py")
 CALL_USAGE = 'lib["main"](*inputs, out)'
+PACKED_CALL_USAGE = (
+    'packed = [empty(c["shape"]) for c in manifest["pack"]["outputs"]]; '
+    'lib["pack_constants"](*constants, *packed)  # once; then: lib["main"](data, *packed, out)'
+)
 
 
 def build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
@@ -55,7 +63,7 @@ def _as_target(target: Any) -> tvm.target.Target:
 
 
 def make_manifest(
-    workload: Workload, target: tvm.target.Target, latency_ms: float | None, spec: dict
+    workload: Workload, target: tvm.target.Target, latency_ms: float | None, spec: dict, layout: Any = None
 ) -> dict:
     """The manifest.json content of an artifact (see the module docstring)."""
     import tvm
@@ -65,7 +73,7 @@ def make_manifest(
     ]
     out = workload.output
     args.append({"name": out.name, "shape": list(out.shape), "dtype": out.dtype, "role": "output"})
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "function": "main",
         "args": args,
@@ -88,6 +96,39 @@ def make_manifest(
         "spec": spec,
         "tvm_version": tvm.__version__,
     }
+    if layout is not None:
+        manifest.update(_layout_manifest(workload, layout))
+    return manifest
+
+
+def _layout_manifest(workload: Workload, layout: Any) -> dict:
+    """Manifest entries of a program in tuned layouts (a `compiler.layout.LayoutProgram`, keep_interface)."""
+    assert layout.keep_interface, "an artifact keeps the user's interface: build it with keep_interface=True"
+    constants = [s.name for s in workload.inputs if s.name in layout.constants]
+    packed = [s for s in layout.args[:-1] if s.name in constants]
+    args = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype,
+             "role": "constant" if s.name in constants else "input"} for s in layout.args[:-1]]
+    out = layout.args[-1]
+    args.append({"name": out.name, "shape": list(out.shape), "dtype": out.dtype, "role": "output"})
+    user = {s.name: s for s in workload.inputs}
+    return {
+        "args": args,
+        "user_args": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in workload.args],
+        "call": PACKED_CALL_USAGE,
+        "usage": (
+            "lib = tvm.runtime.load_module('lib.so'); once: pack the constants (weight, bias; user layouts, "
+            "in the order of pack.inputs) into preallocated arrays of pack.outputs with lib['pack_constants']; "
+            "per call: lib['main'] with the arguments of 'args' (data and output in the user's layouts, "
+            "constants packed). " + PACKED_CALL_USAGE
+        ),
+        "pack": {
+            "function": "pack_constants",
+            "inputs": [{"name": n, "shape": list(user[n].shape), "dtype": user[n].dtype} for n in constants
+                       if n not in layout.guests],
+            "outputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in packed],
+        },
+        "layouts": layout.manifest()["layouts"],
+    }
 
 
 def write_artifact(
@@ -97,6 +138,7 @@ def write_artifact(
     target: tvm.target.Target | str,
     latency_ms: float | None,
     spec: dict,
+    layout: Any = None,
 ) -> Path:
     """Builds `mod` and writes the deployable artifact.
 
@@ -108,6 +150,9 @@ def write_artifact(
         target: a TVM target or a target name ("host", "llvm", "cuda").
         latency_ms: measured latency of this module, or None if not measured.
         spec: the job spec (JSON-serializable), recorded as given.
+        layout: the `compiler.layout.LayoutProgram` (keep_interface) `mod` was scheduled
+            from, when the program runs in tuned layouts: `mod` then also holds
+            "pack_constants", and the manifest says how to call both.
 
     Returns:
         `dest`.
@@ -116,7 +161,7 @@ def write_artifact(
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     lib = build(mod, target)
-    manifest = make_manifest(workload, target, latency_ms, spec)
+    manifest = make_manifest(workload, target, latency_ms, spec, layout)
     with tempfile.TemporaryDirectory(prefix="altune-artifact-") as tmp:
         lib_path = Path(tmp) / "lib.so"
         lib.export_library(str(lib_path))

@@ -174,7 +174,8 @@ class _JobRun:
         )
         target = resolve_target(spec["target"])
         tkey = target_key(spec["target"])
-        task = Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func, target=target)
+        task = Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func, target=target,
+                    workload=workload)
         task_id, prior, start_from = self._prepare(workload.key, tkey, budget)
 
         result = tune(
@@ -195,10 +196,11 @@ class _JobRun:
 
         best = result.best
         if best is not None:
-            from tuner import apply_config
+            from tuner import apply_config, layout_of_config
 
             mod = apply_config(task, best.config)
-            self._store_artifact(workload, mod, target, best.latency_ms, spec)
+            layout = layout_of_config(task, best.config)
+            self._store_artifact(workload, mod, target, best.latency_ms, spec, layout)
             self._store_schedule(workload.key, tkey, best.config, best.latency_ms)
         if self.stop_reason == "cancel":
             self.finish("cancelled")
@@ -262,13 +264,13 @@ class _JobRun:
                 if task.best_latency_ms is None or latency <= task.best_latency_ms:
                     task.best_config = trial.config
 
-    def _store_artifact(self, workload, mod, target, latency_ms: float | None, spec: dict) -> None:
+    def _store_artifact(self, workload, mod, target, latency_ms: float | None, spec: dict, layout=None) -> None:
         from compiler.build import write_artifact
 
         dest_dir = self.settings.resolved_artifact_dir
         dest_dir.mkdir(parents=True, exist_ok=True)
         dest = dest_dir / f"job-{self.job_id}.tar.gz"
-        path = Path(write_artifact(dest, workload, mod, target, latency_ms, spec))
+        path = Path(write_artifact(dest, workload, mod, target, latency_ms, spec, layout))
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         with session_scope(self.url) as s:
             row = Artifact.find_by_job(s, self.job_id)

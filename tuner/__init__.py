@@ -6,6 +6,7 @@ TVM, numpy and xgboost are imported where used, so importing `tuner` is cheap.
 
 from __future__ import annotations
 
+from .alt import ALTSearch, layout_of_config, split_config
 from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairwise_accuracy
 from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
 from .search import Proposal, Search, XGBSearch, make_search
@@ -14,6 +15,9 @@ from .task import Task, Trial, TuneResult
 from .tune import apply_config, tune
 
 __all__ = [
+    "ALTSearch",
+    "layout_of_config",
+    "split_config",
     "Candidate",
     "CostModel",
     "InvalidConfig",

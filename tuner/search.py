@@ -42,6 +42,8 @@ class Proposal:
     predicted: float | None = None
     source: str = "model"  # "model", "random", "start_from"
     extra: dict[str, Any] = field(default_factory=dict)
+    task: Task | None = None  # where it is measured (a per-layout task); None: the search's task
+    stage: str = "loop"  # the search stage that proposed it ("joint", "loop")
 
 
 def _noop(trial: Trial) -> None:
@@ -98,11 +100,11 @@ class Search(abc.ABC):
 
         def measure(proposal: Proposal, round_: int) -> Trial:
             nonlocal next_index, remaining
-            result = self.measurer.measure_one(self.task, Candidate(proposal.config, proposal.mod))
+            result = self.measurer.measure_one(proposal.task or self.task, Candidate(proposal.config, proposal.mod))
             extra = {"source": proposal.source, "round": round_, "build_s": round(result.build_s, 4),
                      "run_s": round(result.run_s, 4), **proposal.extra, **result.extra}
             trial = Trial(next_index, proposal.config, result.latencies_ms, result.error,
-                          predicted=proposal.predicted, extra=extra)
+                          predicted=proposal.predicted, stage=proposal.stage, extra=extra)
             next_index += 1
             remaining -= 1
             self.measured.add(config_key(proposal.config))
@@ -304,11 +306,16 @@ class XGBSearch(Search):
             self.model.update(np.stack(rows), latencies)
 
 
-SearchKind = Literal["xgb", "random"]
+SearchKind = Literal["alt", "xgb", "random"]
 
 
 def make_search(kind: SearchKind, task: Task, space: SearchSpace, measurer: Measurer, **options: Any) -> Search:
-    """The search called `kind`: "xgb" (model-ranked) or "random" (the same loop, random scores)."""
+    """The search called `kind`: "alt" (layouts and loops, `tuner.alt`; `space` is unused, the task
+    must carry its workload), "xgb" (model-ranked loops) or "random" (the same, random scores)."""
+    if kind == "alt":
+        from .alt import ALTSearch
+
+        return ALTSearch(task, measurer, **options)
     if kind == "xgb":
         return XGBSearch(task, space, measurer, **options)
     if kind == "random":

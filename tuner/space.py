@@ -325,6 +325,7 @@ class LoopSpace(SearchSpace):
         config: Config = {}
         register = MAX_REGISTER_TILE  # what the innermost spatial tiles may still multiply by
         axes = [a for a in self.structure.axes if a.extent > 1]
+        vector_axis = self.structure.spatial[-1]
         for i in rng.permutation(len(axes)):  # no axis always gets the register budget first
             axis = axes[int(i)]
             rest = axis.extent
@@ -334,7 +335,10 @@ class LoopSpace(SearchSpace):
                 if axis.kind == "S" and level == axis.levels - 1:
                     limit = min(limit, register)
                 choices = [d for d in divisors(rest) if d <= limit]
-                factor = choices[int(rng.integers(len(choices)))]
+                if axis == vector_axis and level == axis.levels - 1 and rng.random() < 0.5:
+                    factor = choices[-1]  # half the samples: the whole innermost (vector) axis in registers
+                else:
+                    factor = choices[int(rng.integers(len(choices)))]
                 config[axis.knob(level)] = factor
                 rest //= factor
                 if axis.kind == "S" and level == axis.levels - 1:

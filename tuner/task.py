@@ -26,6 +26,8 @@ class Task:
         inputs: input arrays in call order; None: uniform [-1, 1) from seed 0.
         expected: the correct output for `inputs`; None: the measurer computes it
             by running the untransformed program.
+        workload: the catalog workload `prim_func` implements (`compiler.workloads`); the
+            ALT search needs it (layout templates); None: loop-only search.
     """
 
     name: str
@@ -34,6 +36,7 @@ class Task:
     target: tvm.target.Target
     inputs: list[np.ndarray] | None = None
     expected: np.ndarray | None = None
+    workload: Any = None  # compiler.workloads.Workload
 
 
 @dataclass
@@ -47,10 +50,11 @@ class Trial:
         error: why it failed (schedule error, build error, wrong result, crash,
             timeout); None when it ran correctly.
         predicted: the cost model's score when it was picked (higher is better), if any.
-        stage: the search stage that produced it ("loop", "start_from").
+        stage: the search stage that produced it ("joint", "loop").
         extra: free-form facts, e.g. "model_accuracy" (pairwise ranking accuracy
             of the model on its batch so far, before training on it), "source"
-            ("model", "random", "start_from"), "round", "build_s", "run_s".
+            ("model", "random", "start_from"), "round", "build_s", "run_s", "layout"
+            (the output layout of a layout configuration, e.g. "N H W/14 O/16 14 16").
     """
 
     index: int

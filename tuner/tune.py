@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from .cost_model import CostModelKind
 from .measure import LocalMeasurer, Measurer
-from .search import XGBSearch, _never, _noop
+from .search import SearchKind, _never, _noop, make_search
 from .space import Config, LoopSpace, SpaceKind, make_space
 from .task import Task, Trial, TuneResult, best_trial
 
@@ -33,8 +33,11 @@ def tune(
     cost_model: CostModelKind = "xgb",
     top_k: int = 8,
     batch_size: int = 128,
+    search: SearchKind | None = None,
+    joint_fraction: float = 0.3,
+    layout: dict[str, int] | None = None,
 ) -> TuneResult:
-    """Searches `task`'s space with the cost-model-ranked search.
+    """Searches `task`'s layouts and loops (ALT) or its loops only.
 
     Args:
         task: the program and target.
@@ -51,6 +54,12 @@ def tune(
         cost_model: "xgb" or "random" (the no-model ablation).
         top_k: candidates measured per round.
         batch_size: candidates ranked per round.
+        search: "alt" (joint layout + loop tuning; needs `task.workload`), "xgb" (loops of
+            the untransformed program) or "random"; None: "alt" when the task carries its
+            workload, else "xgb".
+        joint_fraction: ALT's share of the budget for the joint stage.
+        layout: ALT only: a fixed layout choice (loop-only in it, the ALT-OL ablation;
+            {} = channels last).
 
     Returns:
         The best trial (prior ones included), this call's trials, and the untuned
@@ -61,11 +70,14 @@ def tune(
     measurer = LocalMeasurer() if measurer is None else measurer
     try:
         baseline = None if should_stop() else measurer.baseline_ms(task)
-        search = XGBSearch(
-            task, make_space(space, task.prim_func), measurer,
-            cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size,
-        )
-        trials = search.run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop)
+        kind = search or ("alt" if task.workload is not None else "xgb")
+        options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size)
+        if kind == "alt":
+            options.update(joint_fraction=joint_fraction, layout=layout)
+            strategy = make_search("alt", task, None, measurer, **options)  # type: ignore[arg-type]
+        else:
+            strategy = make_search(kind, task, make_space(space, task.prim_func), measurer, **options)
+        trials = strategy.run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop)
     finally:
         if own:
             measurer.close()
@@ -78,10 +90,20 @@ def _loop_space(prim_func: tvm.tirx.PrimFunc) -> LoopSpace:
 
 
 def apply_config(task: Task, config: Config) -> tvm.IRModule:
-    """The scheduled module of `config` for `task` ("main" with the untransformed signature).
+    """The scheduled module of `config` for `task`.
+
+    A loop-only configuration gives "main" with the untransformed signature. A layout
+    configuration (ALT's, `layout.*` knobs) gives "main" with data and output in the
+    user's layouts (converted inside) and the constants (weight, bias) in their
+    tuned layouts, plus "pack_constants"(user constants..., packed constants...) to
+    pack them once; `layout_of_config(task, config).manifest()` describes both.
 
     Raises:
         InvalidConfig: the configuration is not in the task's space.
         ScheduleFailed: TVM refused to apply it.
     """
+    from .alt import apply_layout_config, has_layout
+
+    if has_layout(config):
+        return apply_layout_config(task, config)
     return _loop_space(task.prim_func).apply(config).mod

@@ -79,7 +79,16 @@ def test_submit_tune_download_and_run(live_server, settings, tmp_path):
     workload = make_workload(CONV["operator"], CONV["params"], epilogue=CONV["epilogue"])
     inputs = workload.random_inputs(seed=7)
     out = tvm.runtime.tensor(np.zeros(workload.output.shape, dtype=workload.output.dtype))
-    lib[manifest["function"]](*[tvm.runtime.tensor(x) for x in inputs], out)
+    named = {spec.name: x for spec, x in zip(workload.inputs, inputs)}
+    if "pack" in manifest:  # tuned layouts: pack the constants once, then call main
+        packed = {o["name"]: tvm.runtime.tensor(np.zeros(o["shape"], dtype=o["dtype"]))
+                  for o in manifest["pack"]["outputs"]}
+        lib[manifest["pack"]["function"]](*[tvm.runtime.tensor(named[i["name"]]) for i in manifest["pack"]["inputs"]],
+                                          *packed.values())
+        named |= packed
+    args = [tvm.runtime.tensor(named[a["name"]]) if isinstance(named[a["name"]], np.ndarray) else named[a["name"]]
+            for a in manifest["args"] if a["role"] != "output"]
+    lib[manifest["function"]](*args, out)
     np.testing.assert_allclose(out.numpy(), workload.reference(inputs), rtol=1e-4, atol=1e-4)
 
 

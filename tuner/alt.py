@@ -1,0 +1,604 @@
+"""The ALT search (paper sec. 5): joint layout + loop tuning with PPO, then loop-only tuning.
+
+Cross exploration (Fig. 8), in two stages over one measurement budget:
+
+1. joint (`joint_fraction` of the budget, 30% by default): the layout actor
+   (`ppo.LayoutActor`) picks the split factors of the operator's layout template
+   (`compiler.layout.layout_template`; the weight's factors are tied to the
+   consumer's: kot = ot, kit = it); the search then runs `rounds_per_layout`
+   rounds of loop tuning in that layout and rewards the layout with
+   U - (best latency found), U the untuned latency of the first layout.
+2. loop (the rest): loop tuning only, in the best layout found.
+
+A round of loop tuning in a layout: a batch (`batch_size`, the paper's episode
+length 128) of loop configurations -- walks of the loop actor (`ppo.LoopActor`,
+one direction per knob) from the best configurations measured in this layout (or,
+before any, from the model's best of a sampled batch), mutations of them, and
+fresh samples -- is ranked by one XGBoost cost model shared by all layouts
+(features: the layout's factors, layout-independent knob summaries and
+MetaSchedule's per-store features), and only the `top_k` best (a few of them
+epsilon-random) are built and measured. The loop actor is rewarded with the
+model's predicted log speed of every walk, replaced by the measured one where
+measured.
+
+A configuration is one flat JSON dict: `layout.<param>` (template factors; none
+when the template has no parameter) plus the loop knobs of `LoopSpace` over the
+layout's program. Each trial keeps the readable layout in `extra["layout"]`
+(the output layout, e.g. "N H W/14 O/16 14 16"), its stage ("joint" / "loop")
+and the model's prediction.
+
+Candidates run in the tuned layouts: the measurer gets a task per layout with the
+inputs packed into it and the torch reference packed into the output layout.
+
+Layering: `tuner` never imports `service`; it imports `compiler`. TVM, numpy,
+torch and xgboost are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .cost_model import CostModel, CostModelKind, make_cost_model
+from .features import MSFeatures, knob_features
+from .measure import Measurer
+from .search import Proposal, Search, _never, _noop
+from .space import Config, InvalidConfig, LoopSpace, ScheduleFailed, config_key, sample_unique
+from .task import Task, Trial
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+    from compiler.layout import LayoutProgram
+
+log = logging.getLogger(__name__)
+
+LAYOUT_PREFIX = "layout."
+GENERIC_KNOB_FEATURES = 14  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
+VECTOR_LANES = 16  # fp32 lanes of AVX-512: the channel tile of the first layout
+TIED = {"kot": "ot", "kit": "it"}  # weight factors follow the consumer's (contiguous weight vectors)
+
+
+def split_config(config: Config) -> tuple[dict[str, int], Config]:
+    """(layout choice, loop configuration) of a flat configuration."""
+    choice = {k[len(LAYOUT_PREFIX):]: int(v) for k, v in config.items() if k.startswith(LAYOUT_PREFIX)}
+    loops = {k: v for k, v in config.items() if not k.startswith(LAYOUT_PREFIX)}
+    return choice, loops
+
+
+def join_config(choice: dict[str, int], loops: Config) -> Config:
+    return {**{LAYOUT_PREFIX + k: int(v) for k, v in sorted(choice.items())}, **loops}
+
+
+def has_layout(config: Config) -> bool:
+    return any(k.startswith(LAYOUT_PREFIX) for k in config)
+
+
+@functools.lru_cache(maxsize=64)
+def _program(workload: Any, choice_key: tuple, keep_interface: bool) -> LayoutProgram:
+    from compiler.layout import apply_layout
+
+    return apply_layout(workload, dict(choice_key), keep_interface=keep_interface)
+
+
+def layout_program(workload: Any, choice: dict[str, int], *, keep_interface: bool = False) -> LayoutProgram:
+    """The workload rewritten into a template choice (cached)."""
+    return _program(workload, tuple(sorted(choice.items())), keep_interface)
+
+
+def first_layout(template: Any) -> dict[str, int]:
+    """A oneDNN-like starting point: channel tiles of one vector, a short tile of the last spatial axis."""
+    choice = {}
+    for p in template.params:
+        if p.name in TIED:
+            continue
+        if p.name in ("ot", "it", "nt"):
+            limit = VECTOR_LANES
+        elif p.name == "mt":
+            limit = 8
+        else:
+            limit = 1
+        choice[p.name] = max(c for c in p.candidates if c <= limit)
+    spatial = [p for p in template.params if p.tensor == "output" and p.name not in ("ot", "mt", "nt")]
+    if spatial:  # the innermost spatial axis: a register row of 8-16 outputs
+        last = spatial[-1]
+        fits = [c for c in last.candidates if 4 <= c <= 16] or [1]
+        choice[last.name] = max(fits)
+    return choice
+
+
+@dataclass
+class LayoutPoint:
+    """One layout tried: its program, loop space, measuring task and what was learned there."""
+
+    choice: dict[str, int]
+    prog: Any  # LayoutProgram
+    space: LoopSpace
+    task: Task
+    ms: MSFeatures | None
+    name: str
+    best: list[tuple[float, Config]] = field(default_factory=list)  # (latency, loop config), best first
+    trials: int = 0
+    actor: Any = None  # its LoopActor, made on first use
+
+    @property
+    def best_ms(self) -> float | None:
+        return self.best[0][0] if self.best else None
+
+
+class ALTSearch(Search):
+    """ALT's two-stage cross exploration (see the module doc)."""
+
+    def __init__(
+        self,
+        task: Task,
+        measurer: Measurer,
+        *,
+        cost_model: CostModelKind | CostModel = "xgb",
+        seed: int = 0,
+        batch_size: int = 128,
+        top_k: int = 8,
+        epsilon: float = 0.125,
+        joint_fraction: float = 0.3,
+        rounds_per_layout: int = 1,
+        layout: dict[str, int] | None = None,
+        elite: int = 8,
+        ms_features: bool = True,
+    ):
+        """
+        Args:
+            task: the task; `task.workload` is required (the layout template comes from it).
+            measurer: measures the picks.
+            cost_model: a model or its kind.
+            seed: seeds sampling, the agents and the model.
+            batch_size: candidates ranked per round (the episode length).
+            top_k: candidates measured per round.
+            epsilon: share of each round's picks taken at random from the batch.
+            joint_fraction: share of the budget for the joint stage (0: loop-only in `layout`).
+            rounds_per_layout: loop-tuning rounds per layout in the joint stage.
+            layout: a fixed layout choice (the ALT-OL ablation: loop-only in it); {} is the
+                template's default (channels last, no tiling); None lets the joint stage search.
+            elite: how many of a layout's best configurations walks and mutations start from.
+            ms_features: add MetaSchedule's per-store features.
+        """
+        import numpy as np
+
+        from compiler.layout import layout_template
+
+        if task.workload is None:
+            raise ValueError("the ALT search needs task.workload (the layout template comes from it)")
+        super().__init__(task, None, measurer)  # type: ignore[arg-type]  # one LoopSpace per layout instead
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.model = make_cost_model(cost_model, seed) if isinstance(cost_model, str) else cost_model
+        self.batch_size, self.top_k, self.epsilon, self.elite = batch_size, top_k, epsilon, elite
+        self.joint_fraction = 0.0 if layout is not None else joint_fraction
+        self.rounds_per_layout = rounds_per_layout
+        self.ms_features = ms_features
+        self.template = layout_template(task.workload)
+        self.free = [p for p in self.template.params if p.name not in TIED]
+        self.fixed = None if layout is None else {**self.template.default(), **layout}
+        self.points: dict[str, LayoutPoint] = {}
+        self.order: list[str] = []  # layout keys in the order first tried
+        self.count = 0  # measurements so far (prior included)
+        self.joint_budget = 0
+        self.current: str | None = None  # layout of the running joint episode
+        self.episode_rounds = 0
+        self._features: dict[str, np.ndarray] = {}
+        self._walks: list[tuple[str, int]] = []  # (config key, position in the loop actor's pending steps)
+        self._reference: tuple[list, Any] | None = None
+        self.upper: float | None = None  # U of eq. (3)
+        from .ppo import Critic, LayoutActor
+
+        width = max(2 * len(self.free), 64)
+        self.critic = Critic(width, seed=seed)
+        self.layout_actor = LayoutActor(2 * len(self.free), max(len(self.free), 1), self.critic, seed=seed)
+
+    # -- layouts --------------------------------------------------------------
+
+    def full_choice(self, choice: dict[str, int]) -> dict[str, int]:
+        full = {**self.template.default(), **choice}
+        for k, v in TIED.items():
+            if k in full and v in full:
+                full[k] = full[v]
+        return full
+
+    @staticmethod
+    def key(choice: dict[str, int]) -> str:
+        return ",".join(f"{k}={choice[k]}" for k in sorted(choice))
+
+    def point(self, choice: dict[str, int]) -> LayoutPoint:
+        """The `LayoutPoint` of a choice (built on first use). Raises `LayoutError` if it does not apply."""
+        choice = self.full_choice(choice)
+        k = self.key(choice)
+        if k in self.points:
+            return self.points[k]
+        prog = layout_program(self.task.workload, choice)
+        xs, ref = self.reference()
+        sub = Task(f"{self.task.name}@{prog.requested['output'].name}", self.task.workload_key, prog.prim_func,
+                   self.task.target, inputs=prog.pack_inputs(xs), expected=prog.pack_output(ref),
+                   workload=self.task.workload)
+        space = LoopSpace(prog.prim_func)
+        ms = MSFeatures(space.mod, self.task.target) if self.ms_features else None
+        p = LayoutPoint(choice, prog, space, sub, ms, prog.requested["output"].name)
+        self.points[k] = p
+        self.order.append(k)
+        return p
+
+    def reference(self) -> tuple[list, Any]:
+        """User-layout inputs and the expected output (the task's, else seed 0 and torch)."""
+        if self._reference is None:
+            wl = self.task.workload
+            xs = list(self.task.inputs) if self.task.inputs is not None else wl.random_inputs(0)
+            ref = self.task.expected if self.task.expected is not None else wl.reference(xs)
+            self._reference = (xs, ref)
+        return self._reference
+
+    def layout_state(self) -> list[float]:
+        """Concatenated primitive states: per split of every tensor, log2(extent) and the chosen factor's share."""
+        best = self.best_point()
+        choice = best.choice if best is not None else self.full_choice(first_layout(self.template))
+        out = []
+        for p in self.free:
+            out.append(math.log2(max(p.extent, 1)) / 10)
+            out.append(math.log2(choice.get(p.name, 1)) / max(math.log2(max(p.extent, 2)), 1))
+        return out
+
+    def best_point(self) -> LayoutPoint | None:
+        scored = [p for p in self.points.values() if p.best]
+        return min(scored, key=lambda p: p.best_ms) if scored else None
+
+    def _choice_of(self, action: Sequence[float]) -> dict[str, int]:
+        from .ppo import factor_of
+
+        return {p.name: factor_of(p.candidates, p.extent, a) for p, a in zip(self.free, action)}
+
+    def next_layout(self) -> LayoutPoint:
+        """The layout actor's next layout (the oneDNN-like start first); untried ones preferred."""
+        from compiler.layout import LayoutError
+
+        from .ppo import action_of
+
+        state = self.layout_state()
+        if not self.points:
+            choice = first_layout(self.template)
+            try:
+                p = self.point(choice)
+                self.layout_actor.record(state, [action_of(q.extent, choice[q.name]) for q in self.free], 0.0)
+                self.layout_actor.buffer.steps[-1].reward = None  # rewarded at the episode's end
+                return p
+            except LayoutError as e:
+                log.info("first layout %s does not apply: %s", choice, e)
+        for _ in range(16):
+            action = self.layout_actor.act(state, 1)[0]
+            choice = self._choice_of(action)
+            k = self.key(self.full_choice(choice))
+            try:
+                p = self.point(choice)
+            except Exception as e:  # noqa: BLE001 - a layout the rewriter refuses is a bad action
+                log.info("layout %s does not apply: %s", choice, e)
+                self.layout_actor.reward_last([-1.0])
+                continue
+            if k in self.points and self.points[k].trials and _ < 15:
+                self.layout_actor.reward_last([self.layout_reward(self.points[k])])
+                continue
+            return p
+        best = self.best_point()
+        return best if best is not None else self.point({})
+
+    def layout_reward(self, p: LayoutPoint) -> float:
+        """r = U - latency (eq. 3), normalized by U; a layout with no correct trial gets -1."""
+        if p.best_ms is None or not self.upper:
+            return -1.0
+        return (self.upper - p.best_ms) / self.upper
+
+    def end_episode(self) -> None:
+        if self.current is None:
+            return
+        p = self.points[self.current]
+        if any(s.reward is None for s in self.layout_actor.buffer.steps):
+            self.layout_actor.reward_last([self.layout_reward(p)])
+        self.layout_actor.update()
+        self.current = None
+
+    # -- configurations --------------------------------------------------------
+
+    def stage(self) -> str:
+        return "joint" if self.count < self.joint_budget else "loop"
+
+    def features(self, p: LayoutPoint, configs: Sequence[Config], schedules: Sequence[Any] | None = None) -> np.ndarray:
+        import numpy as np
+
+        lay = [math.log2(p.choice.get(q.name, 1)) for q in self.template.params]
+        rows = [lay + knob_features(p.space, c)[-GENERIC_KNOB_FEATURES:] for c in configs]
+        out = np.asarray(rows, dtype=np.float32)
+        if p.ms is None:
+            return out
+        if schedules is None:
+            schedules = []
+            for c in configs:
+                try:
+                    schedules.append(p.space.apply(c))
+                except Exception:  # noqa: BLE001
+                    schedules.append(None)
+        return np.concatenate([out, p.ms.extract(schedules)], axis=1)
+
+    def _remember(self, p: LayoutPoint, loops: Config, latency: float | None) -> None:
+        p.trials += 1
+        if latency is not None:
+            p.best.append((latency, loops))
+            p.best.sort(key=lambda x: x[0])
+            del p.best[self.elite:]
+
+    def pre_tuning(self, prior: Sequence[Trial]) -> None:
+        """Rebuilds the layouts of prior trials, retrains the model, restores the stage and episode."""
+        rows, lats = [], []
+        for trial in prior:
+            choice, loops = split_config(trial.config)
+            if not has_layout(trial.config) and self.template.params:
+                continue  # a loop-only trial of the untransformed program: counts, teaches nothing here
+            try:
+                p = self.point(choice)
+                loops = p.space.validate(loops)
+            except Exception:  # noqa: BLE001 - from another version of the space
+                continue
+            rows.append(self.features(p, [loops])[0])
+            lats.append(trial.latency_ms)
+            self._remember(p, loops, trial.latency_ms)
+            if self.upper is None and trial.latency_ms is not None:
+                self.upper = 2 * trial.latency_ms
+        self.count = len(prior)
+        if rows:
+            import numpy as np
+
+            self.model.update(np.stack(rows), lats)
+        # replay the finished joint episodes into the layout actor; continue the last one
+        joint = [t for t in prior if t.stage == "joint" and has_layout(t.config)]
+        episodes: list[str] = []
+        for t in joint:
+            k = self.key(self.full_choice(split_config(t.config)[0]))
+            if not episodes or episodes[-1] != k:
+                episodes.append(k)
+        from .ppo import action_of
+
+        for i, k in enumerate(episodes):
+            if k not in self.points:
+                continue
+            p = self.points[k]
+            action = [action_of(q.extent, p.choice.get(q.name, 1)) for q in self.free]
+            if i == len(episodes) - 1 and prior and prior[-1].stage == "joint":
+                self.layout_actor.record(self.layout_state(), action, 0.0)
+                self.layout_actor.buffer.steps[-1].reward = None
+                self.current = k
+                self.episode_rounds = math.ceil(sum(
+                    1 for t in joint if self.key(self.full_choice(split_config(t.config)[0])) == k) / self.top_k)
+            else:
+                self.layout_actor.record(self.layout_state(), action, self.layout_reward(p))
+        self.layout_actor.update()
+
+    def run(self, budget: int, *, prior: Sequence[Trial] = (), start_from: Sequence[Config] = (),
+            on_trial: Callable[[Trial], None] = _noop, should_stop: Callable[[], bool] = _never) -> list[Trial]:
+        self.joint_budget = 0 if self.fixed is not None else int(round(self.joint_fraction * budget))
+        return super().run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop)
+
+    def _start_proposals(self, start_from: Sequence[Config]) -> list[Proposal]:
+        out = []
+        for config in start_from:
+            choice, loops = split_config(config)
+            try:
+                p = self.point(choice) if self.fixed is None else self.point(self.fixed)
+                if self.fixed is not None and self.key(self.full_choice(choice)) != self.key(p.choice):
+                    continue
+                loops = p.space.validate(loops)
+                mod = p.space.apply(loops).mod
+            except Exception as e:  # noqa: BLE001 - a stale schedule from another space
+                log.warning("%s: skipping start_from config %s: %s", self.task.name, config, e)
+                continue
+            full = join_config(p.choice, loops)
+            if config_key(full) in self.measured:
+                continue
+            out.append(Proposal(full, mod, None, "start_from", {"layout": p.name}, task=p.task, stage=self.stage()))
+        return out
+
+    def generate_candidates(self, n: int) -> list[Proposal]:
+        import numpy as np
+
+        # the round's randomness depends only on (seed, measurements so far): a resumed search
+        # draws what the uninterrupted one would have drawn at the same point
+        self.rng = np.random.default_rng([self.seed, self.count])
+        stage = self.stage()
+        if self.fixed is not None:
+            p = self.point(self.fixed)
+        elif stage == "joint":
+            if self.current is None or self.episode_rounds >= self.rounds_per_layout:
+                self.end_episode()
+                p = self.next_layout()
+                self.current, self.episode_rounds = self.key(p.choice), 0
+            p = self.points[self.current]
+            self.episode_rounds += 1
+            n = min(n, self.joint_budget - self.count)
+        else:
+            self.end_episode()
+            p = self.best_point() or self.next_layout()
+        n = min(n, self.top_k)
+        if self.upper is None:
+            base = self.measurer.baseline_ms(p.task)
+            self.upper = base if base else None
+
+        exclude: set[str] = set()
+        pool: list[Config] = []
+        sources: list[str] = []
+
+        def add(config: Config, source: str) -> None:
+            k = config_key(join_config(p.choice, config))
+            if k in self.measured or k in exclude:
+                return
+            exclude.add(k)
+            pool.append(config)
+            sources.append(source)
+
+        starts = [c for _, c in p.best]
+        if not starts:  # the model's best of a sampled batch
+            sampled = sample_unique(p.space, self.rng, self.batch_size)
+            if sampled and self.model.trained:
+                scores = self.model.predict(self.features(p, sampled))
+                starts = [sampled[int(i)] for i in np.argsort(-scores)[: self.elite]]
+            else:
+                starts = sampled[: self.elite]
+            for c in sampled:
+                add(c, "sample")
+        # loop actor walks from the best configurations
+        walks: list[Config] = []
+        if starts:
+            actor = self.loop_actor(p)
+            state = self.loop_state(p, starts[0])
+            steps = actor.directions(state, self.batch_size // 2)
+            for d in steps:
+                start = starts[int(self.rng.integers(len(starts)))] if self.rng.random() < 0.5 else starts[0]
+                walks.append(self.walk(p.space, start, d))
+        for c in walks:
+            add(c, "walk")
+        for _ in range(self.batch_size // 4):
+            if starts:
+                parent = starts[int(self.rng.integers(len(starts)))]
+                add(p.space.mutate(parent, self.rng), "mutation")
+        if len(pool) < self.batch_size:
+            for c in sample_unique(p.space, self.rng, self.batch_size - len(pool)):
+                add(c, "sample")
+        schedules, keep = [], []
+        for i, c in enumerate(pool):
+            try:
+                schedules.append(p.space.apply(c))
+                keep.append(i)
+            except (InvalidConfig, ScheduleFailed) as e:
+                log.debug("dropping config that does not apply: %s", e)
+        pool = [pool[i] for i in keep]
+        sources = [sources[i] for i in keep]
+        if not pool:
+            return []
+        feats = self.features(p, pool, schedules)
+        if self.model.trained:
+            scores = np.asarray(self.model.predict(feats), dtype=np.float64)
+            n_random = min(len(pool), int(round(self.epsilon * n)))
+            order = list(np.argsort(-scores, kind="stable"))
+            picks = [(int(i), "model") for i in order[: n - n_random]]
+            rest = order[n - n_random:]
+            if rest and n_random:
+                chosen = self.rng.choice(len(rest), size=min(n_random, len(rest)), replace=False)
+                picks += [(int(rest[int(j)]), "random") for j in chosen]
+            # the loop actor's reward: predicted log speed of each walk relative to its start's
+            if walks:
+                wscores = self.model.predict(self.features(p, walks))
+                base = float(self.model.predict(self.features(p, [starts[0]]))[0])
+                self.loop_actor(p).reward_last([float(s) - base for s in wscores])
+                self.loop_actor(p).update()
+        else:
+            scores = None
+            chosen = self.rng.choice(len(pool), size=min(n, len(pool)), replace=False)
+            picks = [(int(i), "random") for i in chosen]
+            if walks:  # no signal yet: forget the walks
+                self.loop_actor(p).buffer.steps.clear()
+        out = []
+        for i, source in picks:
+            full = join_config(p.choice, pool[i])
+            self._features[config_key(full)] = feats[i]
+            predicted = None if scores is None else float(scores[i])
+            out.append(Proposal(full, schedules[i].mod, predicted, source,
+                                {"origin": sources[i], "layout": p.name}, task=p.task, stage=stage))
+        return out
+
+    def loop_actor(self, p: LayoutPoint) -> Any:
+        from .ppo import LoopActor
+
+        if p.actor is None:
+            p.actor = LoopActor(len(p.space.knobs), len(p.space.knobs), self.critic, seed=self.seed)
+        return p.actor
+
+    @staticmethod
+    def loop_state(p: LayoutPoint, config: Config) -> list[float]:
+        return [k.choices.index(config[k.name]) / max(len(k.choices) - 1, 1) for k in p.space.knobs]
+
+    def walk(self, space: LoopSpace, config: Config, directions: Sequence[int]) -> Config:
+        """One step per knob in its direction, in random order, keeping each step that stays valid."""
+        out = dict(config)
+        knobs = space.knobs
+        for i in self.rng.permutation(len(knobs)):
+            d = directions[int(i)]
+            if not d:
+                continue
+            knob = knobs[int(i)]
+            j = knob.choices.index(out[knob.name]) + d
+            if not 0 <= j < len(knob.choices):
+                continue
+            candidate = {**out, knob.name: knob.choices[j]}
+            try:
+                out = space.validate(candidate)
+            except InvalidConfig:
+                continue
+        return out
+
+    def notify_results(self, trials: Sequence[Trial]) -> None:
+        import numpy as np
+
+        rows, lats = [], []
+        for trial in trials:
+            self.count += 1
+            choice, loops = split_config(trial.config)
+            p = self.point(choice)
+            row = self._features.pop(config_key(trial.config), None)
+            if row is None:
+                row = self.features(p, [loops])[0]
+            rows.append(row)
+            lats.append(trial.latency_ms)
+            self._remember(p, loops, trial.latency_ms)
+            if self.upper is None and trial.latency_ms is not None:
+                self.upper = 2 * trial.latency_ms
+        if rows:
+            self.model.update(np.stack(rows), lats)
+
+
+def layout_of_config(task: Task, config: Config) -> LayoutProgram | None:
+    """The program (user interface kept: data and output in the user's layouts) of a layout configuration."""
+    if not has_layout(config):
+        return None
+    if task.workload is None:
+        raise InvalidConfig("a layout configuration needs task.workload")
+    choice, _ = split_config(config)
+    return layout_program(task.workload, choice, keep_interface=True)
+
+
+def apply_layout_config(task: Task, config: Config) -> tvm.IRModule:
+    """"main" (data and output in the user's layouts, constants packed) + "pack_constants"."""
+    import tvm
+
+    prog = layout_of_config(task, config)
+    assert prog is not None
+    _, loops = split_config(config)
+    space = _space(prog.prim_func)
+    # the interface program may differ in its producers (a data conversion where the tuned
+    # program read the data directly, or none where a padding wrote it): fit the knobs
+    known = {k.name: k for k in space.knobs}
+    loops = {k: v for k, v in loops.items() if k in known}
+    for name, knob in known.items():
+        loops.setdefault(name, knob.choices[0])
+    try:
+        main = space.apply(loops).mod["main"]
+    except ScheduleFailed:
+        if not loops.get("write_at"):
+            raise
+        # the output conversion cannot always sit inside a tile: write it at the root
+        main = space.apply({**loops, "write_at": 0}).mod["main"]
+    funcs = {"main": main}
+    if prog.constants:
+        funcs["pack_constants"] = prog.pack_func
+    return tvm.IRModule(funcs)
+
+
+@functools.lru_cache(maxsize=16)
+def _space(prim_func: Any) -> LoopSpace:
+    return LoopSpace(prim_func)

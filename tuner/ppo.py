@@ -1,0 +1,239 @@
+"""PPO agents of the ALT search (paper sec. 5.2): a layout split actor, loop actors, one shared critic.
+
+* `LayoutActor`: one action a in (0, 1) per layout template parameter (a
+  Beta distribution per parameter); the factor is F = R(D * a) (eq. 2), D the
+  dimension's extent and R rounding to the nearest valid candidate (a divisor).
+  Its state is the concatenation of the primitive states of all the operator's
+  tensors (per split: log2 of the extent and of the chosen factor).
+* `LoopActor`: one direction in {-1, 0, +1} per loop parameter (a categorical
+  per parameter); the search walks each parameter one step from the best
+  configuration of a sampled batch.
+* `Critic`: one value network shared by all actors (states are zero-padded to
+  its input width).
+
+Every step is a one-step episode (a contextual bandit, as the paper's per-round
+rewards): advantage = reward - V(state), PPO's clipped surrogate with a few
+epochs per `update`, value loss on the same critic, and an entropy bonus.
+Rewards are r = U - latency (eq. 3), normalized by the caller.
+
+Layering: `tuner` never imports `service`. torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+HIDDEN = 64
+
+
+def _torch() -> Any:
+    import torch
+
+    torch.set_num_threads(1)  # tiny nets; keep the shared cores for measurements
+    return torch
+
+
+def round_to(candidates: Sequence[int], value: float) -> int:
+    """R(x): the candidate nearest to `value` on a log scale (ties to the smaller)."""
+    value = max(value, 1.0)
+    return min(candidates, key=lambda c: (abs(math.log(c) - math.log(value)), c))
+
+
+def factor_of(candidates: Sequence[int], extent: int, action: float) -> int:
+    """F = R(D * a) (eq. 2), with `a` in (0, 1) mapped on a log scale so small tiles are as reachable as big ones."""
+    return round_to(candidates, math.exp(action * math.log(max(extent, 1))))
+
+
+def action_of(extent: int, factor: int) -> float:
+    """The inverse of `factor_of` (the action that gives `factor`), clipped into (0, 1)."""
+    if extent <= 1:
+        return 0.5
+    return min(max(math.log(factor) / math.log(extent), 0.02), 0.98)
+
+
+@dataclass
+class _Step:
+    actor: str
+    state: list[float]
+    action: list[float]
+    logp: float
+    reward: float | None = None
+
+
+@dataclass
+class _Buffer:
+    steps: list[_Step] = field(default_factory=list)
+
+
+class Critic:
+    """V(state): one MLP shared by every actor; states are zero-padded to `width`."""
+
+    def __init__(self, width: int, seed: int = 0):
+        torch = _torch()
+        torch.manual_seed(seed)
+        self.width = width
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(width, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)
+        )
+
+    def pad(self, states: Any) -> Any:
+        torch = _torch()
+        states = torch.as_tensor(states, dtype=torch.float32)
+        if states.shape[1] >= self.width:
+            return states[:, : self.width]
+        return torch.nn.functional.pad(states, (0, self.width - states.shape[1]))
+
+    def __call__(self, states: Any) -> Any:
+        return self.net(self.pad(states)).squeeze(-1)
+
+
+class _Actor:
+    """Common PPO machinery: a policy network, a buffer of steps, the clipped update."""
+
+    name = "actor"
+
+    def __init__(self, state_dim: int, n_params: int, critic: Critic, *, seed: int = 0, lr: float = 3e-3,
+                 clip: float = 0.2, epochs: int = 8, entropy: float = 0.01):
+        torch = _torch()
+        torch.manual_seed(seed)
+        self.state_dim, self.n_params, self.critic = state_dim, n_params, critic
+        self.clip, self.epochs, self.entropy = clip, epochs, entropy
+        self.net = self._make_net(torch)
+        self.opt = torch.optim.Adam([*self.net.parameters(), *critic.net.parameters()], lr=lr)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.buffer = _Buffer()
+
+    def _make_net(self, torch: Any) -> Any:
+        raise NotImplementedError
+
+    def _dist(self, states: Any) -> Any:
+        raise NotImplementedError
+
+    def _sample(self, dist: Any) -> Any:
+        raise NotImplementedError
+
+    def act(self, state: Sequence[float], n: int = 1) -> list[list[float]]:
+        """`n` actions for `state` (recorded; give each its reward with `reward`)."""
+        torch = _torch()
+        with torch.no_grad():
+            states = torch.as_tensor([list(state)] * n, dtype=torch.float32)
+            dist = self._dist(states)
+            actions = self._sample(dist)
+            logp = dist.log_prob(actions).sum(-1)
+        out = []
+        for a, lp in zip(actions.tolist(), logp.tolist()):
+            self.buffer.steps.append(_Step(self.name, list(state), a, lp))
+            out.append(a)
+        return out
+
+    def record(self, state: Sequence[float], action: Sequence[float], reward: float) -> None:
+        """Adds an externally chosen step (e.g. a heuristic first layout, or replayed history)."""
+        torch = _torch()
+        with torch.no_grad():
+            dist = self._dist(torch.as_tensor([list(state)], dtype=torch.float32))
+            lp = float(dist.log_prob(torch.as_tensor([list(action)], dtype=torch.float32)).sum(-1))
+        self.buffer.steps.append(_Step(self.name, list(state), list(action), lp, reward))
+
+    def reward_last(self, rewards: Sequence[float]) -> None:
+        """Rewards for the last `len(rewards)` unrewarded steps, in order."""
+        pending = [s for s in self.buffer.steps if s.reward is None]
+        assert len(rewards) <= len(pending), f"{len(rewards)=} > {len(pending)=} pending steps"
+        for step, r in zip(pending[len(pending) - len(rewards):], rewards):
+            step.reward = float(r)
+
+    def update(self) -> float | None:
+        """One PPO update on the rewarded steps (then forgets them); returns the mean reward."""
+        torch = _torch()
+        steps = [s for s in self.buffer.steps if s.reward is not None]
+        self.buffer.steps = [s for s in self.buffer.steps if s.reward is None]
+        if not steps:
+            return None
+        states = torch.as_tensor([s.state for s in steps], dtype=torch.float32)
+        actions = torch.as_tensor([s.action for s in steps], dtype=torch.float32)
+        old_logp = torch.as_tensor([s.logp for s in steps], dtype=torch.float32)
+        rewards = torch.as_tensor([s.reward for s in steps], dtype=torch.float32)
+        for _ in range(self.epochs):
+            values = self.critic(states)
+            adv = (rewards - values).detach()
+            if len(steps) > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-6)
+            dist = self._dist(states)
+            logp = dist.log_prob(actions).sum(-1)
+            ratio = torch.exp(logp - old_logp)
+            surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - self.clip, 1 + self.clip) * adv)
+            loss = -surrogate.mean() + 0.5 * ((values - rewards) ** 2).mean() - self.entropy * dist.entropy().sum(-1).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        return float(rewards.mean())
+
+
+class LayoutActor(_Actor):
+    """Split-factor actions a in (0, 1), one per layout parameter (Beta policy)."""
+
+    name = "layout"
+
+    def _make_net(self, torch: Any) -> Any:
+        return torch.nn.Sequential(
+            torch.nn.Linear(self.state_dim, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 2 * self.n_params)
+        )
+
+    def _dist(self, states: Any) -> Any:
+        torch = _torch()
+        out = self.net(states)
+        ab = torch.nn.functional.softplus(out) + 1.0
+        return torch.distributions.Beta(ab[:, : self.n_params], ab[:, self.n_params:])
+
+    def _sample(self, dist: Any) -> Any:
+        torch = _torch()
+        # Beta.sample takes no generator: draw under a global seed taken from ours (reproducible)
+        seed = int(torch.randint(2**31 - 1, (1,), generator=self.gen))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            sample = dist.sample()
+        return sample.clamp(1e-3, 1 - 1e-3)
+
+
+DIRECTIONS = (-1, 0, 1)
+
+
+class LoopActor(_Actor):
+    """A direction in {-1, 0, +1} per loop parameter (a categorical policy per parameter)."""
+
+    name = "loop"
+
+    def _make_net(self, torch: Any) -> Any:
+        net = torch.nn.Sequential(
+            torch.nn.Linear(self.state_dim, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 3 * self.n_params)
+        )
+        with torch.no_grad():  # start mostly still: most parameters keep their value in a step
+            net[-1].bias.view(self.n_params, 3)[:, 1] += 3.0
+        return net
+
+    def _dist(self, states: Any) -> Any:
+        torch = _torch()
+        logits = self.net(states).view(-1, self.n_params, 3)
+        return torch.distributions.Categorical(logits=logits)
+
+    def _sample(self, dist: Any) -> Any:
+        torch = _torch()
+        probs = dist.probs
+        flat = probs.reshape(-1, 3)
+        picks = torch.multinomial(flat, 1, generator=self.gen).view(probs.shape[:-1])
+        return picks.float()
+
+    def directions(self, state: Sequence[float], n: int) -> list[list[int]]:
+        """`n` direction vectors (entries in `DIRECTIONS`) for `state`, recorded for `reward_last`."""
+        return [[DIRECTIONS[int(i)] for i in a] for a in self.act(state, n)]
+
+
+def states_array(rows: Sequence[Sequence[float]]) -> np.ndarray:
+    import numpy as np
+
+    return np.asarray(rows, dtype=np.float32)
