@@ -14,7 +14,8 @@ mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model:
   and timed;
 - MetaSchedule: `ms.relax_integration.tune_relax` with `max_trials_global` = the
   same budget (its own gradient task scheduler), `compile_relax`, checked and timed;
-- torch: the eager module, all cores.
+- torch: the eager module, all cores, timed in a fresh process (TVM's thread
+  pool slows torch down in a process where TVM has run).
 
 Latencies are medians of `time_evaluator` repeats of at least 50 ms (torch: the
 same calibration in Python). Prints a table and writes the report (the
@@ -51,6 +52,21 @@ def torch_model_latency(module: Any, inputs: tuple, *, repeat: int = 5, min_repe
                 module(*inputs)
             means.append((time.perf_counter() - start) / number)
     return statistics.median(means) * 1e3
+
+
+def torch_latency_fresh(name: str, seed: int) -> float:
+    """`torch_model_latency` of zoo model `name` in a fresh process.
+
+    In a process where TVM has run, its spinning thread pool competes with
+    torch's OpenMP threads for the two cores: BERT-tiny measured 60 ms there
+    and 1.35 ms in a fresh process. So torch is always timed alone.
+    """
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "bench.models", "--torch-only", name, "--seed", str(seed)],
+                          capture_output=True, text=True, timeout=600, check=True)
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["torch_ms"])
 
 
 def _check(outs: list, expected: list) -> str | None:
@@ -238,7 +254,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
                 row["metaschedule_error"] = f"MetaSchedule: {mismatch}"
         except Exception as e:  # noqa: BLE001
             row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
-    row["torch_ms"] = torch_model_latency(module, torch_inputs) if options["torch"] else None
+    row["torch_ms"] = torch_latency_fresh(name, seed) if options["torch"] else None
     row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
     row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
     row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
@@ -285,8 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-metaschedule", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-untuned", action="store_true")
+    parser.add_argument("--torch-only", metavar="NAME", help=argparse.SUPPRESS)  # torch_latency_fresh's child
     args = parser.parse_args(argv)
     from compiler.workloads import zoo
+
+    if args.torch_only:
+        import json
+
+        module, inputs = zoo.create(args.torch_only, args.seed)
+        print(json.dumps({"torch_ms": torch_model_latency(module, inputs)}))
+        return 0
 
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in zoo.MODELS]
