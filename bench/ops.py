@@ -335,7 +335,8 @@ def run(
             print(f"[{i + 1}/{len(plan)}] {case.name} (budget {case_budget}) ...", file=log, flush=True)
             row = run_case(case, target_name, case_budget, case_seed, opts)
             print(f"    ours {fmt_ms(row['ours_ms'])} ms ({row.get('layout')}), "
-                  f"loop-only {fmt_ms(row.get('ours_loop_only_ms'))} ms, MetaSchedule {fmt_ms(row['metaschedule_ms'])} ms, "
+                  f"loop-only {fmt_ms(row.get('ours_loop_only_ms'))} ms, "
+                  f"MetaSchedule {fmt_ms(row['metaschedule_ms'])} ms, "
                   f"torch {fmt_ms(row['torch_ms'])} ms" + (f"  [{row['error']}]" if row.get("error") else ""),
                   file=log, flush=True)
             rows.append(row)

@@ -269,8 +269,8 @@ class ALTSearch(Search):
             choice = first_layout(self.template)
             try:
                 p = self.point(choice)
-                self.layout_actor.record(state, [action_of(q.extent, choice[q.name]) for q in self.free], 0.0)
-                self.layout_actor.buffer.steps[-1].reward = None  # rewarded at the episode's end
+                # rewarded at the episode's end, like the actor's own actions
+                self.layout_actor.record(state, [action_of(q.extent, choice[q.name]) for q in self.free])
                 return p
             except LayoutError as e:
                 log.info("first layout %s does not apply: %s", choice, e)
@@ -372,8 +372,7 @@ class ALTSearch(Search):
             p = self.points[k]
             action = [action_of(q.extent, p.choice.get(q.name, 1)) for q in self.free]
             if i == len(episodes) - 1 and prior and prior[-1].stage == "joint":
-                self.layout_actor.record(self.layout_state(), action, 0.0)
-                self.layout_actor.buffer.steps[-1].reward = None
+                self.layout_actor.record(self.layout_state(), action)  # rewarded when the episode ends
                 self.current = k
                 self.episode_rounds = math.ceil(sum(
                     1 for t in joint if self.key(self.full_choice(split_config(t.config)[0])) == k) / self.top_k)
@@ -586,13 +585,10 @@ def apply_layout_config(task: Task, config: Config) -> tvm.IRModule:
     loops = {k: v for k, v in loops.items() if k in known}
     for name, knob in known.items():
         loops.setdefault(name, knob.choices[0])
-    try:
-        main = space.apply(loops).mod["main"]
-    except ScheduleFailed:
-        if not loops.get("write_at"):
-            raise
-        # the output conversion cannot always sit inside a tile: write it at the root
-        main = space.apply({**loops, "write_at": 0}).mod["main"]
+    # The output conversion (and the epilogue inlined into it) stays at the root: placed inside a
+    # tile, reverse_compute_at over-approximates the region a stored-layout tile covers in the user's
+    # layout and reads outputs other tiles have not written yet (wrong results, seen on dilated conv2d).
+    main = space.apply({**loops, "write_at": 0}).mod["main"]
     funcs = {"main": main}
     if prog.constants:
         funcs["pack_constants"] = prog.pack_func

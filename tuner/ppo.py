@@ -24,10 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import numpy as np
+from typing import Any
 
 HIDDEN = 64
 
@@ -132,12 +129,13 @@ class _Actor:
             out.append(a)
         return out
 
-    def record(self, state: Sequence[float], action: Sequence[float], reward: float) -> None:
-        """Adds an externally chosen step (e.g. a heuristic first layout, or replayed history)."""
+    def record(self, state: Sequence[float], action: Sequence[float], reward: float | None = None) -> None:
+        """Adds an externally chosen step (a heuristic first layout, replayed history); reward None: later."""
         torch = _torch()
         with torch.no_grad():
             dist = self._dist(torch.as_tensor([list(state)], dtype=torch.float32))
             lp = float(dist.log_prob(torch.as_tensor([list(action)], dtype=torch.float32)).sum(-1))
+        reward = None if reward is None else float(reward)
         self.buffer.steps.append(_Step(self.name, list(state), list(action), lp, reward))
 
     def reward_last(self, rewards: Sequence[float]) -> None:
@@ -167,7 +165,8 @@ class _Actor:
             logp = dist.log_prob(actions).sum(-1)
             ratio = torch.exp(logp - old_logp)
             surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - self.clip, 1 + self.clip) * adv)
-            loss = -surrogate.mean() + 0.5 * ((values - rewards) ** 2).mean() - self.entropy * dist.entropy().sum(-1).mean()
+            value_loss = ((values - rewards) ** 2).mean()
+            loss = -surrogate.mean() + 0.5 * value_loss - self.entropy * dist.entropy().sum(-1).mean()
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
@@ -231,9 +230,3 @@ class LoopActor(_Actor):
     def directions(self, state: Sequence[float], n: int) -> list[list[int]]:
         """`n` direction vectors (entries in `DIRECTIONS`) for `state`, recorded for `reward_last`."""
         return [[DIRECTIONS[int(i)] for i in a] for a in self.act(state, n)]
-
-
-def states_array(rows: Sequence[Sequence[float]]) -> np.ndarray:
-    import numpy as np
-
-    return np.asarray(rows, dtype=np.float32)

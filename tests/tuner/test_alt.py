@@ -91,8 +91,10 @@ class _FakeDevice:
         class _Fake(Measurer):
             def measure_one(self, task, candidate):
                 c = candidate.config
-                lat = 1.0 + 0.4 * abs(math.log2(c.get("layout.ot", 1)) - 3) + 0.3 * abs(math.log2(c.get("layout.wt", 1)) - 2)
-                lat += sum(0.1 * abs(math.log2(v) - 1) for k, v in c.items() if k.startswith("tile.") and k.endswith(".3"))
+                lat = 1.0 + 0.4 * abs(math.log2(c.get("layout.ot", 1)) - 3)
+                lat += 0.3 * abs(math.log2(c.get("layout.wt", 1)) - 2)
+                lat += sum(0.1 * abs(math.log2(v) - 1) for k, v in c.items()
+                           if k.startswith("tile.") and k.endswith(".3"))
                 lat += 0.3 * c["order"] + 0.2 * (1 - c["vectorize"]) + 0.1 * abs(c["unroll"] - 64) / 64
                 return MeasureResult([lat, lat, lat], None)
 
@@ -148,3 +150,28 @@ def test_unknown_search_is_refused():
 
     with pytest.raises(ValueError, match="unknown search"):
         make_search("nope", None, None, None)  # type: ignore[arg-type]
+
+
+def test_interface_program_is_correct_for_every_write_at():
+    """The artifact's program (user data and output) must match torch whatever loop config won in the tuned layout."""
+    import tvm
+
+    from tuner import Task
+    from tuner.alt import apply_layout_config, join_config, layout_program
+    from tuner.space import LoopSpace
+
+    wl = workload("dilated_conv2d", dict(batch=1, in_channels=16, height=28, width=28, out_channels=16, kernel=3,
+                                         padding=2, dilation=2))
+    xs = wl.random_inputs(0)
+    choice = {"ht": 7, "it": 16, "kit": 16, "kot": 16, "ot": 16, "wt": 14}
+    space = LoopSpace(layout_program(wl, choice).prim_func)
+    task = Task("d", wl.key, wl.prim_func, host(), workload=wl)
+    interface = layout_program(wl, choice, keep_interface=True)
+    rng = np.random.default_rng(0)
+    configs = [c for c in space.sample(rng, 40) if c["write_at"] and c["parallel"] == 2][:3]
+    for config in configs:
+        lib = tvm.compile(apply_layout_config(task, join_config(choice, config)), host()).jit()
+        args = [tvm.runtime.tensor(a) for a in interface.pack_inputs(xs)]
+        args.append(tvm.runtime.tensor(np.zeros(wl.output.shape, "float32")))
+        lib["main"](*args)
+        np.testing.assert_allclose(args[-1].numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
