@@ -49,7 +49,7 @@ def _tunable(prim_func: Any) -> bool:
 
 
 def run_model_job(run: _JobRun) -> None:
-    """Tune, build and store a model job; ends in a finished status unless the lease is lost."""
+    """Tune, build and store a model job (the worker checked its attempts); ends in a finished status unless the lease is lost."""
     from compiler.target import resolve_target, target_key
     from compiler.workloads.model import build_model, import_model, load_exported_program, time_model
     from service.worker import LeaseLost
@@ -58,10 +58,7 @@ def run_model_job(run: _JobRun) -> None:
 
     with session_scope(run.url) as s:
         job = Job.find_or_raise_by_id(s, run.job_id)
-        spec, budget, attempts = dict(job.spec), job.budget, job.attempts
-    if attempts > run.settings.max_attempts:
-        run.finish("failed", error=f"abandoned by a worker {attempts - 1} times; giving up")
-        return
+        spec, budget = dict(job.spec), job.budget
 
     model = import_model(load_exported_program(Path(spec["model_file"])), spec.get("input_shapes"),
                          max_tensor_elements=run.settings.max_tensor_elements)

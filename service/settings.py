@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     port: int = 8000
     max_budget: int = Field(10_000, description="largest accepted measurement budget of a job")
     max_tensor_elements: int = Field(1 << 26, description="largest accepted tensor (elements) of a workload")
+    max_upload_bytes: int = Field(1 << 30, description="largest accepted model upload (bytes)")
     lease_seconds: float = Field(30.0, description="a worker that has not renewed its lease for this long loses its job")
     poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
     max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")

@@ -164,9 +164,14 @@ class _JobRun:
 
         with session_scope(self.url) as s:
             job = Job.find_or_raise_by_id(s, self.job_id)
-            spec, budget, attempts = dict(job.spec), job.budget, job.attempts
+            kind, spec, budget, attempts = job.kind, dict(job.spec), job.budget, job.attempts
         if attempts > self.settings.max_attempts:
             self.finish("failed", error=f"abandoned by a worker {attempts - 1} times; giving up")
+            return
+        if kind == "model":
+            from service.model_worker import run_model_job
+
+            run_model_job(self)
             return
 
         workload = make_workload(

@@ -6,7 +6,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from service.api import events, jobs, operators, schedules, web
+from service.api import events, jobs, models, operators, schedules, web
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
 from service.schemas import Health
@@ -26,6 +26,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api = APIRouter(prefix="/api/v1")
     api.include_router(jobs.router)
     api.include_router(schedules.router)
+    api.include_router(models.router)
     api.include_router(operators.router)
     api.include_router(events.router)
     app.include_router(api)

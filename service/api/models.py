@@ -49,10 +49,6 @@ class ZooJobCreate(ModelJobSpec):
     model: str = Field(description="zoo model name")
 
 
-def _max_upload_bytes(settings: Any) -> int:
-    return int(getattr(settings, "max_upload_bytes", 1 << 30))  # a Settings field to add; 1 GiB until then
-
-
 def _check_spec(spec: ModelJobSpec, settings: Any, loc: str) -> None:
     from compiler.target import TARGET_NAMES
 
@@ -67,7 +63,7 @@ def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]
     from compiler.workloads.model import ModelError, import_model, load_exported_program
 
     try:
-        ep = load_exported_program(data, max_bytes=_max_upload_bytes(settings))
+        ep = load_exported_program(data, max_bytes=settings.max_upload_bytes)
         return import_model(ep, spec.input_shapes, max_tensor_elements=settings.max_tensor_elements)
     except ModelError as e:  # "file" and "model" blame the upload, "input_shapes" the spec field
         where = ("body", "spec", "input_shapes") if e.field == "input_shapes" else loc
@@ -125,7 +121,7 @@ def create_model_job(
         first = e.errors()[0]
         raise invalid(("body", "spec", *first["loc"]), first["msg"]) from None
     _check_spec(parsed, settings, "spec")
-    limit = _max_upload_bytes(settings)
+    limit = settings.max_upload_bytes
     data = file.file.read(limit + 1)
     if len(data) > limit:
         raise invalid(("body", "file"), f"the file is larger than {limit} bytes")

@@ -20,33 +20,6 @@ from service.db import session_scope  # noqa: E402
 from service.models import Job, Schedule, TrialRow  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def model_jobs_wired(monkeypatch):
-    """What service/worker.py and service/api/__init__.py will say; wired here until they do."""
-    from service import worker
-    from service.api import models as models_api
-    from service.model_worker import run_model_job
-
-    original = worker._JobRun.execute
-
-    def execute(self):
-        with session_scope(self.url) as s:
-            kind = Job.find_or_raise_by_id(s, self.job_id).kind
-        return run_model_job(self) if kind == "model" else original(self)
-
-    monkeypatch.setattr(worker._JobRun, "execute", execute)
-    import service.api as api
-
-    create = api.create_app
-
-    def create_app(settings=None):
-        app = create(settings)
-        app.include_router(models_api.router, prefix="/api/v1")
-        return app
-
-    monkeypatch.setattr(api, "create_app", create_app)
-
-
 @pytest.fixture
 def api(settings):
     from fastapi.testclient import TestClient
