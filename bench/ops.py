@@ -120,8 +120,8 @@ FULL = (
 
 SUITES: dict[str, tuple[tuple[Case, ...], int]] = {  # name -> (cases, default budget)
     "smoke": (SMOKE, 8),
-    "quick": (QUICK, 64),
-    "full": (FULL, 64),
+    "quick": (QUICK, 128),
+    "full": (FULL, 300),
 }
 
 

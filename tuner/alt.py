@@ -27,8 +27,13 @@ layout's program. Each trial keeps the readable layout in `extra["layout"]`
 (the output layout, e.g. "N H W/14 O/16 14 16"), its stage ("joint" / "loop")
 and the model's prediction.
 
-Candidates run in the tuned layouts: the measurer gets a task per layout with the
-inputs packed into it and the torch reference packed into the output layout.
+Candidates run as the artifact will: data and output in the user's layouts,
+converted inside the program (the data conversion is a producer the loop space
+inlines or computes at the root; the output conversion is the epilogue, written
+at the root), constants (weight, bias) packed once beforehand and not timed. The
+user's own layouts (the untransformed program, nothing converted) are one more
+layout point, tried first in the joint stage: a layout is kept only where its
+gains pay for its conversions.
 
 Layering: `tuner` never imports `service`; it imports `compiler`. TVM, numpy,
 torch and xgboost are imported inside functions.
@@ -47,7 +52,7 @@ from .cost_model import CostModel, CostModelKind, make_cost_model
 from .features import MSFeatures, knob_features
 from .measure import Measurer
 from .search import Proposal, Search, _never, _noop
-from .space import Config, InvalidConfig, LoopSpace, ScheduleFailed, config_key, sample_unique
+from .space import Config, InvalidConfig, LoopSpace, ScheduleFailed, config_key, loop_space, sample_unique
 from .task import Task, Trial
 
 if TYPE_CHECKING:
@@ -62,6 +67,7 @@ LAYOUT_PREFIX = "layout."
 GENERIC_KNOB_FEATURES = 14  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
 VECTOR_LANES = 16  # fp32 lanes of AVX-512: the channel tile of the first layout
 TIED = {"kot": "ot", "kit": "it"}  # weight factors follow the consumer's (contiguous weight vectors)
+IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
 
 
 def split_config(config: Config) -> tuple[dict[str, int], Config]:
@@ -77,6 +83,15 @@ def join_config(choice: dict[str, int], loops: Config) -> Config:
 
 def has_layout(config: Config) -> bool:
     return any(k.startswith(LAYOUT_PREFIX) for k in config)
+
+
+def interface_space(prog: LayoutProgram) -> LoopSpace:
+    """The loop space of a layout program that keeps the user's interface (what the artifact runs).
+
+    An output converted back to the user's layout is written at the root (see `LoopSpace`).
+    """
+    converts_output = not prog.layouts["output"].is_identity or any(c.endswith("_out") for c in prog.conversions)
+    return loop_space(prog.prim_func, not converts_output)
 
 
 @functools.lru_cache(maxsize=64)
@@ -122,6 +137,7 @@ class LayoutPoint:
     task: Task
     ms: MSFeatures | None
     name: str
+    identity: bool = False  # the user's own layouts: the untransformed program
     best: list[tuple[float, Config]] = field(default_factory=list)  # (latency, loop config), best first
     trials: int = 0
     actor: Any = None  # its LoopActor, made on first use
@@ -213,22 +229,52 @@ class ALTSearch(Search):
         return ",".join(f"{k}={choice[k]}" for k in sorted(choice))
 
     def point(self, choice: dict[str, int]) -> LayoutPoint:
-        """The `LayoutPoint` of a choice (built on first use). Raises `LayoutError` if it does not apply."""
+        """The `LayoutPoint` of a choice (built on first use). Raises `LayoutError` if it does not apply.
+
+        Candidates run as the artifact will: data and output in the user's layouts (converted
+        inside the program), constants packed beforehand. So the search weighs what a layout
+        gains against what its conversions cost, as the user will pay both.
+        """
         choice = self.full_choice(choice)
         k = self.key(choice)
         if k in self.points:
             return self.points[k]
-        prog = layout_program(self.task.workload, choice)
+        prog = layout_program(self.task.workload, choice, keep_interface=True)
         xs, ref = self.reference()
         sub = Task(f"{self.task.name}@{prog.requested['output'].name}", self.task.workload_key, prog.prim_func,
-                   self.task.target, inputs=prog.pack_inputs(xs), expected=prog.pack_output(ref),
-                   workload=self.task.workload)
-        space = LoopSpace(prog.prim_func)
+                   self.task.target, inputs=prog.pack_inputs(xs), expected=ref, workload=self.task.workload)
+        space = interface_space(prog)
         ms = MSFeatures(space.mod, self.task.target) if self.ms_features else None
         p = LayoutPoint(choice, prog, space, sub, ms, prog.requested["output"].name)
         self.points[k] = p
         self.order.append(k)
         return p
+
+    def identity_point(self) -> LayoutPoint:
+        """The user's own layouts: loops of the untransformed program, nothing converted."""
+        if IDENTITY in self.points:
+            return self.points[IDENTITY]
+        xs, ref = self.reference()
+        space = loop_space(self.task.prim_func)
+        sub = Task(self.task.name, self.task.workload_key, self.task.prim_func, self.task.target, inputs=xs,
+                   expected=ref, workload=self.task.workload)
+        ms = MSFeatures(space.mod, self.task.target) if self.ms_features else None
+        default = self.template.layouts(self.template.default())["output"]
+        p = LayoutPoint({}, None, space, sub, ms, " ".join(default.dim_names), identity=True)
+        self.points[IDENTITY] = p
+        self.order.append(IDENTITY)
+        return p
+
+    def point_of(self, config: Config) -> LayoutPoint:
+        """The layout point a flat configuration belongs to (no `layout.*` knob: the user's layouts)."""
+        if not has_layout(config) and self.template.params:
+            return self.identity_point()
+        return self.point(split_config(config)[0])
+
+    def key_of(self, config: Config) -> str:
+        if not has_layout(config) and self.template.params:
+            return IDENTITY
+        return self.key(self.full_choice(split_config(config)[0]))
 
     def reference(self) -> tuple[list, Any]:
         """User-layout inputs and the expected output (the task's, else seed 0 and torch)."""
@@ -259,13 +305,16 @@ class ALTSearch(Search):
         return {p.name: factor_of(p.candidates, p.extent, a) for p, a in zip(self.free, action)}
 
     def next_layout(self) -> LayoutPoint:
-        """The layout actor's next layout (the oneDNN-like start first); untried ones preferred."""
+        """The next layout: the user's own first, then the oneDNN-like start, then the layout actor's
+        (untried ones preferred)."""
         from compiler.layout import LayoutError
 
         from .ppo import action_of
 
+        if self.template.params and IDENTITY not in self.points:
+            return self.identity_point()
         state = self.layout_state()
-        if not self.points:
+        if not any(k != IDENTITY for k in self.points):
             choice = first_layout(self.template)
             try:
                 p = self.point(choice)
@@ -301,10 +350,12 @@ class ALTSearch(Search):
         if self.current is None:
             return
         p = self.points[self.current]
+        self.current = None
+        if p.identity:  # not the layout actor's action
+            return
         if any(s.reward is None for s in self.layout_actor.buffer.steps):
             self.layout_actor.reward_last([self.layout_reward(p)])
         self.layout_actor.update()
-        self.current = None
 
     # -- configurations --------------------------------------------------------
 
@@ -314,7 +365,7 @@ class ALTSearch(Search):
     def features(self, p: LayoutPoint, configs: Sequence[Config], schedules: Sequence[Any] | None = None) -> np.ndarray:
         import numpy as np
 
-        lay = [math.log2(p.choice.get(q.name, 1)) for q in self.template.params]
+        lay = [float(p.identity)] + [math.log2(p.choice.get(q.name, 1)) for q in self.template.params]
         rows = [lay + knob_features(p.space, c)[-GENERIC_KNOB_FEATURES:] for c in configs]
         out = np.asarray(rows, dtype=np.float32)
         if p.ms is None:
@@ -339,11 +390,9 @@ class ALTSearch(Search):
         """Rebuilds the layouts of prior trials, retrains the model, restores the stage and episode."""
         rows, lats = [], []
         for trial in prior:
-            choice, loops = split_config(trial.config)
-            if not has_layout(trial.config) and self.template.params:
-                continue  # a loop-only trial of the untransformed program: counts, teaches nothing here
+            _, loops = split_config(trial.config)
             try:
-                p = self.point(choice)
+                p = self.point_of(trial.config)
                 loops = p.space.validate(loops)
             except Exception:  # noqa: BLE001 - from another version of the space
                 continue
@@ -358,10 +407,10 @@ class ALTSearch(Search):
 
             self.model.update(np.stack(rows), lats)
         # replay the finished joint episodes into the layout actor; continue the last one
-        joint = [t for t in prior if t.stage == "joint" and has_layout(t.config)]
+        joint = [t for t in prior if t.stage == "joint"]
         episodes: list[str] = []
         for t in joint:
-            k = self.key(self.full_choice(split_config(t.config)[0]))
+            k = self.key_of(t.config)
             if not episodes or episodes[-1] != k:
                 episodes.append(k)
         from .ppo import action_of
@@ -372,11 +421,11 @@ class ALTSearch(Search):
             p = self.points[k]
             action = [action_of(q.extent, p.choice.get(q.name, 1)) for q in self.free]
             if i == len(episodes) - 1 and prior and prior[-1].stage == "joint":
-                self.layout_actor.record(self.layout_state(), action)  # rewarded when the episode ends
+                if not p.identity:
+                    self.layout_actor.record(self.layout_state(), action)  # rewarded when the episode ends
                 self.current = k
-                self.episode_rounds = math.ceil(sum(
-                    1 for t in joint if self.key(self.full_choice(split_config(t.config)[0])) == k) / self.top_k)
-            else:
+                self.episode_rounds = math.ceil(sum(1 for t in joint if self.key_of(t.config) == k) / self.top_k)
+            elif not p.identity:
                 self.layout_actor.record(self.layout_state(), action, self.layout_reward(p))
         self.layout_actor.update()
 
@@ -388,10 +437,10 @@ class ALTSearch(Search):
     def _start_proposals(self, start_from: Sequence[Config]) -> list[Proposal]:
         out = []
         for config in start_from:
-            choice, loops = split_config(config)
+            _, loops = split_config(config)
             try:
-                p = self.point(choice) if self.fixed is None else self.point(self.fixed)
-                if self.fixed is not None and self.key(self.full_choice(choice)) != self.key(p.choice):
+                p = self.point_of(config) if self.fixed is None else self.point(self.fixed)
+                if self.fixed is not None and self.key_of(config) != self.key(p.choice):
                     continue
                 loops = p.space.validate(loops)
                 mod = p.space.apply(loops).mod
@@ -417,7 +466,7 @@ class ALTSearch(Search):
             if self.current is None or self.episode_rounds >= self.rounds_per_layout:
                 self.end_episode()
                 p = self.next_layout()
-                self.current, self.episode_rounds = self.key(p.choice), 0
+                self.current, self.episode_rounds = IDENTITY if p.identity else self.key(p.choice), 0
             p = self.points[self.current]
             self.episode_rounds += 1
             n = min(n, self.joint_budget - self.count)
@@ -547,8 +596,8 @@ class ALTSearch(Search):
         rows, lats = [], []
         for trial in trials:
             self.count += 1
-            choice, loops = split_config(trial.config)
-            p = self.point(choice)
+            _, loops = split_config(trial.config)
+            p = self.point_of(trial.config)
             row = self._features.pop(config_key(trial.config), None)
             if row is None:
                 row = self.features(p, [loops])[0]
@@ -578,23 +627,17 @@ def apply_layout_config(task: Task, config: Config) -> tvm.IRModule:
     prog = layout_of_config(task, config)
     assert prog is not None
     _, loops = split_config(config)
-    space = _space(prog.prim_func)
-    # the interface program may differ in its producers (a data conversion where the tuned
-    # program read the data directly, or none where a padding wrote it): fit the knobs
+    space = interface_space(prog)
+    # A configuration searched is one of this space; one stored by an older version (searched in the
+    # stored-layout program) may name other producers' knobs or a write_at this space does not
+    # offer: fit those to the space's first choice.
     known = {k.name: k for k in space.knobs}
-    loops = {k: v for k, v in loops.items() if k in known}
+    loops = {k: v for k, v in loops.items() if k in known and v in known[k].choices}
     for name, knob in known.items():
         loops.setdefault(name, knob.choices[0])
-    # The output conversion (and the epilogue inlined into it) stays at the root: placed inside a
-    # tile, reverse_compute_at over-approximates the region a stored-layout tile covers in the user's
-    # layout and reads outputs other tiles have not written yet (wrong results, seen on dilated conv2d).
-    main = space.apply({**loops, "write_at": 0}).mod["main"]
+    main = space.apply(loops).mod["main"]
     funcs = {"main": main}
     if prog.constants:
         funcs["pack_constants"] = prog.pack_func
     return tvm.IRModule(funcs)
 
-
-@functools.lru_cache(maxsize=16)
-def _space(prim_func: Any) -> LoopSpace:
-    return LoopSpace(prim_func)

@@ -255,9 +255,15 @@ class LoopSpace(SearchSpace):
         inline: 1 inlines the injective producers into the main block (only where there are any).
     """
 
-    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule):
-        """Analyzes `prim_func` (a TE-made program with one reduction block)."""
+    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, *, fuse_epilogue: bool = True):
+        """Analyzes `prim_func` (a TE-made program with one reduction block).
+
+        `fuse_epilogue=False` keeps the epilogue at the root (`write_at` only 0): for an
+        epilogue that converts the output from a tiled layout back to the user's, whose
+        region inside a tile TVM over-approximates (it would read outputs not yet written).
+        """
         self.mod = _as_module(prim_func)
+        self.fuse_epilogue = fuse_epilogue
         self.structure = analyze(self.mod)
         knobs: list[Knob] = []
         for axis in self.structure.axes:
@@ -271,7 +277,7 @@ class LoopSpace(SearchSpace):
             Knob("parallel", (1, 2)),
             Knob("vectorize", (0, 1)),
             Knob("unroll", UNROLL_STEPS),
-            Knob("write_at", (0, 1, 2)),
+            Knob("write_at", (0, 1, 2) if fuse_epilogue else (0,)),
         ]
         if self.structure.inlinable:
             knobs.append(Knob("inline", (0, 1)))
@@ -347,7 +353,8 @@ class LoopSpace(SearchSpace):
         config["parallel"] = int(rng.integers(1, 3))
         config["vectorize"] = int(rng.random() < 0.8)
         config["unroll"] = UNROLL_STEPS[int(rng.integers(len(UNROLL_STEPS)))]
-        config["write_at"] = int(rng.choice([w for w in (0, 1, 2) if w == 0 or w >= config["parallel"]]))
+        places = self._by_name["write_at"].choices
+        config["write_at"] = int(rng.choice([w for w in places if w == 0 or w >= config["parallel"]]))
         if self.structure.inlinable:
             config["inline"] = int(rng.random() < 0.8)
         return self.validate(config)
@@ -476,6 +483,12 @@ class LoopSpace(SearchSpace):
         extent = int(sch.get(inner).extent)
         if config["vectorize"] and 1 < extent <= MAX_EPILOGUE_VECTOR:
             sch.vectorize(inner)
+
+
+@functools.lru_cache(maxsize=64)
+def loop_space(prim_func: tvm.tirx.PrimFunc, fuse_epilogue: bool = True) -> LoopSpace:
+    """`LoopSpace(prim_func)`, built once per program (the analysis applies schedules)."""
+    return LoopSpace(prim_func, fuse_epilogue=fuse_epilogue)
 
 
 SpaceKind = Literal["loop"]

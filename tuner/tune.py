@@ -5,14 +5,13 @@ Layering: `tuner` never imports `service`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .cost_model import CostModelKind
 from .measure import LocalMeasurer, Measurer
 from .search import SearchKind, _never, _noop, make_search
-from .space import Config, LoopSpace, SpaceKind, make_space
+from .space import Config, SpaceKind, loop_space, make_space
 from .task import Task, Trial, TuneResult, best_trial
 
 if TYPE_CHECKING:
@@ -84,11 +83,6 @@ def tune(
     return TuneResult(best_trial([*prior, *trials]), trials, baseline)
 
 
-@functools.lru_cache(maxsize=16)
-def _loop_space(prim_func: tvm.tirx.PrimFunc) -> LoopSpace:
-    return LoopSpace(prim_func)
-
-
 def apply_config(task: Task, config: Config) -> tvm.IRModule:
     """The scheduled module of `config` for `task`.
 
@@ -106,4 +100,4 @@ def apply_config(task: Task, config: Config) -> tvm.IRModule:
 
     if has_layout(config):
         return apply_layout_config(task, config)
-    return _loop_space(task.prim_func).apply(config).mod
+    return loop_space(task.prim_func).apply(config).mod
