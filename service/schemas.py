@@ -162,6 +162,18 @@ class OperatorsPublic(BaseModel):
     targets: list[str]
 
 
+class ZooModelPublic(BaseModel):
+    name: str = Field(description="the name to pass as `model` to `POST /api/v1/models/zoo`")
+    description: str
+    input_shapes: list[list[int]] = Field(description="example input shapes in call order (batch 1)")
+    input_dtypes: list[str] = Field(description="their element types, e.g. float32, int64 for token ids")
+
+
+class ZooModelsPublic(BaseModel):
+    data: list[ZooModelPublic]
+    count: int
+
+
 class Health(BaseModel):
     status: Literal["ok"]
     database: Literal["ok"]

@@ -2,13 +2,13 @@
 
 `POST /api/v1/models` takes multipart form data: `file` (the `torch.export.save`
 file) and `spec` (JSON: `input_shapes`, `target`, `budget`, `seed`, `name`).
-`POST /api/v1/models/zoo` takes JSON naming a built-in model. Both import the
-model before answering (safely: see `compiler.workloads.model`), so a bad
-upload is answered 422 naming the problem and leaves nothing behind; a good one
-is stored content-addressed under `<artifact dir>/models/<sha256>.pt2` and
-becomes a queued job of kind "model" with one task per distinct fused
-subgraph, created in the same transaction. A worker runs it with
-`service.model_worker.run_model_job`.
+`POST /api/v1/models/zoo` takes JSON naming a built-in model (`GET /api/v1/models/zoo`
+lists them). Both import the model before answering (safely: see
+`compiler.workloads.model`), so a bad upload is answered 422 naming the
+problem and leaves nothing behind; a good one is stored content-addressed
+under `<artifact dir>/models/<sha256>.pt2` and becomes a queued job of kind
+"model" with one task per distinct fused subgraph, created in the same
+transaction. A worker runs it with `service.model_worker.run_model_job`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.api.deps import SessionDep, SettingsDep, invalid
 from service.models import Job, TuningTask
-from service.schemas import JobPublic
+from service.schemas import JobPublic, ZooModelPublic, ZooModelsPublic
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -129,6 +129,22 @@ def create_model_job(
     path, digest = _store_upload(data, settings)
     name = parsed.name or Path(file.filename or "model.pt2").stem or "model"
     return _public(session, _create(session, name, parsed, imported, path, digest, {"source": "upload"}))
+
+
+@router.get("/zoo", response_model=ZooModelsPublic)
+def read_zoo_models() -> ZooModelsPublic:
+    """List the built-in models: the names `POST /api/v1/models/zoo` takes, with example input shapes.
+
+    Read from the zoo's table (`compiler.workloads.zoo.MODELS`): nothing is built or exported.
+    """
+    from compiler.workloads import zoo
+
+    data = [
+        ZooModelPublic(name=m.name, description=m.description, input_shapes=[list(s) for s in m.input_shapes],
+                       input_dtypes=list(m.input_dtypes))
+        for m in zoo.MODELS.values()
+    ]
+    return ZooModelsPublic(data=data, count=len(data))
 
 
 @router.post("/zoo", status_code=201, response_model=JobPublic)

@@ -147,3 +147,14 @@ def test_zoo_job(api, settings):
     r = api.post("/api/v1/models/zoo", json={"model": "vgg"})
     assert r.status_code == 422 and "unknown model" in r.json()["detail"][0]["msg"]
     assert _jobs(settings) == 1
+
+
+def test_zoo_list(api):
+    r = api.get("/api/v1/models/zoo")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(zoo.MODELS) == len(body["data"])
+    small = next(m for m in body["data"] if m["name"] == "small_cnn")
+    assert small["input_shapes"] == [[1, 3, 16, 16]] and small["input_dtypes"] == ["float32"]
+    assert small["description"] == zoo.MODELS["small_cnn"].description
+    assert "built-in models" in api.get("/openapi.json").json()["paths"]["/api/v1/models/zoo"]["get"]["description"]

@@ -154,8 +154,8 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
     screenshots(page, "submit-invalid")
     page.fill("#f-budget", "100000000")
     page.click("#submit-job")
-    page.locator("[data-error-for='budget']").wait_for(state="visible")
-    assert "budget" in page.locator("[data-error-for='budget']").inner_text()
+    page.locator("#submit-form [data-error-for='budget']").wait_for(state="visible")
+    assert "budget" in page.locator("#submit-form [data-error-for='budget']").inner_text()
     assert page.url.endswith("/submit"), "nothing submitted"
 
     # schedules: searchable, linking to the job that found the best
@@ -275,3 +275,73 @@ def test_big_job_loads_in_pages_and_stalled_job_warns(live_server, page, screens
 
     with httpx.Client(base_url=live_server.url) as client:
         assert client.get(f"/api/v1/jobs/{stalled_id}").json()["worker_id"] == "ghost"
+
+
+def test_submit_model_from_zoo_and_bad_upload(api_server, page, screenshots):
+    """The model form: a zoo model becomes a queued model job with its tasks; a bad upload's 422 sits by the file."""
+    base = api_server.url
+    page.goto(f"{base}/submit")
+    page.wait_for_selector("#m-model option[value='small_cnn']", state="attached")
+    assert page.is_checked("#m-source-zoo") and page.locator("#m-file").is_hidden()
+    page.select_option("#m-model", "small_cnn")
+    assert "3×16×16" in page.locator("#m-model-help").inner_text()
+    page.select_option("#m-target", "host")
+    page.fill("#m-budget", "8")
+    page.locator("#tune-model").scroll_into_view_if_needed()
+    screenshots(page, "submit-model")
+    page.click("#submit-model")
+    page.wait_for_url(re.compile(r"/jobs/\d+$"), timeout=120_000)  # the server exports and imports the model first
+    job_id = int(page.url.rsplit("/", 1)[1])
+    page.wait_for_function(f"document.title.startsWith('Job {job_id}: small_cnn')")
+    with httpx.Client(base_url=base) as client:
+        job = client.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["kind"] == "model" and job["status"] == "queued" and job["budget"] == 8, job
+    assert job["spec"]["source"] == "zoo" and job["spec"]["model"] == "small_cnn"
+    page.locator("#tasks-h").wait_for()
+    assert page.locator("#tasks-h").inner_text() == f"Tasks ({len(job['tasks'])})"
+    assert page.locator(".tasks-table tbody tr").count() == len(job["tasks"]) >= 2
+    page.click("a:has-text('Tune again')")  # the model form, filled from the job's spec
+    page.wait_for_selector("#m-model option[value='small_cnn']", state="attached")
+    assert page.input_value("#m-model") == "small_cnn" and page.input_value("#m-budget") == "8"
+    assert page.input_value("#f-budget") == "64", "the operator form keeps its defaults"
+    page.click("#jump-model")  # moves within the page, not a route change
+    assert page.evaluate("document.activeElement.id") == "tune-model-h" and page.url.endswith(f"?from={job_id}")
+
+    # a few random bytes named x.pt2: the server's 422 is shown beside the file field, and no job is made
+    page.goto(f"{base}/submit")
+    page.wait_for_selector("#m-source-upload")
+    page.check("#m-source-upload")
+    assert page.locator("#m-model").is_hidden()
+    page.set_input_files("#m-file", files=[{"name": "x.pt2", "mimeType": "application/octet-stream",
+                                            "buffer": bytes(range(7, 71))}])
+    page.click("#submit-model")
+    error = page.locator("#model-form [data-error-for='file']")
+    error.wait_for(state="visible")
+    assert "not a torch.export program" in error.inner_text()
+    assert page.locator("#m-file").get_attribute("aria-invalid") == "true"
+    assert page.evaluate("document.activeElement.id") == "m-file", "focus goes to the first field blamed"
+    assert page.locator("#m-file ~ [data-error-for='file']").count() == 1, "the error sits in the file's row"
+    screenshots(page, "submit-model-invalid")
+
+    # shapes that are not JSON are caught before sending, beside their field
+    page.fill("#m-input_shapes", "[[1, 3")
+    page.click("#submit-model")
+    page.locator("#model-form [data-error-for='input_shapes']").wait_for(state="visible")
+    assert page.locator("#model-form [data-error-for='file']").is_hidden()
+    with httpx.Client(base_url=base) as client:
+        assert client.get("/api/v1/jobs").json()["count"] == 1
+    assert page.url.endswith("/submit")
+
+    # the server stops answering: the form says so
+    page.route(re.compile(r"/api/v1/models"), lambda route: route.abort())
+    page.fill("#m-input_shapes", "")
+    page.click("#submit-model")
+    page.locator("#model-form .form-summary >> text=The server is unreachable").wait_for()
+    page.unroute(re.compile(r"/api/v1/models"))
+
+    # a phone: the form fits the width
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{base}/submit")
+    page.wait_for_selector("#m-source-upload")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390 + 1, f"no horizontal scrolling of the submit page on a phone: {width}px"

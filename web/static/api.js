@@ -75,15 +75,19 @@ export async function checkHealth() {
 
 // -- requests ----------------------------------------------------------------------------------------------
 
-/** fetch() against the API; JSON in and out. Throws ApiError (status 0 when the server is unreachable). */
+/**
+ * fetch() against the API; JSON in and out, or a FormData body sent as multipart (the browser sets the boundary).
+ * Throws ApiError (status 0 when the server is unreachable).
+ */
 export async function request(path, {method = 'GET', body, signal} = {}) {
+  const json = body !== undefined && !(body instanceof FormData);
   let res;
   try {
     res = await fetch(path.startsWith('/') ? path : `${API}/${path}`, {
       method,
       signal,
-      headers: body === undefined ? {} : {'Content-Type': 'application/json'},
-      body: body === undefined ? undefined : JSON.stringify(body),
+      headers: json ? {'Content-Type': 'application/json'} : {},
+      body: json ? JSON.stringify(body) : body,
     });
   } catch (e) {
     if (e.name === 'AbortError') throw e;
@@ -108,6 +112,7 @@ export async function request(path, {method = 'GET', body, signal} = {}) {
 }
 
 export const getJob = (id, opts) => request(`jobs/${id}`, opts);
+export const getZooModels = (opts) => request('models/zoo', opts);
 export const getJobs = ({status, limit = 50, offset = 0} = {}, opts) =>
   request(`jobs?${new URLSearchParams({...(status ? {status} : {}), limit, offset})}`, opts);
 
