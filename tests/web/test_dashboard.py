@@ -85,7 +85,7 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
         assert time.monotonic() < deadline, f"job {first} still {status} after 240 s"
         page.wait_for_timeout(100)
     assert status == "succeeded", page.locator("#job-error").inner_text() if status == "failed" else status
-    page.wait_for_function("document.querySelector('#trial-chart').dataset.points === '12'")
+    page.wait_for_function("document.querySelector('#trial-chart')?.dataset.points === '12'")
     assert _progress(page) == (12, 12)
     moving = sorted(seen)
     assert len({v for v, _ in moving if 0 < v < 12}) >= 2, f"the progress bar moved while running: {moving}"
@@ -97,9 +97,9 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
     # the finished job page: best config, TVMScript from the artifact, the trials table (sortable, paged)
     page.reload()
     page.wait_for_selector("#best-config")
-    page.wait_for_function("document.querySelector('#trials-page-info').textContent.startsWith('1–12 of 12')")
+    page.wait_for_function("document.querySelector('#trials-page-info')?.textContent.startsWith('1–12 of 12')")
     page.click(".script-box summary")
-    page.wait_for_function("document.querySelector('#tvmscript').textContent.includes('T.prim_func')")
+    page.wait_for_function("document.querySelector('#tvmscript')?.textContent.includes('T.prim_func')")
     assert page.locator("#trials-page-info").inner_text().startswith("1–12 of 12")
     page.click("button[data-sort='latency']")
     latencies = page.locator("#trials-table tbody tr:not(.err) td:nth-child(3)").all_inner_texts()
@@ -132,12 +132,12 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
     page.click("nav >> text=Jobs")
     page.locator(f"tr[data-job-id='{second}']").wait_for()
     page.wait_for_function(
-        f"document.querySelector(\"tr[data-job-id='{second}']\").dataset.status === 'running'", timeout=60_000)
+        f"document.querySelector(\"tr[data-job-id='{second}']\")?.dataset.status === 'running'", timeout=60_000)
     screenshots(page, "jobs")
     page.click(f"tr[data-job-id='{second}'] a")
     page.wait_for_url(f"**/jobs/{second}")
     page.click("#cancel-job")
-    page.wait_for_function("document.querySelector('.head-status .badge').dataset.status === 'cancelled'",
+    page.wait_for_function("document.querySelector('.head-status .badge')?.dataset.status === 'cancelled'",
                            timeout=60_000)
     screenshots(page, "job-cancelled")
     page.click("a:has-text('Tune again')")  # the form, filled from the job's spec
@@ -178,7 +178,7 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(f"{base}/jobs/{first}")
     page.wait_for_selector("#best-config")
-    page.wait_for_function("document.querySelector('#trials-page-info').textContent.startsWith('1–12 of 12')")
+    page.wait_for_function("document.querySelector('#trials-page-info')?.textContent.startsWith('1–12 of 12')")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390 + 1, f"no horizontal scrolling of the page on a phone: {width}px"
     screenshots(page, "job-phone")
@@ -255,9 +255,9 @@ def test_big_job_loads_in_pages_and_stalled_job_warns(live_server, page, screens
 
     page.goto(f"{live_server.url}/jobs/{big_id}")
     page.wait_for_selector("h1:has-text('Job #')")  # the header renders before the trials are in
-    page.wait_for_function("document.querySelector('#trial-chart').dataset.points === '2500'", timeout=30_000)
+    page.wait_for_function("document.querySelector('#trial-chart')?.dataset.points === '2500'", timeout=30_000)
     page.wait_for_function(
-        "document.querySelector('#trials-page-info').textContent.startsWith('1–50 of 2500 · page 1 of 50')")
+        "document.querySelector('#trials-page-info')?.textContent.startsWith('1–50 of 2500 · page 1 of 50')")
     assert page.locator(".loading-trials").is_hidden()
     page.click("button[aria-label='next page']")
     assert page.locator("#trials-page-info").inner_text().startswith("51–100 of 2500")
@@ -270,7 +270,7 @@ def test_big_job_loads_in_pages_and_stalled_job_warns(live_server, page, screens
     warning = page.locator(".stalled")
     warning.wait_for()
     assert "measured nothing for" in warning.inner_text()
-    page.wait_for_function("document.querySelector('#trials-page-info').textContent.startsWith('1–3 of 3')")
+    page.wait_for_function("document.querySelector('#trials-page-info')?.textContent.startsWith('1–3 of 3')")
     screenshots(page, "job-stalled")
 
     with httpx.Client(base_url=live_server.url) as client:
