@@ -597,7 +597,11 @@ class ALTSearch(Search):
         for trial in trials:
             self.count += 1
             _, loops = split_config(trial.config)
-            p = self.point_of(trial.config)
+            try:
+                p = self.point_of(trial.config)
+                loops = p.space.validate(loops)
+            except Exception:  # noqa: BLE001 - a prior trial from another version of the space
+                continue
             row = self._features.pop(config_key(trial.config), None)
             if row is None:
                 row = self.features(p, [loops])[0]
