@@ -81,6 +81,7 @@ class Search(abc.ABC):
         start_from: Sequence[Config] = (),
         on_trial: Callable[[Trial], None] = _noop,
         should_stop: Callable[[], bool] = _never,
+        replay: bool = True,
     ) -> list[Trial]:
         """Measures up to `budget - len(prior)` candidates; returns the new trials in order.
 
@@ -100,8 +101,17 @@ class Search(abc.ABC):
                 already measured ones are skipped.
             on_trial: called with each trial the moment it is measured (not for prior ones).
             should_stop: polled before each measurement; True ends the search.
+            replay: False learns the prior trials at once (`pre_tuning`) instead of replaying
+                them: for callers that tune in many short rounds, each passing all trials so
+                far (the model-job scheduler), where replaying every round again costs more
+                than it gives.
         """
         queue = sorted(prior, key=lambda t: t.index)
+        if queue and not replay:
+            self.measured |= {config_key(t.config) for t in queue}
+            self.pre_tuning(queue)
+            budget -= len(queue)
+            queue = []
         next_index = max((t.index for t in prior), default=-1) + 1
         remaining = budget  # the prior trials are taken from it as they are replayed
         trials: list[Trial] = []
