@@ -107,7 +107,7 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
     measurer = LocalMeasurer()
 
     def tune_round(i: int, n: int) -> RoundResult:
-        result = tune(tasks[i], len(trials[i]) + n, seed=seed, prior=trials[i], measurer=measurer)
+        result = tune(tasks[i], len(trials[i]) + n, seed=seed, prior=trials[i], measurer=measurer, replay=False)
         trials[i] += result.trials
         best[i] = result.best
         baselines[i] = result.baseline_ms

@@ -105,7 +105,7 @@ def run_model_job(run: _JobRun) -> None:
     def tune_round(i: int, n: int, start_from: list[dict] = ()) -> RoundResult:
         result = tune(tasks[i], len(prior[i]) + n, seed=seed, prior=prior[i], start_from=start_from,
                       on_trial=lambda trial: run._record(rows[i], trial), should_stop=run.should_stop,
-                      measurer=measurer)
+                      measurer=measurer, replay=False)
         prior[i] += result.trials
         best[i], untuned[i] = result.best, result.baseline_ms
         if result.baseline_ms is not None:

@@ -430,9 +430,11 @@ class ALTSearch(Search):
         self.layout_actor.update()
 
     def run(self, budget: int, *, prior: Sequence[Trial] = (), start_from: Sequence[Config] = (),
-            on_trial: Callable[[Trial], None] = _noop, should_stop: Callable[[], bool] = _never) -> list[Trial]:
+            on_trial: Callable[[Trial], None] = _noop, should_stop: Callable[[], bool] = _never,
+            replay: bool = True) -> list[Trial]:
         self.joint_budget = 0 if self.fixed is not None else int(round(self.joint_fraction * budget))
-        return super().run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop)
+        return super().run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop,
+                           replay=replay)
 
     def _start_proposals(self, start_from: Sequence[Config]) -> list[Proposal]:
         out = []
@@ -597,7 +599,11 @@ class ALTSearch(Search):
         for trial in trials:
             self.count += 1
             _, loops = split_config(trial.config)
-            p = self.point_of(trial.config)
+            try:
+                p = self.point_of(trial.config)
+                loops = p.space.validate(loops)
+            except Exception:  # noqa: BLE001 - a prior trial from another version of the space
+                continue
             row = self._features.pop(config_key(trial.config), None)
             if row is None:
                 row = self.features(p, [loops])[0]

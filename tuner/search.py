@@ -81,25 +81,64 @@ class Search(abc.ABC):
         start_from: Sequence[Config] = (),
         on_trial: Callable[[Trial], None] = _noop,
         should_stop: Callable[[], bool] = _never,
+        replay: bool = True,
     ) -> list[Trial]:
         """Measures up to `budget - len(prior)` candidates; returns the new trials in order.
 
+        Resume is a replay: the search runs again from the start with the same seed and
+        budget, and each proposal that is the next prior trial takes that trial's result
+        instead of a measurement, so the search reaches the state the interrupted run was
+        in (cost model, agents, stage, the round it was in) and goes on exactly as an
+        uninterrupted run would have (given the same measurements). Where the replay
+        proposes something else (prior trials from another version or seed), the prior
+        trials not replayed are learned at once: by `pre_tuning` if none was replayed, else
+        as one batch (`notify_results`).
+
         Args:
             budget: on-device measurements in all, the prior ones included.
-            prior: trials of this task measured before (resume).
+            prior: trials of this task measured before (resume), in index order.
             start_from: configurations measured first (known good ones); invalid or
                 already measured ones are skipped.
-            on_trial: called with each trial the moment it is measured.
+            on_trial: called with each trial the moment it is measured (not for prior ones).
             should_stop: polled before each measurement; True ends the search.
+            replay: False learns the prior trials at once (`pre_tuning`) instead of replaying
+                them: for callers that tune in many short rounds, each passing all trials so
+                far (the model-job scheduler), where replaying every round again costs more
+                than it gives.
         """
-        self.measured |= {config_key(t.config) for t in prior}
-        self.pre_tuning(prior)
+        queue = sorted(prior, key=lambda t: t.index)
+        if queue and not replay:
+            self.measured |= {config_key(t.config) for t in queue}
+            self.pre_tuning(queue)
+            budget -= len(queue)
+            queue = []
         next_index = max((t.index for t in prior), default=-1) + 1
-        remaining = budget - len(prior)
+        remaining = budget  # the prior trials are taken from it as they are replayed
         trials: list[Trial] = []
 
-        def measure(proposal: Proposal, round_: int) -> Trial:
+        def learn_rest() -> None:
+            """The replay diverged: learn the prior trials not replayed at once."""
+            nonlocal remaining
+            rest = list(queue)
+            queue.clear()
+            replayed = len(prior) - len(rest)
+            self.measured |= {config_key(t.config) for t in rest}
+            remaining -= len(rest)
+            log.info("%s: resume replay diverged after %d prior trials; learning the other %d at once",
+                     self.task.name, replayed, len(rest))
+            if replayed:
+                self.notify_results(rest)
+            else:
+                self.pre_tuning(rest)
+
+        def measure(proposal: Proposal, round_: int) -> tuple[Trial, bool]:
+            """(trial, whether it is new): the next prior trial if the proposal is it, else measured."""
             nonlocal next_index, remaining
+            key = config_key(proposal.config)
+            if queue and config_key(queue[0].config) == key:
+                remaining -= 1
+                self.measured.add(key)
+                return queue.pop(0), False
             result = self.measurer.measure_one(proposal.task or self.task, Candidate(proposal.config, proposal.mod))
             extra = {"source": proposal.source, "round": round_, "build_s": round(result.build_s, 4),
                      "run_s": round(result.run_s, 4), **proposal.extra, **result.extra}
@@ -107,37 +146,64 @@ class Search(abc.ABC):
                           predicted=proposal.predicted, stage=proposal.stage, extra=extra)
             next_index += 1
             remaining -= 1
-            self.measured.add(config_key(proposal.config))
+            self.measured.add(key)
             trials.append(trial)
-            return trial
+            return trial, True
+
+        def proceed(proposal: Proposal) -> bool | None:
+            """Take `proposal` (True), skip it (None: learned from the prior meanwhile) or stop
+            (False: no budget left, or stopped). A proposal that is not the next prior trial
+            ends the replay first."""
+            if remaining <= 0:
+                return False
+            if queue and config_key(queue[0].config) != config_key(proposal.config):
+                learn_rest()
+                if remaining <= 0:
+                    return False
+            if not queue and should_stop():
+                return False
+            return None if not queue and config_key(proposal.config) in self.measured else True
 
         first = self._start_proposals(start_from)
+        started: list[Trial] = []
         for proposal in first:
-            if remaining <= 0 or should_stop():
+            go = proceed(proposal)
+            if go is None:
+                continue
+            if not go:
                 break
-            trial = measure(proposal, 0)
-            on_trial(trial)
-        if first:
-            self.notify_results([t for t in trials if t.extra.get("source") == "start_from"])
+            trial, new = measure(proposal, 0)
+            started.append(trial)
+            if new:
+                on_trial(trial)
+        if started:
+            self.notify_results(started)
 
         round_ = 0
-        while remaining > 0 and not should_stop():
+        while remaining > 0 and (queue or not should_stop()):
             round_ += 1
             proposals = self.generate_candidates(remaining)
             if not proposals:
+                if queue:
+                    learn_rest()
+                    continue
                 log.info("%s: search space exhausted after %d trials", self.task.name, len(self.measured))
                 break
             batch: list[Trial] = []
             for proposal in proposals:
-                if remaining <= 0 or should_stop():
+                go = proceed(proposal)
+                if go is None:
+                    continue
+                if not go:
                     break
-                trial = measure(proposal, round_)
+                trial, new = measure(proposal, round_)
                 batch.append(trial)
-                scored = [t for t in batch if t.predicted is not None]
-                accuracy = pairwise_accuracy([t.predicted for t in scored], [t.latency_ms for t in scored])
-                if accuracy is not None:
-                    trial.extra["model_accuracy"] = round(accuracy, 4)
-                on_trial(trial)
+                if new:
+                    scored = [t for t in batch if t.predicted is not None]
+                    accuracy = pairwise_accuracy([t.predicted for t in scored], [t.latency_ms for t in scored])
+                    if accuracy is not None:
+                        trial.extra["model_accuracy"] = round(accuracy, 4)
+                    on_trial(trial)
             if batch:
                 self.notify_results(batch)
         return trials
@@ -296,12 +362,17 @@ class XGBSearch(Search):
             rows.append(row)
             latencies.append(trial.latency_ms)
             self._remember(trial.config, trial.latency_ms)
-        if missing:  # start_from trials: featurize now
-            configs = [self.space.validate(t.config) for t in missing]
-            rows += list(self.featurize(configs))
-            latencies += [t.latency_ms for t in missing]
-            for t in missing:
-                self._remember(t.config, t.latency_ms)
+        valid = []
+        for t in missing:  # start_from trials, prior trials learned at once: featurize now
+            try:
+                valid.append((self.space.validate(t.config), t))
+            except InvalidConfig:
+                continue  # from another space version: counts toward the budget, teaches nothing
+        if valid:
+            rows += list(self.featurize([c for c, _ in valid]))
+            latencies += [t.latency_ms for _, t in valid]
+            for c, t in valid:
+                self._remember(c, t.latency_ms)
         if rows:
             self.model.update(np.stack(rows), latencies)
 

@@ -243,7 +243,9 @@ class LoopSpace(SearchSpace):
         tile.<axis>.<level>: tile factor of a main-block loop at level 1..3 (spatial)
             or 1 (reduction); level 0 takes the rest of the extent.
         order: index into `ORDERS` (where the reduction levels sit among the spatial ones).
-        parallel: how many outer spatial levels (1 or 2) are fused into the parallel loop.
+        parallel: how many outer spatial levels (1 or 2) are fused into the parallel loop;
+            0 runs on one thread (level 0 fused as for 1, not parallel): small and
+            memory-bound programs can lose more to the thread pool than they gain.
         vectorize: 1 vectorizes the innermost spatial loop (level 3 of the last spatial axis).
         unroll: `pragma_auto_unroll_max_step` on the outer loop, one of `UNROLL_STEPS`
             (always with `pragma_unroll_explicit`: LLVM codegen ignores the implicit hint,
@@ -274,7 +276,7 @@ class LoopSpace(SearchSpace):
                 knobs.append(Knob(axis.knob(level), tuple(d for d in divisors(axis.extent) if d <= limit)))
         knobs += [
             Knob("order", tuple(range(len(ORDERS)))),
-            Knob("parallel", (1, 2)),
+            Knob("parallel", (0, 1, 2)),
             Knob("vectorize", (0, 1)),
             Knob("unroll", UNROLL_STEPS),
             Knob("write_at", (0, 1, 2) if fuse_epilogue else (0,)),
@@ -320,7 +322,7 @@ class LoopSpace(SearchSpace):
         register = math.prod(out.get(a.knob(SPATIAL_LEVELS - 1), 1) for a in self.structure.spatial)
         if register > MAX_REGISTER_TILE:
             raise InvalidConfig(f"innermost spatial tiles multiply to {register} > {MAX_REGISTER_TILE}")
-        if out["write_at"] and out["write_at"] < out["parallel"]:
+        if out["write_at"] and out["write_at"] < max(out["parallel"], 1):
             raise InvalidConfig(f"write_at={out['write_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
         return out
 
@@ -350,11 +352,11 @@ class LoopSpace(SearchSpace):
                 if axis.kind == "S" and level == axis.levels - 1:
                     register //= factor
         config["order"] = int(rng.integers(len(ORDERS)))
-        config["parallel"] = int(rng.integers(1, 3))
+        config["parallel"] = int(rng.choice(3, p=(0.2, 0.4, 0.4)))
         config["vectorize"] = int(rng.random() < 0.8)
         config["unroll"] = UNROLL_STEPS[int(rng.integers(len(UNROLL_STEPS)))]
         places = self._by_name["write_at"].choices
-        config["write_at"] = int(rng.choice([w for w in places if w == 0 or w >= config["parallel"]]))
+        config["write_at"] = int(rng.choice([w for w in places if w == 0 or w >= max(config["parallel"], 1)]))
         if self.structure.inlinable:
             config["inline"] = int(rng.random() < 0.8)
         return self.validate(config)
@@ -438,16 +440,19 @@ class LoopSpace(SearchSpace):
         order = ORDERS[config["order"]]
         sch.reorder(*[loop for token in order for loop in levels.get(token, [])])
 
-        outer = [loop for level in range(config["parallel"]) for loop in levels[("S", level)]]
+        threaded = config["parallel"] > 0
+        outer_levels = max(config["parallel"], 1)
+        outer = [loop for level in range(outer_levels) for loop in levels[("S", level)]]
         fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         if epilogue is not None:
             if write_at:
-                anchor = fused if write_at == config["parallel"] else levels[("S", write_at - 1)][-1]
+                anchor = fused if write_at == outer_levels else levels[("S", write_at - 1)][-1]
                 sch.reverse_compute_at(epilogue, anchor, preserve_unit_loops=True)
                 self._vectorize_tail(sch, epilogue, config)
             else:
                 self._schedule_root(sch, epilogue, config)
-        sch.parallel(fused)
+        if threaded:
+            sch.parallel(fused)
         if config["vectorize"] and self.factors(config, st.spatial[-1])[-1] > 1:
             sch.vectorize(levels[("S", SPATIAL_LEVELS - 1)][-1])
         if config["unroll"]:
@@ -476,7 +481,7 @@ class LoopSpace(SearchSpace):
     def _schedule_root(sch: tvm.s_tir.Schedule, block, config: Config) -> None:
         """A block left at the root: parallel outer loops, vectorized innermost (if short)."""
         loops = sch.get_loops(block)
-        if len(loops) > 1:
+        if len(loops) > 1 and config["parallel"]:
             outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
             sch.parallel(outer)
         inner = loops[-1]

@@ -35,6 +35,7 @@ def tune(
     search: SearchKind | None = None,
     joint_fraction: float = 0.3,
     layout: dict[str, int] | None = None,
+    replay: bool = True,
 ) -> TuneResult:
     """Searches `task`'s layouts and loops (ALT) or its loops only.
 
@@ -59,6 +60,8 @@ def tune(
         joint_fraction: ALT's share of the budget for the joint stage.
         layout: ALT only: a fixed layout choice (loop-only in it, the ALT-OL ablation;
             {} = channels last).
+        replay: resume by replaying `prior` through the search (exact; see `Search.run`);
+            False learns it at once (callers tuning in many short rounds).
 
     Returns:
         The best trial (prior ones included), this call's trials, and the untuned
@@ -76,7 +79,8 @@ def tune(
             strategy = make_search("alt", task, None, measurer, **options)  # type: ignore[arg-type]
         else:
             strategy = make_search(kind, task, make_space(space, task.prim_func), measurer, **options)
-        trials = strategy.run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop)
+        trials = strategy.run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop,
+                              replay=replay)
     finally:
         if own:
             measurer.close()

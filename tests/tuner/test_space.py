@@ -23,9 +23,13 @@ def test_sampled_schedules_match_the_reference(operator, params, epilogue):
     configs = space.sample(rng, 3)
     # cover the write-back / epilogue placements and both inline settings at least once
     configs.append(space.validate({**configs[0], "parallel": 1, "write_at": 1, **({"inline": 0} if "inline" in configs[0] else {})}))
+    # one thread: no parallel loop anywhere, the epilogue still placeable in the outer tile
+    configs.append(space.validate({**configs[0], "parallel": 0, "write_at": 1}))
     for config in configs:
         assert json.loads(json.dumps(config)) == config
-        out = run(space.apply(config).mod, inputs, wl.output.shape)
+        mod = space.apply(config).mod
+        assert ("T.parallel" in mod.script()) == (config["parallel"] > 0), config
+        out = run(mod, inputs, wl.output.shape)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3, err_msg=f"{config}")
 
 
