@@ -305,7 +305,8 @@ class ALTSearch(Search):
         return {p.name: factor_of(p.candidates, p.extent, a) for p, a in zip(self.free, action)}
 
     def next_layout(self) -> LayoutPoint:
-        """The next layout: the user's own first, then the oneDNN-like start, then the layout actor's
+        """The next layout: the user's own first, then the oneDNN-like start, then channels last
+        untiled (ALT-OL's layout, so the joint stage never misses it), then the layout actor's
         (untried ones preferred)."""
         from compiler.layout import LayoutError
 
@@ -323,6 +324,14 @@ class ALTSearch(Search):
                 return p
             except LayoutError as e:
                 log.info("first layout %s does not apply: %s", choice, e)
+        default = self.full_choice({})
+        if self.key(default) not in self.points:  # channels last, untiled: what ALT-OL tunes in
+            try:
+                p = self.point(default)
+                self.layout_actor.record(state, [action_of(q.extent, default[q.name]) for q in self.free])
+                return p
+            except LayoutError as e:
+                log.info("channels-last layout does not apply: %s", e)
         for _ in range(16):
             action = self.layout_actor.act(state, 1)[0]
             choice = self._choice_of(action)
