@@ -1,13 +1,14 @@
 """End-to-end benchmark: whole models, ours vs TVM MetaSchedule (Relax integration, same budget) vs torch eager.
 
     python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
-                           [--no-metaschedule] [--no-torch] [--no-untuned]
+                           [--layout blocked|none] [--no-metaschedule] [--no-torch] [--no-untuned]
 
 Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
 mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model:
 
-- ours: `compiler.workloads.model.import_model` (torch.export -> Relax, fused
-  tasks), every task our loop space can tune searched with `tuner.tune` in rounds
+- ours: `compiler.workloads.model.import_model` (torch.export -> Relax,
+  graph-level layouts (`--layout`, default "blocked": convs in N C/c H W c, carried
+  through the graph), fused tasks), every task our loop space can tune searched with `tuner.tune` in rounds
   that `tuner.scheduler.GradientScheduler` spreads over the tasks (weight = calls),
   `--budget` measurements in all; the best configuration of every tuned task
   applied, the model built into a Relax VM executable, checked against torch
@@ -96,7 +97,7 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
     """Tunes the model's tasks under the gradient scheduler, builds the best, returns facts and the executable."""
     from compiler.workloads.model import build_model
     from tuner import LocalMeasurer, Task, apply_config, tune
-    from tuner.scheduler import GradientScheduler, RoundResult
+    from tuner.scheduler import GradientScheduler, RoundResult, round_size
 
     start = time.perf_counter()
     picked = [t for t in model.tasks if tunable(t.prim_func)]
@@ -117,8 +118,9 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
         return RoundResult(latency, len(result.trials))
 
     try:
+        # as the model worker: rounds of up to `trials_per_round`, small enough that every task gets one
         scheduler = GradientScheduler([t.weight for t in picked], tune_round, budget,
-                                      trials_per_round=trials_per_round, seed=seed)
+                                      trials_per_round=round_size(budget, len(tasks), trials_per_round), seed=seed)
         scheduler.run()
     finally:
         measurer.close()
@@ -212,8 +214,8 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     ep = torch.export.export(module, torch_inputs)
     inputs = [t.numpy() for t in torch_inputs]
     expected = torch_outputs(module, torch_inputs)
-    model = import_model(ep)
-    row: dict[str, Any] = {"name": name, "budget": budget, "layout": None, "inputs": [list(s.shape) for s in
+    model = import_model(ep, layout=options["layout"], target=target)
+    row: dict[str, Any] = {"name": name, "budget": budget, "layout": options["layout"], "inputs": [list(s.shape) for s in
                                                                                       model.inputs]}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
 
@@ -293,8 +295,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo names")
     parser.add_argument("--budget", type=int, default=64, help="on-device measurements per model (default 64)")
-    parser.add_argument("--trials-per-round", type=int, default=8, help="measurements per scheduler round")
+    parser.add_argument("--trials-per-round", type=int, default=8,
+                        help="most measurements per scheduler round (fewer when the budget could not otherwise "
+                             "reach every task); MetaSchedule's trials per iteration")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layout", default="blocked", choices=("blocked", "none"),
+                        help="our graph-level layouts (compiler.workloads.model.MODEL_LAYOUTS)")
     parser.add_argument("--target", default="host")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep MetaSchedule's run folders here")
@@ -324,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
-                   "untuned": not args.no_untuned, "trials_per_round": args.trials_per_round,
+                   "untuned": not args.no_untuned, "layout": args.layout, "trials_per_round": args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp)}
         rows = []
         for i, name in enumerate(names):

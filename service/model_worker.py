@@ -54,15 +54,17 @@ def run_model_job(run: _JobRun) -> None:
     from compiler.workloads.model import build_model, import_model, load_exported_program, time_model
     from service.worker import LeaseLost
     from tuner import LocalMeasurer, Task, Trial, apply_config, tune
-    from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency
+    from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
 
     with session_scope(run.url) as s:
         job = Job.find_or_raise_by_id(s, run.job_id)
         spec, budget = dict(job.spec), job.budget
 
-    model = import_model(load_exported_program(Path(spec["model_file"])), spec.get("input_shapes"),
-                         max_tensor_elements=run.settings.max_tensor_elements)
     target = resolve_target(spec["target"])
+    # jobs submitted before graph-level layouts have no "layout": their tasks were made without one
+    model = import_model(load_exported_program(Path(spec["model_file"])), spec.get("input_shapes"),
+                         layout=spec.get("layout", "none"), target=target,
+                         max_tensor_elements=run.settings.max_tensor_elements)
     tkey = target_key(spec["target"])
     seed = int(spec.get("seed", 0))
 
@@ -128,7 +130,7 @@ def run_model_job(run: _JobRun) -> None:
         spent = sum(len(p) for p in prior)
         if fresh and budget > spent:
             local = {j: i for j, i in enumerate(fresh)}
-            per_round = trials_per_round(budget - spent, len(fresh))
+            per_round = round_size(budget - spent, len(fresh), TRIALS_PER_ROUND)
             scheduler = GradientScheduler(
                 [weights[i] for i in fresh], lambda j, n: tune_round(local[j], n), budget - spent,
                 trials_per_round=per_round, seed=seed, should_stop=run.should_stop,
@@ -176,12 +178,6 @@ def run_model_job(run: _JobRun) -> None:
         run.finish("cancelled")
     else:
         run.finish("succeeded")
-
-
-def trials_per_round(budget: int, tasks: int) -> int:
-    """Measurements per scheduler round: at most `TRIALS_PER_ROUND`, fewer when the budget could not
-    otherwise give every task its warm-up round."""
-    return max(1, min(TRIALS_PER_ROUND, budget // max(1, tasks)))
 
 
 def best_of(trials: list) -> Any:

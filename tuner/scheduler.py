@@ -177,6 +177,12 @@ class GradientScheduler:
         return self.state.best
 
 
+def round_size(budget: int, tasks: int, most: int = 8) -> int:
+    """Measurements per scheduler round: at most `most` (ALT's top-k batch), fewer when the budget
+    could not otherwise give every task its warm-up round."""
+    return max(1, min(most, budget // max(1, tasks)))
+
+
 def estimated_latency(weights: Sequence[float], best_ms: Sequence[float | None],
                       fallback_ms: Sequence[float | None] | None = None) -> float | None:
     """sum weight_i * latency_i, a task's `fallback_ms` (e.g. its untuned latency) standing in for a

@@ -79,7 +79,7 @@ COMPLEX_OPS = ("conv", "matmul", "dense")  # fused-function name parts that mark
 
 
 class ModelError(ValueError):
-    """A model that cannot be imported, with the field to blame ("file", "model", "input_shapes").
+    """A model that cannot be imported, with the field to blame ("file", "model", "input_shapes", "layout").
 
     str() is "field: message", as `WorkloadError`.
     """
@@ -256,6 +256,8 @@ def import_model(
     ep: torch.export.ExportedProgram,
     input_shapes: Sequence[Sequence[int]] | None = None,
     *,
+    layout: str = "none",
+    target: tvm.target.Target | str | None = None,
     max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
 ) -> ImportedModel:
     """torch.export program -> fused Relax, parameters and tasks.
@@ -263,6 +265,10 @@ def import_model(
     Args:
         ep: the exported program (static shapes).
         input_shapes: the user's input shapes, checked against the program's; None: the program's.
+        layout: "none" (the operators' own layouts, NCHW) or "blocked" (graph-level layouts: every
+            dense and depthwise conv2d in `N C/c H W c` with weights `O/o I/i KH KW i o`, the block factors from
+            `conv_blocks`, propagated by `relax.transform.ConvertLayout`; see `MODEL_LAYOUTS`).
+        target: what the block factors are chosen for (its vector width); None: "llvm" defaults.
         max_tensor_elements: largest accepted input, parameter or intermediate tensor.
 
     Raises:
@@ -317,9 +323,16 @@ def import_model(
             raise ModelError("input_shapes", f"tensor {spec.name} {'x'.join(map(str, spec.shape))} has "
                                              f"{spec.size} elements, more than the limit {max_tensor_elements}")
 
+    if layout not in MODEL_LAYOUTS:
+        raise ModelError("layout", f"unknown layout {layout!r}; one of {', '.join(MODEL_LAYOUTS)}")
+    target = tvm.target.Target(target or "llvm") if not isinstance(target, tvm.target.Target) else target
+    passes = [relax.transform.DecomposeOpsForInference()]
+    if layout == "blocked":
+        passes += [_clip_as_min_max(),
+                   relax.transform.ConvertLayout({}, _blocked_conv_layouts(vector_lanes(target, "float32")))]
     seq = tvm.transform.Sequential([
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.LegalizeOps(),
+        *passes,
+        relax.transform.LegalizeOps({"relax.nn.conv2d": _legalize_conv2d}),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -327,12 +340,139 @@ def import_model(
         relax.transform.DeadCodeElimination(),
     ])
     try:
-        fused = seq(mod)
+        with target:  # topi's NCHWc conv2d asks for one
+            fused = seq(mod)
     except Exception as e:  # an operator Relax imports but cannot legalize
         raise ModelError("model", f"lowering failed: {type(e).__name__}: {_short(e)}") from e
     model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs)
     model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
     return model
+
+
+# Graph-level layouts of a model (ALT sec. 4.2): "none" keeps the operators' own layouts; "blocked"
+# puts every dense and depthwise conv2d in N C/c H W c (weights O/o I/i KH KW i o, transformed at build time) and
+# lets ConvertLayout carry the layout along element-wise, pooling and reduction paths, so conversions
+# remain only where an operator cannot take it (inputs, outputs, flatten, grouped convs).
+MODEL_LAYOUTS = ("blocked", "none")
+
+
+def vector_lanes(target: Any, dtype: str = "float32") -> int:
+    """How many `dtype` values one vector register of the target holds (16 for float32 on AVX-512)."""
+    import tvm
+
+    bits = tvm.DataType(dtype).bits
+    if target.kind.name != "llvm":
+        return max(1, 128 // bits)
+    from tvm.target.codegen import llvm_get_vector_width
+
+    return max(1, llvm_get_vector_width(target) // bits)
+
+
+def conv_blocks(out_channels: int, in_channels: int, lanes: int) -> tuple[int, int]:
+    """(output block o, input block i) of a conv2d in the blocked layout: the largest power of two up
+    to `lanes` that divides the channel count; a channel count below `lanes` that no power of two
+    >= 4 divides (3 RGB channels) is one whole block."""
+
+    def block(c: int) -> int:
+        if c <= lanes and all(c % b for b in (4, 8, 16, 32, 64) if b <= c):
+            return c
+        return next(b for b in (64, 32, 16, 8, 4, 2, 1) if b <= lanes and c % b == 0)
+
+    return block(out_channels), block(in_channels)
+
+
+def _blocked_conv_layouts(lanes: int) -> Any:
+    """`ConvertLayout`'s per-call callback: the blocked layout for dense and depthwise NCHW conv2d,
+    nothing else (other grouped convs, every other operator: ConvertLayout's own rules)."""
+
+    def layouts(call: Any) -> dict:
+        op = getattr(call, "op", None)
+        if getattr(op, "name", "") != "relax.nn.conv2d":
+            return {}
+        attrs = call.attrs
+        if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+            return {"relax.nn.conv2d": [str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)]}
+        shape = call.args[1].ty.shape
+        out_channels, in_channels, groups = int(shape[0]), int(shape[1]), int(attrs.groups)
+        if groups == out_channels and in_channels == 1:  # depthwise: one block for data and output
+            ob, _ = conv_blocks(out_channels, out_channels, lanes)
+            return {"relax.nn.conv2d": [f"NCHW{ob}c", f"OIHW1i{ob}o", f"NCHW{ob}c"]}
+        if groups != 1:  # other grouped convs keep NCHW (conversions around them); said explicitly, since
+            return {"relax.nn.conv2d": ["NCHW", "OIHW", "NCHW"]}  # {} would try the producer's blocked layout
+        ob, ib = conv_blocks(out_channels, in_channels, lanes)
+        return {"relax.nn.conv2d": [f"NCHW{ib}c", f"OIHW{ib}i{ob}o", f"NCHW{ob}c"]}
+
+    return layouts
+
+
+def _clip_as_min_max() -> Any:
+    """A pass: `clip(x, lo, hi)` -> `minimum(maximum(x, lo), hi)` (ReLU6). ConvertLayout has no layout
+    rule for clip and would convert the blocked tensor back to NCHW around every ReLU6 (MobileNet-V2:
+    70 conversions); the element-wise maximum and minimum with a scalar carry the layout through."""
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x, lo, hi = wildcard(), wildcard(), wildcard()
+    pattern = is_op("relax.clip")(x, lo, hi)
+
+    def rewrite(expr: Any, matches: Any) -> Any:
+        dtype = expr.ty.dtype
+        bounds = [getattr(matches[v], "value", None) for v in (lo, hi)]  # IntImm / FloatImm
+        if not all(isinstance(b, int | float) for b in bounds):
+            return expr
+        low, high = (relax.const(float(b), dtype) for b in bounds)
+        return relax.op.minimum(relax.op.maximum(matches[x], low), high)
+
+    @relax.transform.function_pass(opt_level=0, name="ClipAsMinMax")
+    def clip_as_min_max(func: Any, _mod: Any, _ctx: Any) -> Any:
+        return rewrite_call(pattern, rewrite, func)
+
+    return clip_as_min_max
+
+
+def _legalize_conv2d(bb: Any, call: Any) -> Any:
+    """Relax's conv2d legalization, plus the blocked layout (`topi.nn.conv2d_NCHWc`), which it leaves alone."""
+    from tvm import relax, topi
+
+    attrs = call.attrs
+    if len(attrs.data_layout) == 4 and len(attrs.kernel_layout) == 4:
+        return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
+    args = (call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation, attrs.data_layout,
+            attrs.out_layout, attrs.out_dtype or "float32")
+    if int(attrs.groups) > 1:  # `_blocked_conv_layouts` blocks only depthwise among grouped convs
+        return bb.call_te(depthwise_conv2d_nchwc, *args, primfunc_name_hint="depthwise_conv2d_NCHWc")
+    return bb.call_te(topi.nn.conv2d_NCHWc, *args, primfunc_name_hint="conv2d_NCHWc")
+
+
+def depthwise_conv2d_nchwc(data: Any, kernel: Any, strides: Any, padding: Any, dilation: Any, layout: str,
+                           out_layout: str, out_dtype: str = "float32") -> Any:
+    """Depthwise conv2d in the blocked layout (TE): data `N C/c H W c`, kernel `C/c 1 KH KW 1 c`.
+
+    topi declares `nn.depthwise_conv2d_NCHWc` without a generic compute (its x86 one is gone), so it
+    is written here: out[n, C, y, x, c] = sum_{kh, kw} pad(data)[n, C, y*sh + kh*dh, x*sw + kw*dw, c]
+    * kernel[C, 0, kh, kw, 0, c].
+    """
+    from tvm import te, topi
+
+    assert layout == out_layout, f"depthwise in {layout}, out {out_layout}: one block for both"
+    n, chunks, height, width, block = (int(d) for d in data.shape)
+    _, _, kh_, kw_, _, kblock = (int(d) for d in kernel.shape)
+    assert kblock == block, f"kernel block {kblock} != data block {block}"
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    out_h = (height + top + bottom - (kh_ - 1) * dh - 1) // sh + 1
+    out_w = (width + left + right - (kw_ - 1) * dw - 1) // sw + 1
+    padded = topi.nn.pad(data, (0, 0, top, left, 0), (0, 0, bottom, right, 0), name="data_pad")
+    kh = te.reduce_axis((0, kh_), name="kh")
+    kw = te.reduce_axis((0, kw_), name="kw")
+    return te.compute(
+        (n, chunks, out_h, out_w, block),
+        lambda b, oc, y, x, c: te.sum(
+            padded[b, oc, y * sh + kh * dh, x * sw + kw * dw, c].astype(out_dtype)
+            * kernel[oc, 0, kh, kw, 0, c].astype(out_dtype), axis=[kh, kw]),
+        name="depthwise_conv2d_NCHWc",
+    )
 
 
 def _spec(name: str, sinfo: Any) -> TensorSpec:
@@ -349,19 +489,24 @@ def _flatten_sinfo(sinfo: Any) -> list[Any]:
 
 
 def _call_counts(main: Any) -> dict[str, int]:
-    """How often "main" calls each global function with call_tir."""
+    """How often "main" calls each global function with call_tir on data that depends on a user
+    input. Calls on parameters and constants alone (weight layout transforms, batch-norm constants)
+    are left out: `build_model` moves them to build time."""
     import tvm
     from tvm import relax
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
     counts: dict[str, int] = {}
-
-    def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[0], tvm.ir.GlobalVar):
-            name = expr.args[0].name_hint
-            counts[name] = counts.get(name, 0) + 1
-
-    relax.analysis.post_order_visit(main.body, visit)
+    live = set(main.params[:int(main.attrs["num_input"])])
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            if not any(v in live for v in relax.analysis.free_vars(binding.value)):
+                continue
+            live.add(binding.var)
+            expr = binding.value
+            if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and isinstance(expr.args[0], tvm.ir.GlobalVar):
+                name = expr.args[0].name_hint
+                counts[name] = counts.get(name, 0) + 1
     return counts
 
 
@@ -484,6 +629,8 @@ def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any],
                 new = mod[name].with_attr("operator_name", _operator_name(model, key))
             else:
                 new = func.without_attr("global_symbol")
+                if key in schedules:  # tuned: the default schedule of `build_model` leaves it alone
+                    new = new.with_attr("tirx.is_scheduled", True)
                 original = mod[name]
                 if original.attrs is not None and "global_symbol" in original.attrs:
                     new = new.with_attr("global_symbol", original.attrs["global_symbol"])
@@ -494,6 +641,63 @@ def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any],
     for gv, func in updates.items():
         out[gv] = func
     return out
+
+
+def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int) -> tvm.tirx.PrimFunc:
+    """A cheap schedule for a PrimFunc nobody tuned (element-wise, pooling, layout conversions, a task the
+    budget did not reach). Without it such functions run on one thread in TE's loop order.
+
+    dlight's preamble (`normalize_prim_func`, `try_inline_contiguous_spatial`), then for every block left:
+    its leading spatial loops fused and parallel (until `cores * 8` iterations), its innermost loop
+    vectorized when spatial and at most `4 * lanes` long. A step TVM refuses is skipped, and a function
+    dlight cannot normalize is returned as it is, so the result is never wrong, at worst unscheduled.
+    """
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return func
+    for info in try_inline_contiguous_spatial(sch, infos):
+        loops = info.get_loops()
+        kinds = [it.kind for it in info.iters]
+        extents = [int(sch.get(loop).extent) for loop in loops]
+        vector = bool(loops) and kinds[-1] == "S" and 1 < extents[-1] <= 4 * lanes
+        picked, total = [], 1
+        for i, (kind, extent) in enumerate(zip(kinds, extents)):
+            if kind != "S" or total >= cores * 8 or (vector and i == len(loops) - 1 and picked):
+                break
+            picked.append(loops[i])
+            total *= extent
+        if vector:
+            _try(sch.vectorize, loops[-1])
+        if total > 1:
+            _try(lambda: sch.parallel(sch.fuse(*picked) if len(picked) > 1 else picked[0]))
+    return sch.mod["main"]
+
+
+def _default_schedules(target: Any) -> Any:
+    """dlight's `ApplyDefaultSchedule` pass with `default_cpu_schedule` as its one rule."""
+    from tvm.s_tir.dlight.base import ApplyDefaultSchedule, ScheduleRule
+    from tvm.s_tir import Schedule
+
+    cores = int(target.attrs.get("num-cores", 1) or 1)
+    lanes = vector_lanes(target)
+
+    @ScheduleRule.from_callable("altune_cpu_default")
+    def rule(func: Any, _target: Any, _tunable: bool) -> Any:
+        return Schedule(default_cpu_schedule(func, cores, lanes))
+
+    return ApplyDefaultSchedule(rule)
+
+
+def _try(step: Any, *args: Any) -> None:
+    try:
+        step(*args)
+    except Exception:  # noqa: BLE001 - a schedule step TVM refuses here is skipped (ScheduleError and kin)
+        pass
 
 
 def _operator_name(model: ImportedModel, key: str) -> str:
@@ -521,6 +725,8 @@ def alter_layouts(model: ImportedModel, mod: tvm.IRModule, schedules: Mapping[st
         name = _operator_name(model, key)
         func = _scheduled_func(schedules[key]) if key in schedules else layout.prim_func
         impls[name] = func.without_attr("global_symbol").with_attr("operator_name", name)
+        if key in schedules:
+            impls[name] = impls[name].with_attr("tirx.is_scheduled", True)
         task = next(t for t in model.tasks if t.workload_key == key)
         assert len(layout.index_maps) == len(task.args), (
             f"{task.name}: {len(layout.index_maps)} index maps for {len(task.args)} arguments")
@@ -561,6 +767,8 @@ def build_model(
                                     relax.transform.DeadCodeElimination()])(mod)
     lower = tvm.transform.Sequential(_lower_passes())
     with target:
+        if target.kind.name == "llvm":  # every function not tuned (marked "tirx.is_scheduled") gets a cheap one
+            mod = _default_schedules(target)(mod)
         ex = relax.build(mod, target=target, relax_pipeline=lower)
     dev = _device(target)
     vm = relax.VirtualMachine(ex, dev)

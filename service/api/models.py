@@ -1,7 +1,7 @@
 """Model jobs: upload a `torch.export` program (or name a zoo model) to tune end to end.
 
 `POST /api/v1/models` takes multipart form data: `file` (the `torch.export.save`
-file) and `spec` (JSON: `input_shapes`, `target`, `budget`, `seed`, `name`).
+file) and `spec` (JSON: `input_shapes`, `target`, `layout`, `budget`, `seed`, `name`).
 `POST /api/v1/models/zoo` takes JSON naming a built-in model (`GET /api/v1/models/zoo`
 lists them). Both import the model before answering (safely: see
 `compiler.workloads.model`), so a bad upload is answered 422 naming the
@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, File, Form, UploadFile
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -39,6 +39,10 @@ class ModelJobSpec(BaseModel):
         None, description="example input shapes in call order; must match the exported program's (default: its own)"
     )
     target: str = Field("host", description="where to tune and run: host, llvm, cuda")
+    layout: Literal["blocked", "none"] = Field(
+        "blocked", description="graph-level layouts: `blocked` puts every dense conv2d in N C/c H W c (block "
+                               "factors for the target's vector width), weights packed at build time, the layout "
+                               "carried through element-wise, pooling and reduction operators; `none` keeps NCHW")
     budget: int = Field(64, ge=1, description="on-device measurements for the whole model")
     seed: int = Field(0, ge=0)
 
@@ -60,11 +64,13 @@ def _check_spec(spec: ModelJobSpec, settings: Any, loc: str) -> None:
 
 def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]) -> Any:
     """The imported model, or a 422 naming the field the ModelError blames."""
+    from compiler.target import resolve_target
     from compiler.workloads.model import ModelError, import_model, load_exported_program
 
     try:
         ep = load_exported_program(data, max_bytes=settings.max_upload_bytes)
-        return import_model(ep, spec.input_shapes, max_tensor_elements=settings.max_tensor_elements)
+        return import_model(ep, spec.input_shapes, layout=spec.layout, target=resolve_target(spec.target),
+                            max_tensor_elements=settings.max_tensor_elements)
     except ModelError as e:  # "file" and "model" blame the upload, "input_shapes" the spec field
         where = ("body", "spec", "input_shapes") if e.field == "input_shapes" else loc
         raise invalid(where, e.message) from None
@@ -110,7 +116,7 @@ def create_model_job(
     session: SessionDep,
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="a torch.export.save file (.pt2)")],
-    spec: Annotated[str, Form(description="JSON: input_shapes, target, budget, seed, name")] = "{}",
+    spec: Annotated[str, Form(description="JSON: input_shapes, target, layout, budget, seed, name")] = "{}",
 ) -> JobPublic:
     """Upload a torch.export program to tune end to end; answers at once, a worker runs it."""
     try:

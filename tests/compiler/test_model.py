@@ -215,3 +215,83 @@ def test_sizes_and_shapes_are_checked(saved):
     assert info.value.field == "input_shapes" and "more than the limit 500" in info.value.message
     err = _error(saved["small_cnn"], max_bytes=1000)
     assert err.field == "file" and "limit 1000" in err.message
+
+
+def test_conv_blocks():
+    assert M.conv_blocks(64, 3, 16) == (16, 3)  # RGB input: one whole block
+    assert M.conv_blocks(24, 144, 16) == (8, 16)
+    assert M.conv_blocks(8, 8, 16) == (8, 8)
+    assert M.conv_blocks(10, 6, 8) == (2, 6)  # a block divides the channels; 6 < 8 is one block
+    assert M.conv_blocks(512, 256, 8) == (8, 8)
+
+
+def test_blocked_layout_is_carried_through_the_graph(saved, host_target):
+    """Graph-level layouts: every conv in N C/c H W c, element-wise and pooling tasks take the blocked
+    tensors as they are, weights are packed at build time, and the model still matches torch."""
+    from tuner import Task, apply_config, tune
+
+    model = M.import_model(M.load_exported_program(saved["small_cnn"]), layout="blocked", target=host_target)
+    lanes = M.vector_lanes(host_target)
+    o1, i1 = M.conv_blocks(8, 3, lanes)
+    o2, i2 = M.conv_blocks(8, 8, lanes)
+    convs = {t.args[0].shape: t for t in model.tasks if "conv2d_NCHWc" in t.name}
+    assert set(convs) == {(1, 3 // i1, 16, 16, i1), (1, 8 // i2, 16, 16, i2)}, [t.args for t in model.tasks]
+    assert convs[(1, 8 // i2, 16, 16, i2)].weight == 2
+    assert convs[(1, 8 // i2, 16, 16, i2)].args[1].shape == (8 // o2, 8 // i2, 3, 3, i2, o2)
+    # conversions run only where the layout enters (the image) and leaves (before the flatten);
+    # the relu between the convs and the pooling take the blocked tensor
+    transforms = [t for t in model.tasks if "layout_transform" in t.name]
+    assert sum(t.weight for t in transforms) == 2, [(t.name, t.args) for t in transforms]
+    for t in model.tasks:
+        if t.name.startswith(("fused_relu", "adaptive_avg_pool", "mean")):
+            assert len(t.args[0].shape) == 5, (t.name, t.args)
+
+    inputs, expected = _reference("small_cnn")
+    built = M.build_model(model, host_target)
+    assert (8 // o2, 8 // i2, 3, 3, i2, o2) in [p.shape for p in built.params]  # packed once, at build time
+    np.testing.assert_allclose(M.run_model(built, inputs, host_target)[0], expected[0], rtol=1e-4, atol=1e-4)
+
+    # and with a tuned schedule of a blocked conv task
+    conv = convs[(1, 8 // i2, 16, 16, i2)]
+    task = Task(conv.name, conv.workload_key, conv.prim_func, host_target)
+    result = tune(task, 3, seed=0)
+    assert result.best is not None, [t.error for t in result.trials]
+    built = M.build_model(model, host_target, {conv.workload_key: apply_config(task, result.best.config)})
+    np.testing.assert_allclose(M.run_model(built, inputs, host_target)[0], expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_layout_is_refused(saved):
+    with pytest.raises(M.ModelError, match="unknown layout 'NHWC'"):
+        M.import_model(M.load_exported_program(saved["small_cnn"]), layout="NHWC")
+
+
+def test_blocked_layout_through_relu6_and_depthwise(host_target):
+    """MobileNet's pattern: ReLU6 (clip, which ConvertLayout cannot carry, rewritten to max/min) and a
+    depthwise conv stay blocked; a grouped (not depthwise) conv keeps NCHW with conversions around it."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.expand = nn.Conv2d(8, 32, 1)
+            self.dw = nn.Conv2d(32, 32, 3, 2, 1, groups=32)
+            self.project = nn.Conv2d(32, 8, 1)
+            self.grouped = nn.Conv2d(8, 8, 3, 1, 1, groups=2)
+
+        def forward(self, x):
+            y = nn.functional.relu6(self.dw(nn.functional.relu6(self.expand(x))))
+            return self.grouped(self.project(y))
+
+    torch.manual_seed(0)
+    module, x = Block().eval(), torch.randn(1, 8, 12, 12)
+    model = M.import_model(torch.export.export(module, (x,)), layout="blocked", target=host_target)
+    names = {t.name: t for t in model.tasks}
+    assert any(n.startswith("fused_depthwise_conv2d_NCHWc") and n.endswith("maximum_minimum") for n in names), names
+    assert "fused_conv2d_add" in names and len(names["fused_conv2d_add"].args[0].shape) == 4  # the grouped conv
+    transforms = [t for t in model.tasks if "layout_transform" in t.name]
+    # in (image), around nothing else but the grouped conv's input
+    assert sum(t.weight for t in transforms) == 2, [(t.name, t.args) for t in transforms]
+    built = M.build_model(model, host_target)
+    with torch.no_grad():
+        expected = module(x).numpy()
+    np.testing.assert_allclose(M.run_model(built, [x.numpy()], host_target)[0], expected, rtol=1e-4, atol=1e-4)

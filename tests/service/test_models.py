@@ -63,6 +63,7 @@ def test_bad_uploads_are_422_and_leave_no_job(api, settings, tmp_path):
         (_pt2("small_cnn"), {"budget": 10**9}, ["body", "spec", "budget"], "at most"),
         (_pt2("small_cnn"), {"target": "tpu"}, ["body", "spec", "target"], "unknown target"),
         (_pt2("small_cnn"), {"bogus": 1}, ["body", "spec", "bogus"], "Extra inputs"),
+        (_pt2("small_cnn"), {"layout": "NHWC"}, ["body", "spec", "layout"], "'blocked' or 'none'"),
     ]
     buf = io.BytesIO()
     torch.save(Evil(str(marker)), buf)
@@ -120,9 +121,14 @@ def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["kind"] == "model" and job["status"] == "queued"
-    conv = [t for t in job["tasks"] if t["name"] == "fused_conv2d_add_relu"]
-    assert len(conv) == 1 and conv[0]["weight"] == 2
+    # graph-level layouts by default: the convs run in N C/c H W c
+    assert job["spec"]["layout"] == "blocked"
+    conv = [t for t in job["tasks"] if t["name"] == "fused_conv2d_NCHWc_add_relu"]
+    assert len(conv) == 1 and conv[0]["weight"] == 2, [t["name"] for t in job["tasks"]]
     first = _run_and_compare(api, settings, job["id"], tmp_path, "small_cnn")
+    # the artifact's parameters are already in the layouts the convs read (6-D packed weights)
+    manifest = json.loads((tmp_path / f"job{job['id']}" / "manifest.json").read_text())
+    assert any(len(p["shape"]) == 6 for p in manifest["params"]), manifest["params"]
     assert first["trials_done"] == 16 and first["best_latency_ms"] > 0 and first["baseline_ms"] > 0
     with session_scope(settings.resolved_database_url) as s:
         known = {row.workload_key for row in s.query(Schedule).all()}
@@ -137,6 +143,20 @@ def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
         schedules = {row.workload_key: row.config for row in s.query(Schedule).all()}
         keys = {t["id"]: t["workload_key"] for t in second["tasks"]}
         assert rows and all(r.config == schedules[keys[r.task_id]] for r in rows)
+
+
+@pytest.mark.slow
+def test_upload_transformer_tune_download_run(api, settings, tmp_path):
+    if settings.resolved_database_url.startswith("postgresql"):
+        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
+    r = _upload(api, _pt2("small_transformer"), budget=8, target="host")
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert any("matmul" in t["name"] for t in job["tasks"]), [t["name"] for t in job["tasks"]]
+    done = _run_and_compare(api, settings, job["id"], tmp_path, "small_transformer")
+    assert done["trials_done"] == 8 and done["best_latency_ms"] > 0
+    with session_scope(settings.resolved_database_url) as s:
+        assert s.query(TrialRow).filter(TrialRow.job_id == job["id"]).count() == 8
 
 
 def test_zoo_job(api, settings):
