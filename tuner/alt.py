@@ -501,6 +501,11 @@ class ALTSearch(Search):
             pool.append(config)
             sources.append(source)
 
+        # the user's own layout, first visit: the loop nest nearest the untuned program is measured too
+        # (small memory-bound operators run fastest so), and walks start from it if it is the best
+        untuned = p.space.untuned_config() if p.identity and p.trials == 0 else None
+        if untuned is not None:
+            add(untuned, "untuned")
         starts = [c for _, c in p.best]
         if not starts:  # the model's best of a sampled batch
             sampled = sample_unique(p.space, self.rng, self.batch_size)
@@ -562,6 +567,8 @@ class ALTSearch(Search):
             picks = [(int(i), "random") for i in chosen]
             if walks:  # no signal yet: forget the walks
                 self.loop_actor(p).buffer.steps.clear()
+        if untuned is not None and sources and sources[0] == "untuned" and 0 not in [i for i, _ in picks]:
+            picks[-1] = (0, "untuned")  # it replaces the lowest-ranked pick
         out = []
         for i, source in picks:
             full = join_config(p.choice, pool[i])

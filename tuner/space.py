@@ -40,7 +40,11 @@ ORDERS: tuple[tuple[tuple[str, int], ...], ...] = (
     (("S", 0), ("S", 1), ("R", 0), ("S", 2), ("R", 1), ("S", 3)),  # SSRSRS (Ansor)
     (("S", 0), ("S", 1), ("S", 2), ("R", 0), ("R", 1), ("S", 3)),  # SSSRRS
     (("S", 0), ("S", 1), ("R", 0), ("R", 1), ("S", 2), ("S", 3)),  # SSRRSS
+    # reduction innermost, as TE's own loop nest: small reductions (depthwise 3x3) unrolled by LLVM;
+    # level 3 is then not innermost, so `vectorize` does nothing under this order
+    (("S", 0), ("S", 1), ("S", 2), ("S", 3), ("R", 0), ("R", 1)),  # SSSSRR
 )
+UNTUNED_ORDER = 3  # the index of SSSSRR
 MAX_EPILOGUE_VECTOR = 64
 
 Config = dict[str, int]
@@ -73,6 +77,10 @@ class SearchSpace(abc.ABC):
     @abc.abstractmethod
     def knobs(self) -> tuple[Knob, ...]:
         """Every knob, in a fixed order (the order of feature vectors)."""
+
+    @abc.abstractmethod
+    def untuned_config(self) -> Config:
+        """The configuration nearest the untransformed program (where a search may start)."""
 
     @abc.abstractmethod
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
@@ -242,7 +250,8 @@ class LoopSpace(SearchSpace):
     Knobs (all integers):
         tile.<axis>.<level>: tile factor of a main-block loop at level 1..3 (spatial)
             or 1 (reduction); level 0 takes the rest of the extent.
-        order: index into `ORDERS` (where the reduction levels sit among the spatial ones).
+        order: index into `ORDERS` (where the reduction levels sit among the spatial ones;
+            `UNTUNED_ORDER`, SSSSRR, puts them innermost and leaves nothing to vectorize).
         parallel: how many outer spatial levels (1 or 2) are fused into the parallel loop;
             0 runs on one thread (level 0 fused as for 1, not parallel): small and
             memory-bound programs can lose more to the thread pool than they gain.
@@ -325,6 +334,16 @@ class LoopSpace(SearchSpace):
         if out["write_at"] and out["write_at"] < max(out["parallel"], 1):
             raise InvalidConfig(f"write_at={out['write_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
         return out
+
+    def untuned_config(self) -> Config:
+        """The configuration nearest the untransformed program: no tiling, the reduction innermost,
+        one thread, no vectorization or unrolling, producers and epilogue at the root. Small
+        memory-bound operators (depthwise conv) can run faster so than any parallel tiling."""
+        config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
+        config.update(order=UNTUNED_ORDER, parallel=0, vectorize=0, unroll=0, write_at=0)
+        if "inline" in self._by_name:
+            config["inline"] = 0
+        return self.validate(config)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
         return [self._sample_one(rng) for _ in range(n)]
@@ -453,7 +472,7 @@ class LoopSpace(SearchSpace):
                 self._schedule_root(sch, epilogue, config)
         if threaded:
             sch.parallel(fused)
-        if config["vectorize"] and self.factors(config, st.spatial[-1])[-1] > 1:
+        if config["vectorize"] and order[-1][0] == "S" and self.factors(config, st.spatial[-1])[-1] > 1:
             sch.vectorize(levels[("S", SPATIAL_LEVELS - 1)][-1])
         if config["unroll"]:
             sch.annotate(fused, "pragma_auto_unroll_max_step", config["unroll"])

@@ -73,6 +73,12 @@ def test_alt_tunes_a_small_conv2d_correctly_and_beats_untuned():
     layouts = [t.extra["layout"] for t in result.trials if t.stage == "joint"]
     assert layouts[0] == "N O H W" and not any(k.startswith("layout.") for k in result.trials[0].config)
     assert any("/" in name for name in layouts)
+    # its first round measured the loop nest nearest the untuned program
+    from tuner import LoopSpace
+
+    untuned = [t for t in result.trials if t.extra.get("source") == "untuned"]
+    assert len(untuned) == 1 and untuned[0].extra["layout"] == "N O H W"
+    assert untuned[0].config == LoopSpace(task.prim_func).untuned_config()
 
     # the best tiled layout's artifact program: constants packed once, data and output the user's
     tiled = min((t for t in result.trials if t.latency_ms is not None and "/" in t.extra["layout"]),

@@ -25,6 +25,11 @@ def test_sampled_schedules_match_the_reference(operator, params, epilogue):
     configs.append(space.validate({**configs[0], "parallel": 1, "write_at": 1, **({"inline": 0} if "inline" in configs[0] else {})}))
     # one thread: no parallel loop anywhere, the epilogue still placeable in the outer tile
     configs.append(space.validate({**configs[0], "parallel": 0, "write_at": 1}))
+    # the nearest to the untuned program: reduction innermost, one thread, no tiles
+    untuned = space.untuned_config()
+    assert untuned["order"] == 3 and untuned["parallel"] == 0
+    assert all(v == 1 for k, v in untuned.items() if k.startswith("tile."))
+    configs.append(untuned)
     for config in configs:
         assert json.loads(json.dumps(config)) == config
         mod = space.apply(config).mod
