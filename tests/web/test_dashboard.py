@@ -286,6 +286,8 @@ def test_submit_model_from_zoo_and_bad_upload(api_server, page, screenshots):
     page.select_option("#m-model", "small_cnn")
     assert "3×16×16" in page.locator("#m-model-help").inner_text()
     page.select_option("#m-target", "host")
+    assert page.input_value("#m-layout") == "blocked"  # graph-level layouts by default
+    page.select_option("#m-layout", "none")
     page.fill("#m-budget", "8")
     page.locator("#tune-model").scroll_into_view_if_needed()
     screenshots(page, "submit-model")
@@ -296,13 +298,15 @@ def test_submit_model_from_zoo_and_bad_upload(api_server, page, screenshots):
     with httpx.Client(base_url=base) as client:
         job = client.get(f"/api/v1/jobs/{job_id}").json()
     assert job["kind"] == "model" and job["status"] == "queued" and job["budget"] == 8, job
-    assert job["spec"]["source"] == "zoo" and job["spec"]["model"] == "small_cnn"
+    assert job["spec"]["source"] == "zoo" and job["spec"]["model"] == "small_cnn" and job["spec"]["layout"] == "none"
+    assert any(t["name"] == "fused_conv2d_add_relu" for t in job["tasks"]), "NCHW tasks, as asked"
     page.locator("#tasks-h").wait_for()
     assert page.locator("#tasks-h").inner_text() == f"Tasks ({len(job['tasks'])})"
     assert page.locator(".tasks-table tbody tr").count() == len(job["tasks"]) >= 2
     page.click("a:has-text('Tune again')")  # the model form, filled from the job's spec
     page.wait_for_selector("#m-model option[value='small_cnn']", state="attached")
     assert page.input_value("#m-model") == "small_cnn" and page.input_value("#m-budget") == "8"
+    assert page.input_value("#m-layout") == "none"
     assert page.input_value("#f-budget") == "64", "the operator form keeps its defaults"
     page.click("#jump-model")  # moves within the page, not a route change
     assert page.evaluate("document.activeElement.id") == "tune-model-h" and page.url.endswith(f"?from={job_id}")

@@ -253,6 +253,7 @@ class ModelForm extends JobForm {
     this.name = h('input', {type: 'text', id: 'm-name', name: 'name', maxlength: 64, autocomplete: 'off',
       value: (spec && spec.name) || ''});
     this.target = this.select('target', targets, (spec && spec.target) || targets[0]);
+    this.layout = this.select('layout', ['blocked', 'none'], (spec && spec.layout) || 'blocked');
     this.budget = this.number('budget', {min: 1, value: (spec && spec.budget) || 64});
     this.seed = this.number('seed', {min: 0, value: (spec && spec.seed) || 0});
     this.submit = h('button', {type: 'submit', class: 'primary', id: 'submit-model'}, 'Tune model');
@@ -282,6 +283,9 @@ class ModelForm extends JobForm {
       h('fieldset', {}, h('legend', {}, 'Search'),
         this.row('target', 'Target', this.target,
           h('p', {class: 'muted small'}, 'host: this server\'s CPU, detected; cuda: its GPU')),
+        this.row('layout', 'Layouts', this.layout,
+          h('p', {class: 'muted small'}, 'blocked: convolutions in N C/c H W c, carried through the graph, ',
+            'weights packed at build time; none: the model\'s own (NCHW)')),
         this.row('budget', 'Budget', this.budget,
           h('p', {class: 'muted small'}, 'on-device measurements for the whole model, shared by its tasks')),
         this.row('seed', 'Seed', this.seed)),
@@ -317,7 +321,8 @@ class ModelForm extends JobForm {
 
   send() {
     this.clearErrors();
-    const spec = {target: this.target.value, budget: int(this.budget), seed: int(this.seed)};
+    const spec = {target: this.target.value, layout: this.layout.value, budget: int(this.budget),
+      seed: int(this.seed)};
     if (this.name.value.trim()) spec.name = this.name.value.trim();
     if (this.source() === 'zoo') {
       this.post(this.submit, 'Importing the model…',
