@@ -330,6 +330,9 @@ def import_model(
     if layout == "blocked":
         passes += [_clip_as_min_max(),
                    relax.transform.ConvertLayout({}, _blocked_conv_layouts(vector_lanes(target, "float32")))]
+    # exp, erf, tanh and softmax as TVM's polynomial versions (`topi.fast_*`: float32-accurate, and unlike
+    # the libm calls LLVM makes of the plain ones, they vectorize); after ConvertLayout, which they would stop
+    passes += [_gelu_as_erf(), relax.transform.FastMathTransform()]
     seq = tvm.transform.Sequential([
         *passes,
         relax.transform.LegalizeOps({"relax.nn.conv2d": _legalize_conv2d}),
@@ -428,6 +431,36 @@ def _clip_as_min_max() -> Any:
         return rewrite_call(pattern, rewrite, func)
 
     return clip_as_min_max
+
+
+def _gelu_as_erf() -> Any:
+    """A pass: `gelu(x)` -> `x * (0.5 + 0.5 * erf(x / sqrt(2)))` and `gelu_tanh(x)` -> its tanh formula, in
+    Relax element-wise ops, so `relax.transform.FastMathTransform` (which knows `erf` and `tanh`, not
+    gelu) gives them its vectorizable polynomial `erf` / `tanh`."""
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x = wildcard()
+    exact, tanh = is_op("relax.nn.gelu")(x), is_op("relax.nn.gelu_tanh")(x)
+
+    def rewrite(expr: Any, matches: Any) -> Any:
+        v, dtype = matches[x], str(expr.ty.dtype)
+        if not dtype.startswith("float"):
+            return expr
+        c = lambda value: relax.const(value, dtype)  # noqa: E731
+        if expr.op.name == "relax.nn.gelu":
+            inner = relax.op.erf(relax.op.multiply(v, c(0.7071067811865476)))
+        else:  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+            cube = relax.op.multiply(relax.op.multiply(v, v), v)
+            inner = relax.op.tanh(relax.op.multiply(
+                relax.op.add(v, relax.op.multiply(cube, c(0.044715))), c(0.7978845608028654)))
+        return relax.op.multiply(v, relax.op.add(c(0.5), relax.op.multiply(inner, c(0.5))))
+
+    @relax.transform.function_pass(opt_level=0, name="GeluAsErf")
+    def gelu_as_erf(func: Any, _mod: Any, _ctx: Any) -> Any:
+        return rewrite_call(exact | tanh, rewrite, func)
+
+    return gelu_as_erf
 
 
 def _legalize_conv2d(bb: Any, call: Any) -> Any:

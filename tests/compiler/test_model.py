@@ -295,3 +295,32 @@ def test_blocked_layout_through_relu6_and_depthwise(host_target):
     with torch.no_grad():
         expected = module(x).numpy()
     np.testing.assert_allclose(M.run_model(built, [x.numpy()], host_target)[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gelu_softmax_and_tanh_use_vectorizable_math(host_target):
+    """GELU (exact and tanh), softmax and tanh become TVM's polynomial exp/erf/tanh (no libm call, so they
+    vectorize); the model still matches torch to float32 rounding, also where erf and tanh saturate."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 64)
+
+        def forward(self, x):
+            h = self.fc(x)
+            a = nn.functional.gelu(h) + nn.functional.gelu(h, approximate="tanh") + torch.tanh(h)
+            return torch.softmax(a, dim=-1)
+
+    torch.manual_seed(0)
+    module, x = Block().eval(), 4 * torch.randn(2, 8, 16)
+    model = M.import_model(torch.export.export(module, (x,)), target=host_target)
+    names = " ".join(t.name for t in model.tasks)
+    assert "fast_erf" in names and "fast_tanh" in names and "fast_softmax" in names, names
+    assert "gelu" not in names, names
+    scripts = " ".join(t.prim_func.script() for t in model.tasks)
+    assert "T.erf(" not in scripts and "T.tanh(" not in scripts and "T.exp(" not in scripts
+    built = M.build_model(model, host_target)
+    with torch.no_grad():
+        expected = module(x).numpy()
+    np.testing.assert_allclose(M.run_model(built, [x.numpy()], host_target)[0], expected, rtol=1e-5, atol=1e-6)
