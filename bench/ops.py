@@ -134,6 +134,7 @@ class Options:
     untuned: bool = True
     work_dir: Path | None = None
     loop_only: bool = True  # the ALT-OL ablation column
+    layout_levels: int = 1  # ours: one- or two-level layout templates
 
 
 # ---------------------------------------------------------------------------
@@ -269,7 +270,8 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         "untuned_ms": untuned_latency(wl.prim_func, target, inputs) if options.untuned else None,
     }
     task = Task(case.name, wl.key, wl.prim_func, target, inputs, expected, workload=wl)
-    row.update(run_ours(task, budget, seed, inputs, expected))
+    row["layout_levels"] = options.layout_levels
+    row.update(run_ours(task, budget, seed, inputs, expected, layout_levels=options.layout_levels))
     if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
         row.update(run_ours(task, budget, seed, inputs, expected, prefix="ours_loop_only", layout={}))
 
@@ -413,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-untuned", action="store_true", help="skip timing the untuned program")
     parser.add_argument("--no-loop-only", action="store_true",
                         help="skip the ALT-OL ablation (ours, loops only, fixed channels-last layout)")
+    parser.add_argument("--layout-levels", type=int, default=1, choices=(1, 2),
+                        help="ours: one-level layout templates (default, the paper's) or two-level output tiling")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget < 1:
         parser.error("--budget must be >= 1")
@@ -427,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir,
-                      not args.no_loop_only)
+                      not args.no_loop_only, args.layout_levels)
     report = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options)
     print(table(report))
     path = write_json(report, args.json)

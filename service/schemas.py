@@ -50,6 +50,11 @@ class OperatorJobCreate(BaseModel):
     target: str = Field("host", description="where to tune and run: host (this CPU, detected), llvm, cuda")
     budget: int = Field(64, ge=1, description="number of on-device measurements")
     seed: int = Field(0, ge=0, description="random seed of the search")
+    layout_levels: Literal[1, 2] = Field(
+        1, description="layout templates of the ALT search: 1 (one-level tiling, the default) or 2 (two-level "
+                       "output tiling, N H/(ht' ht) W/(wt' wt) O/(ot' ot) ht' wt' ot' ht wt ot: a larger space "
+                       "that pays off only with a larger budget)"
+    )
 
 
 class TaskPublic(BaseModel):

@@ -191,6 +191,7 @@ class _JobRun:
             start_from=start_from,
             on_trial=lambda trial: self._record(task_id, trial),
             should_stop=self.should_stop,
+            layout_levels=spec.get("layout_levels", 1),  # jobs made before the option have none
         )
         if self.stop_reason == "lease":
             raise LeaseLost()

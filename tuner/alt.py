@@ -108,6 +108,8 @@ def layout_program(workload: Any, choice: dict[str, int], *, keep_interface: boo
 
 def first_layout(template: Any) -> dict[str, int]:
     """A oneDNN-like starting point: channel tiles of one vector, a short tile of the last spatial axis."""
+    from compiler.layout import OUTER_SUFFIX
+
     choice = {}
     for p in template.params:
         if p.name in TIED:
@@ -119,7 +121,8 @@ def first_layout(template: Any) -> dict[str, int]:
         else:
             limit = 1
         choice[p.name] = max(c for c in p.candidates if c <= limit)
-    spatial = [p for p in template.params if p.tensor == "output" and p.name not in ("ot", "mt", "nt")]
+    spatial = [p for p in template.params if p.tensor == "output" and p.name not in ("ot", "mt", "nt")
+               and not p.name.endswith(OUTER_SUFFIX)]  # second-level factors start at 1
     if spatial:  # the innermost spatial axis: a register row of 8-16 outputs
         last = spatial[-1]
         fits = [c for c in last.candidates if 4 <= c <= 16] or [1]
@@ -163,6 +166,7 @@ class ALTSearch(Search):
         joint_fraction: float = 0.3,
         rounds_per_layout: int = 1,
         layout: dict[str, int] | None = None,
+        layout_levels: int = 1,
         elite: int = 8,
         ms_features: bool = True,
     ):
@@ -179,6 +183,8 @@ class ALTSearch(Search):
             rounds_per_layout: loop-tuning rounds per layout in the joint stage.
             layout: a fixed layout choice (the ALT-OL ablation: loop-only in it); {} is the
                 template's default (channels last, no tiling); None lets the joint stage search.
+            layout_levels: 1 (one-level layout tiling, the paper's default) or 2 (its two-level
+                output template: a second tile of every output dimension for the layout actor).
             elite: how many of a layout's best configurations walks and mutations start from.
             ms_features: add MetaSchedule's per-store features.
         """
@@ -196,7 +202,7 @@ class ALTSearch(Search):
         self.joint_fraction = 0.0 if layout is not None else joint_fraction
         self.rounds_per_layout = rounds_per_layout
         self.ms_features = ms_features
-        self.template = layout_template(task.workload)
+        self.template = layout_template(task.workload, layout_levels)
         self.free = [p for p in self.template.params if p.name not in TIED]
         self.fixed = None if layout is None else {**self.template.default(), **layout}
         self.points: dict[str, LayoutPoint] = {}

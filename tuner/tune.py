@@ -35,6 +35,7 @@ def tune(
     search: SearchKind | None = None,
     joint_fraction: float = 0.3,
     layout: dict[str, int] | None = None,
+    layout_levels: int = 1,
     replay: bool = True,
 ) -> TuneResult:
     """Searches `task`'s layouts and loops (ALT) or its loops only.
@@ -60,6 +61,8 @@ def tune(
         joint_fraction: ALT's share of the budget for the joint stage.
         layout: ALT only: a fixed layout choice (loop-only in it, the ALT-OL ablation;
             {} = channels last).
+        layout_levels: ALT only: 1 (one-level layout templates, the default) or 2 (two-level
+            output tiling, the paper's larger space).
         replay: resume by replaying `prior` through the search (exact; see `Search.run`);
             False learns it at once (callers tuning in many short rounds).
 
@@ -75,7 +78,7 @@ def tune(
         kind = search or ("alt" if task.workload is not None else "xgb")
         options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size)
         if kind == "alt":
-            options.update(joint_fraction=joint_fraction, layout=layout)
+            options.update(joint_fraction=joint_fraction, layout=layout, layout_levels=layout_levels)
             strategy = make_search("alt", task, None, measurer, **options)  # type: ignore[arg-type]
         else:
             strategy = make_search(kind, task, make_space(space, task.prim_func), measurer, **options)

@@ -16,10 +16,10 @@ from .primitives import (
     Unfold,
     Unpad,
 )
-from .program import ACTIVATIONS, LayoutProgram, apply_layout, layout_template, te_graph
+from .program import ACTIVATIONS, LayoutProgram, apply_layout, layout_template, te_graph, template_levels
 from .propagate import Graph, Plan, propagate
 from .rewrite import CONVERT_PREFIX, Rewritten, rewrite
-from .templates import LayoutTemplate, TemplateParam
+from .templates import OUTER_SUFFIX, LayoutTemplate, TemplateParam
 
 __all__ = [
     "ACTIVATIONS",
@@ -29,6 +29,8 @@ __all__ = [
     "apply_layout",
     "layout_template",
     "te_graph",
+    "template_levels",
+    "OUTER_SUFFIX",
     "CONVERT_PREFIX",
     "DecoupleAt",
     "Fold",

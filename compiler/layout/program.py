@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .primitives import Layout, LayoutError
 from .propagate import Graph, Plan, propagate
 from .rewrite import conversion, key, rewrite
-from .templates import LayoutTemplate, conv_template, gemm_template
+from .templates import OUTER_SUFFIX, LayoutTemplate, conv_template, gemm_template
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,13 +52,19 @@ def complex_op(graph: Graph) -> Any:
     return ops[0]
 
 
-def layout_template(workload: Workload) -> LayoutTemplate:
-    """The sec. 5.1 layout space of a workload (convolution or GEMM template)."""
+def layout_template(workload: Workload, levels: int = 1) -> LayoutTemplate:
+    """The sec. 5.1 layout space of a workload (convolution or GEMM template), one-level (the default) or
+    the paper's two-level output tiling."""
     graph = te_graph(workload)
     op = complex_op(graph)
     if workload.operator in ("dense", "batch_matmul"):
-        return gemm_template(graph, op, weight_is_nk=workload.operator == "dense")
-    return conv_template(graph, op)
+        return gemm_template(graph, op, weight_is_nk=workload.operator == "dense", levels=levels)
+    return conv_template(graph, op, levels=levels)
+
+
+def template_levels(choice: Mapping[str, int]) -> int:
+    """How many levels the template of a factor choice has (2 when it names a second-level factor)."""
+    return 2 if any(k.endswith(OUTER_SUFFIX) for k in choice) else 1
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,7 @@ def apply_layout(
     op = complex_op(graph)
     choice = dict(choice or {})
     if choice and all(isinstance(v, int) for v in choice.values()):
-        requested = layout_template(workload).layouts(choice)
+        requested = layout_template(workload, template_levels(choice)).layouts(choice)
     else:
         bad = {k: type(v).__name__ for k, v in choice.items() if not isinstance(v, Layout)}
         if bad:

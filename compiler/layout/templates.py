@@ -29,6 +29,7 @@ from .propagate import Graph
 from .rewrite import key, substitute
 
 _SPATIAL_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
+OUTER_SUFFIX = "2"  # a second-level factor's name: its first-level factor's and this ("ot2")
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,45 @@ def _inputs_by_role(graph: Graph, op: Any) -> tuple[Any, Any]:
     return data[0], weight[0]
 
 
-def conv_template(graph: Graph, op: Any) -> LayoutTemplate:
-    """The sec. 5.1 convolution template for complex op `op` (output N O S..., input N I S..., weight O I K...)."""
+def _tile_output(layout: Layout, start: int, names: list[str], c: Mapping[str, int], *, channel_last: bool) -> Layout:
+    """Dims `start..` of `layout` (one per name in `names`) tiled by `c[name]` and, with two levels, again by
+    `c[name + "2"]`: outer parts, then the second-level tiles, then the first-level tiles, each group in
+    `names`' order, or with the first name (the channel) last when `channel_last`. A factor of 1 adds no dim."""
+    groups: list[list[int]] = [[], [], []]  # positions of the outer parts, second-level tiles, first-level tiles
+    pos = start
+    for name in names:
+        inner, outer = c[name], c.get(name + OUTER_SUFFIX, 1)
+        factors = [f for f in (outer, inner) if f > 1]
+        if factors:
+            layout = layout.split(pos, -1, *factors)
+        groups[0].append(pos)
+        if outer > 1:
+            groups[1].append(pos + 1)
+        if inner > 1:
+            groups[2].append(pos + len(factors))
+        pos += 1 + len(factors)
+    channel = [True, c.get(names[0] + OUTER_SUFFIX, 1) > 1, c[names[0]] > 1]  # the first name's part in each group
+    perm = list(range(start))
+    for group, has_channel in zip(groups, channel):
+        perm += [*group[1:], group[0]] if channel_last and has_channel else group
+    return layout.reorder(*perm)
+
+
+def _second_level(params: list[TemplateParam], names: tuple[str, ...]) -> list[TemplateParam]:
+    """The two-level template's extra factors: one more tile of each output dimension in `names`, in
+    units of the first tile (`ot2` = 4 with `ot` = 16: O/64 4 16); a product that does not divide pads."""
+    return [TemplateParam(p.name + OUTER_SUFFIX, p.tensor, p.dim, p.extent, p.candidates)
+            for p in params if p.name in names]
+
+
+def conv_template(graph: Graph, op: Any, levels: int = 1) -> LayoutTemplate:
+    """The sec. 5.1 convolution template for complex op `op` (output N O S..., input N I S..., weight O I K...).
+
+    `levels=2` is the paper's two-level output template, N H/(ht' ht) W/(wt' wt) O/(ot' ot) ht' wt' ot' ht wt ot
+    (params `ht2`, `wt2`, `ot2`); the input and weight stay one-level, following the first tiles.
+    """
+    if levels not in (1, 2):
+        raise LayoutError(f"levels={levels}: layout templates have one or two levels")
     data, weight = _inputs_by_role(graph, op)
     out_shape = graph.shape(op)
     data_shape = tuple(int(s) for s in data.shape)
@@ -155,23 +193,13 @@ def conv_template(graph: Graph, op: Any) -> LayoutTemplate:
         TemplateParam("kot", weight.op.name, "O", weight_shape[0], _divisors(weight_shape[0])),
         TemplateParam("kit", weight.op.name, "I", weight_shape[1], _divisors(weight_shape[1])),
     ]
+    if levels == 2:
+        params += _second_level(params, ("ot", *(f"{s.lower()}t" for s in spatial)))
 
     def build(c: dict[str, int]) -> dict[str, Layout]:
-        # output: N O S1..Sk -> N S1/.. Sk/.. O/ot s1t .. skt ot
-        out = Layout.identity(out_shape, ("N", "O", *spatial))
-        outer, inner = [0], []
-        pos = 1
-        for name, factor in [("ot", c["ot"])] + [(f"{s.lower()}t", c[f"{s.lower()}t"]) for s in spatial]:
-            out, did = _tile(out, pos, factor)
-            outer.append(pos)
-            if did:
-                inner.append(pos + 1)
-                pos += 1
-            pos += 1
-        # outer = [N, O/ot, S1/.., ...], inner = [ot, s1t, ...]: channels last in both groups
-        inner = [*inner[1:], inner[0]] if c["ot"] > 1 else inner  # the channel tile goes innermost
-        perm = [outer[0], *outer[2:], outer[1], *inner]
-        out = out.reorder(*perm)
+        # output: N O S1..Sk -> N S1/.. Sk/.. O/.. [s1t' .. skt' ot'] s1t .. skt ot
+        out = _tile_output(Layout.identity(out_shape, ("N", "O", *spatial)), 1,
+                           ["ot", *(f"{s.lower()}t" for s in spatial)], c, channel_last=True)
 
         # input: unfold every spatial dim by the output tile, split I by it
         inp = Layout.identity(data_shape, ("N", "I", *spatial))
@@ -211,18 +239,25 @@ def conv_template(graph: Graph, op: Any) -> LayoutTemplate:
     return LayoutTemplate("conv", op.name, tuple(params), build)
 
 
-def gemm_template(graph: Graph, op: Any, weight_is_nk: bool) -> LayoutTemplate:
-    """The sec. 5.1 GEMM template: `M/mt N/nt mt nt`, `M/mt K/kt mt kt`, `K/kt N/nt kt nt`."""
+def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1) -> LayoutTemplate:
+    """The sec. 5.1 GEMM template: `M/mt N/nt mt nt`, `M/mt K/kt mt kt`, `K/kt N/nt kt nt`.
+
+    `levels=2`: the output two-level, `M/(mt' mt) N/(nt' nt) mt' nt' mt nt` (params `mt2`, `nt2`).
+    """
+    if levels not in (1, 2):
+        raise LayoutError(f"levels={levels}: layout templates have one or two levels")
     data, weight = _inputs_by_role(graph, op)
     out_shape = graph.shape(op)
     batch = len(out_shape) - 2
     m, n = out_shape[batch], out_shape[batch + 1]
     kdim = int(data.shape[batch + 1])
-    params = (
+    params = [
         TemplateParam("mt", "output", "M", m, _divisors(m)),
         TemplateParam("nt", "output", "N", n, _divisors(n)),
         TemplateParam("kt", data.op.name, "K", kdim, _divisors(kdim)),
-    )
+    ]
+    if levels == 2:
+        params += _second_level(params, ("mt", "nt"))
     b = ("B",) * batch
 
     def tile2(layout: Layout, f0: int, f1: int) -> Layout:
@@ -236,7 +271,7 @@ def gemm_template(graph: Graph, op: Any, weight_is_nk: bool) -> LayoutTemplate:
         return layout.reorder(*pre, x_out, y_out, *(d for d in (x_in, y_in) if d is not None))
 
     def build(c: dict[str, int]) -> dict[str, Layout]:
-        out = tile2(Layout.identity(out_shape, (*b, "M", "N")), c["mt"], c["nt"])
+        out = _tile_output(Layout.identity(out_shape, (*b, "M", "N")), batch, ["mt", "nt"], c, channel_last=False)
         inp = tile2(Layout.identity(tuple(int(s) for s in data.shape), (*b, "M", "K")), c["mt"], c["kt"])
         wshape = tuple(int(s) for s in weight.shape)
         if weight_is_nk:  # (N, K) -> K/kt N/nt kt nt: the swap is free, weights are packed once
@@ -246,4 +281,4 @@ def gemm_template(graph: Graph, op: Any, weight_is_nk: bool) -> LayoutTemplate:
             w = tile2(Layout.identity(wshape, (*b, "K", "N")), c["kt"], c["nt"])
         return {"output": out, data.op.name: inp, weight.op.name: w}
 
-    return LayoutTemplate("gemm", op.name, params, build)
+    return LayoutTemplate("gemm", op.name, tuple(params), build)

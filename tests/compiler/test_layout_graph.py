@@ -215,3 +215,41 @@ def test_tile_too_small_for_the_window_is_refused():
     bad = Layout((1, 2, 8, 8), "N I H W").unfold(2, 3, 2)  # a 3x3 window at stride 1 needs 4 rows for 2 outputs
     with pytest.raises(LayoutError, match="does not hold the whole access window"):
         apply_layout(wl, {"output": Layout((1, 4, 6, 6)).split(2, 2), "pad_temp": bad})
+
+
+TWO_LEVEL = [
+    ("conv2d", dict(batch=1, in_channels=4, height=12, width=12, out_channels=16, kernel=3, padding=1), "bias_relu",
+     {"ot": 4, "ot2": 2, "ht": 3, "ht2": 2, "wt": 2, "wt2": 3, "it": 2, "kot": 4, "kit": 2}),
+    # a second level alone, and one whose product does not divide (O = 16, 4 x 3: padded)
+    ("conv2d", dict(batch=1, in_channels=4, height=8, width=8, out_channels=16, kernel=3, padding=1), "none",
+     {"ot": 4, "ot2": 3, "wt2": 2}),
+    ("dense", dict(m=12, n=16, k=20), "bias_relu", {"mt": 2, "mt2": 3, "nt": 4, "nt2": 2, "kt": 5}),
+]
+
+
+@pytest.mark.parametrize(("operator", "params", "epilogue", "choice"), TWO_LEVEL,
+                         ids=["conv2d", "conv2d-partial-padded", "dense"])
+def test_two_level_templates_match_torch(operator, params, epilogue, choice):
+    from compiler.layout import template_levels
+
+    wl = make_workload(operator, params, epilogue=epilogue)
+    assert template_levels(choice) == 2
+    template = layout_template(wl, levels=2)
+    assert {"ot2", "ht2", "wt2"} <= {p.name for p in template.params} or {"mt2", "nt2"} <= {p.name for p in template.params}
+    prog = apply_layout(wl, choice)
+    xs = wl.random_inputs(seed=3)
+    np.testing.assert_allclose(prog.run(xs), wl.reference(xs), rtol=1e-4, atol=1e-4)
+
+
+def test_two_level_output_is_the_papers():
+    """N H/(ht' ht) W/(wt' wt) O/(ot' ot) ht' wt' ot' ht wt ot; a one-level choice keeps the one-level names."""
+    wl = make_workload("conv2d", dict(batch=1, in_channels=8, height=16, width=16, out_channels=32, kernel=3,
+                                      padding=1))
+    two = layout_template(wl, levels=2).layouts({"ot": 8, "ot2": 2, "ht": 2, "ht2": 4, "wt": 4, "wt2": 2})
+    assert two["output"].new_shape == (1, 2, 2, 2, 4, 2, 2, 2, 4, 8), two["output"].name
+    one = layout_template(wl, levels=2).layouts({"ot": 8, "ht": 2, "wt": 4})
+    assert one["output"].name == layout_template(wl).layouts({"ot": 8, "ht": 2, "wt": 4})["output"].name
+    with pytest.raises(LayoutError, match="one or two levels"):
+        layout_template(wl, levels=3)
+    with pytest.raises(LayoutError, match="unknown template parameters"):
+        layout_template(wl).layouts({"ot2": 2})

@@ -40,6 +40,7 @@ def test_create_job_returns_201_and_queues(client):
     job = r.json()
     assert job["status"] == "queued" and job["trials_done"] == 0 and job["budget"] == 64
     assert job["spec"]["params"]["dilation"] == 1, "defaults are filled in"
+    assert job["spec"]["layout_levels"] == 1
     again = client.get(f"/api/v1/jobs/{job['id']}").json()
     assert again["id"] == job["id"] and again["created_at"].endswith("Z") or "+00:00" in again["created_at"]
     listed = client.get("/api/v1/jobs").json()
@@ -58,8 +59,10 @@ def test_create_job_returns_201_and_queues(client):
         (_with(target="tpu"), ["body", "target"], "tpu"),
         (_with(budget=10**7), ["body", "budget"], "budget"),
         (_with(dtype="int4"), ["body", "dtype"], "int4"),
+        (_with(layout_levels=3), ["body", "layout_levels"], "1 or 2"),
     ],
-    ids=["operator", "missing", "range", "unknown-param", "too-big", "target", "budget-high", "dtype"],
+    ids=["operator", "missing", "range", "unknown-param", "too-big", "target", "budget-high", "dtype",
+         "layout-levels"],
 )
 def test_bad_job_is_422_naming_the_field(client, spec, loc, words):
     loc_got, msg = _error(client.post("/api/v1/jobs", json=spec))

@@ -115,6 +115,19 @@ def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
     assert early <= {(t.index, t.id) for t in trials}, "the dead worker's trials are kept, not re-measured"
 
 
+def test_two_level_layout_job_searches_the_larger_space(settings):
+    url = settings.resolved_database_url
+    # 30% of 32 for the joint stage: a round in the user's layouts, then tiled ones
+    (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 32, "layout_levels": 2})
+    assert Worker(settings, "w").run_once() == job_id
+    job = _job(url, job_id)
+    assert job.status == "succeeded", job.error
+    with session_scope(url) as s:
+        configs = [t.config for t in TrialRow.where_task(s, _task_id(s, job_id))]
+    tiled = [c for c in configs if "layout.mt" in c]
+    assert tiled and all({"layout.mt2", "layout.nt2"} <= set(c) for c in tiled), configs
+
+
 def _task_id(session, job_id: int) -> int:
     from service.models import TuningTask
 

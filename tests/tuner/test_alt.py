@@ -201,3 +201,29 @@ def test_interface_program_is_correct_for_every_write_at():
         args.append(tvm.runtime.tensor(np.zeros(wl.output.shape, "float32")))
         lib["main"](*args)
         np.testing.assert_allclose(args[-1].numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
+
+
+def test_two_level_layout_search_gives_correct_programs():
+    """`layout_levels=2`: the layout actor also picks second-level output tiles; every such configuration
+    resolves on its own (resume, the artifact) and computes the reference."""
+    import tvm
+
+    from tuner import apply_config, layout_of_config, tune
+
+    wl = workload("conv2d", SMALL_CONV, "bias_relu")
+    task, xs = _task(wl)
+    result = tune(task, 40, seed=0, batch_size=16, top_k=4, layout_levels=2, measurer=_FakeDevice(), joint_fraction=0.7)
+    outer = [t for t in result.trials if any(k.endswith("t2") and v > 1 for k, v in t.config.items()
+                                             if k.startswith("layout."))]
+    assert outer, [t.config for t in result.trials if "layout.ot" in t.config]
+    trial = outer[-1]
+    prog = layout_of_config(task, trial.config)
+    assert len(prog.requested["output"].new_shape) > len(layout_of_config(
+        task, {k: (1 if k.endswith("t2") else v) for k, v in trial.config.items()}).requested["output"].new_shape)
+    lib = tvm.compile(apply_config(task, trial.config), host()).jit()
+    named = dict(zip([s.name for s in wl.inputs], xs))
+    packed = [tvm.runtime.tensor(np.zeros(s.shape, "float32")) for s in prog.args[:-1] if s.name != "data"]
+    lib["pack_constants"](*[tvm.runtime.tensor(named[n]) for n in ("weight", "bias")], *packed)
+    out = tvm.runtime.tensor(np.zeros(wl.output.shape, "float32"))
+    lib["main"](tvm.runtime.tensor(xs[0]), *packed, out)
+    np.testing.assert_allclose(out.numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
