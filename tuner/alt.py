@@ -507,11 +507,12 @@ class ALTSearch(Search):
             pool.append(config)
             sources.append(source)
 
-        # the user's own layout, first visit: the loop nest nearest the untuned program is measured too
-        # (small memory-bound operators run fastest so), and walks start from it if it is the best
-        untuned = p.space.untuned_config() if p.identity and p.trials == 0 else None
+        # a layout's first visit measures one known loop nest too, and walks start from it if it is the
+        # best: in the user's own layout the nearest to the untuned program (small memory-bound operators
+        # run fastest so), in the oneDNN-like first layout oneDNN's register blocking
+        untuned = self.seed_config(p) if p.trials == 0 else None
         if untuned is not None:
-            add(untuned, "untuned")
+            add(*untuned)
         starts = [c for _, c in p.best]
         if not starts:  # the model's best of a sampled batch
             sampled = sample_unique(p.space, self.rng, self.batch_size)
@@ -573,8 +574,8 @@ class ALTSearch(Search):
             picks = [(int(i), "random") for i in chosen]
             if walks:  # no signal yet: forget the walks
                 self.loop_actor(p).buffer.steps.clear()
-        if untuned is not None and sources and sources[0] == "untuned" and 0 not in [i for i, _ in picks]:
-            picks[-1] = (0, "untuned")  # it replaces the lowest-ranked pick
+        if untuned is not None and sources and sources[0] == untuned[1] and 0 not in [i for i, _ in picks]:
+            picks[-1] = (0, untuned[1])  # it replaces the lowest-ranked pick
         out = []
         for i, source in picks:
             full = join_config(p.choice, pool[i])
@@ -583,6 +584,18 @@ class ALTSearch(Search):
             out.append(Proposal(full, schedules[i].mod, predicted, source,
                                 {"origin": sources[i], "layout": p.name}, task=p.task, stage=stage))
         return out
+
+    def seed_config(self, p: LayoutPoint) -> tuple[Config, str] | None:
+        """The known loop nest a layout's first round measures, with its source: `untuned_config` in the
+        user's layouts ("untuned"), `blocked_config` in the first layout ("blocked"); None elsewhere."""
+        if p.identity:
+            return p.space.untuned_config(), "untuned"
+        if self.fixed is None and self.key(p.choice) == self.key(self.full_choice(first_layout(self.template))):
+            try:
+                return p.space.blocked_config(VECTOR_LANES), "blocked"
+            except InvalidConfig as e:
+                log.info("no blocked loop nest in %s: %s", p.name, e)
+        return None
 
     def loop_actor(self, p: LayoutPoint) -> Any:
         from .ppo import LoopActor

@@ -345,6 +345,24 @@ class LoopSpace(SearchSpace):
             config["inline"] = 0
         return self.validate(config)
 
+    def blocked_config(self, lanes: int) -> Config:
+        """A oneDNN-like loop nest for a program in a tiled layout: the two innermost spatial loops (the
+        layout's last spatial tile and its channel tile) whole at the innermost level, a register block
+        whose last loop is vectorized; the first reduction loop split by `lanes` (the input's channel
+        tile); the reduction between the parallel outer loops and the block (order SSRSRS), unrolled."""
+        config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
+        spatial = [a for a in self.structure.axes if a.kind == "S" and a.extent > 1]
+        for axis in spatial[-2:]:
+            if axis.extent <= MAX_INNERMOST_FACTOR:
+                config[axis.knob(SPATIAL_LEVELS - 1)] = axis.extent
+        reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
+        if reduction:
+            config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
+        config.update(order=0, parallel=1, vectorize=1, unroll=64, write_at=0)
+        if "inline" in self._by_name:
+            config["inline"] = 0
+        return self.validate(config)
+
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
         return [self._sample_one(rng) for _ in range(n)]
 

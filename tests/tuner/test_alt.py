@@ -79,6 +79,13 @@ def test_alt_tunes_a_small_conv2d_correctly_and_beats_untuned():
     untuned = [t for t in result.trials if t.extra.get("source") == "untuned"]
     assert len(untuned) == 1 and untuned[0].extra["layout"] == "N O H W"
     assert untuned[0].config == LoopSpace(task.prim_func).untuned_config()
+    # and its first tiled layout (the oneDNN-like one) oneDNN's register blocking
+    from tuner.alt import VECTOR_LANES, interface_space, split_config
+
+    blocked = [t for t in result.trials if t.extra.get("source") == "blocked"]
+    assert len(blocked) == 1 and "/" in blocked[0].extra["layout"]
+    space = interface_space(layout_of_config(task, blocked[0].config))
+    assert split_config(blocked[0].config)[1] == space.blocked_config(VECTOR_LANES)
 
     # the best tiled layout's artifact program: constants packed once, data and output the user's
     tiled = min((t for t in result.trials if t.latency_ms is not None and "/" in t.extra["layout"]),
