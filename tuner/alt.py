@@ -52,7 +52,16 @@ from .cost_model import CostModel, CostModelKind, make_cost_model
 from .features import MSFeatures, knob_features
 from .measure import Measurer
 from .search import Proposal, Search, _never, _noop
-from .space import Config, InvalidConfig, LoopSpace, ScheduleFailed, config_key, loop_space, sample_unique
+from .space import (
+    VECTOR_LANES,
+    Config,
+    InvalidConfig,
+    LoopSpace,
+    ScheduleFailed,
+    config_key,
+    loop_space,
+    sample_unique,
+)
 from .task import Task, Trial
 
 if TYPE_CHECKING:
@@ -65,7 +74,6 @@ log = logging.getLogger(__name__)
 
 LAYOUT_PREFIX = "layout."
 GENERIC_KNOB_FEATURES = 14  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
-VECTOR_LANES = 16  # fp32 lanes of AVX-512: the channel tile of the first layout
 TIED = {"kot": "ot", "kit": "it"}  # weight factors follow the consumer's (contiguous weight vectors)
 IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
 

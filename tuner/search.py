@@ -7,7 +7,9 @@ prior trials), then rounds of `generate_candidates` -> measure each (calling
 `XGBSearch`: each round samples a batch of fresh configurations not measured
 yet plus mutations (one knob step) of the best measured ones, ranks them with
 the cost model, and measures the top-k plus a few random picks (epsilon-greedy).
-Before the model has data, the picks are random.
+Before the model has data, the picks are random; the first round also measures
+the space's known loop nests (`seed_configs`: the untuned nest, oneDNN-like
+register blocking).
 
 Layering: `tuner` never imports `service`. numpy is imported inside functions.
 """
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .cost_model import CostModel, CostModelKind, make_cost_model, pairwise_accuracy
 from .features import Featurizer
 from .measure import Candidate, Measurer
-from .space import Config, InvalidConfig, ScheduleFailed, SearchSpace, config_key, sample_unique
+from .space import VECTOR_LANES, Config, InvalidConfig, ScheduleFailed, SearchSpace, config_key, sample_unique
 from .task import Task, Trial
 
 if TYPE_CHECKING:
@@ -318,7 +320,10 @@ class XGBSearch(Search):
         mutants = self._mutants(int(self.batch_size * self.mutation_fraction), exclude)
         fresh = sample_unique(self.space, self.rng, self.batch_size - len(mutants), exclude=list(exclude))
         pool, schedules, sources = [], [], []
-        for config, source in [(c, "mutation") for c in mutants] + [(c, "sample") for c in fresh]:
+        seeds = self.seed_configs() if not self.measured else []
+        seed_keys = {config_key(c) for c, _ in seeds}
+        for config, source in seeds + [(c, "mutation") for c in mutants] + [(c, "sample") for c in fresh
+                                                                            if config_key(c) not in seed_keys]:
             try:
                 schedules.append(self.space.apply(config))
             except (InvalidConfig, ScheduleFailed) as e:
@@ -342,11 +347,29 @@ class XGBSearch(Search):
             scores = None
             chosen = self.rng.choice(len(pool), size=min(n, len(pool)), replace=False)
             picks = [(int(i), "random") for i in chosen]
+        # the seeds are measured in the first round, in place of its lowest-ranked picks
+        missing = [i for i, source in enumerate(sources) if source in ("untuned", "blocked")
+                   and i not in {j for j, _ in picks}]
+        for k, i in enumerate(missing[: len(picks)]):
+            picks[len(picks) - 1 - k] = (i, sources[i])
         out = []
         for i, source in picks:
             self._features[config_key(pool[i])] = feats[i]
             predicted = None if scores is None else float(scores[i])
             out.append(Proposal(pool[i], schedules[i].mod, predicted, source, {"origin": sources[i]}))
+        return out
+
+    def seed_configs(self) -> list[tuple[Config, str]]:
+        """Known loop nests the first round measures: the nearest to the untuned program ("untuned",
+        small memory-bound programs run fastest so) and oneDNN-like register blocking ("blocked")."""
+        out = []
+        for make, source in (("untuned_config", "untuned"), ("blocked_config", "blocked")):
+            try:
+                config = getattr(self.space, make)(*((VECTOR_LANES,) if source == "blocked" else ()))
+            except (AttributeError, InvalidConfig):
+                continue
+            if config_key(config) not in {config_key(c) for c, _ in out}:
+                out.append((config, source))
         return out
 
     def notify_results(self, trials: Sequence[Trial]) -> None:

@@ -46,6 +46,8 @@ ORDERS: tuple[tuple[tuple[str, int], ...], ...] = (
 )
 UNTUNED_ORDER = 3  # the index of SSSSRR
 MAX_EPILOGUE_VECTOR = 64
+VECTOR_LANES = 16  # fp32 lanes of AVX-512: ALT's first channel tile, `blocked_config`'s vector
+REGISTER_ROWS, ACCUMULATORS = 16, 28  # `blocked_config`'s register block (32 vector registers on AVX-512)
 
 Config = dict[str, int]
 
@@ -346,15 +348,20 @@ class LoopSpace(SearchSpace):
         return self.validate(config)
 
     def blocked_config(self, lanes: int) -> Config:
-        """A oneDNN-like loop nest for a program in a tiled layout: the two innermost spatial loops (the
-        layout's last spatial tile and its channel tile) whole at the innermost level, a register block
-        whose last loop is vectorized; the first reduction loop split by `lanes` (the input's channel
-        tile); the reduction between the parallel outer loops and the block (order SSRSRS), unrolled."""
+        """A oneDNN-like loop nest: a register block of the two innermost spatial loops at the innermost
+        level -- up to two vectors of the last (a layout's channel tile: one), rows of the one before up to
+        `REGISTER_ROWS` and `ACCUMULATORS` vector registers in all, as large as divisors allow -- with its last
+        loop vectorized; the first reduction loop split by `lanes` (the input's channel tile); the
+        reduction between the parallel outer loops and the block (order SSRSRS), unrolled."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         spatial = [a for a in self.structure.axes if a.kind == "S" and a.extent > 1]
-        for axis in spatial[-2:]:
-            if axis.extent <= MAX_INNERMOST_FACTOR:
-                config[axis.knob(SPATIAL_LEVELS - 1)] = axis.extent
+        if spatial:
+            cols = max(d for d in divisors(spatial[-1].extent) if d <= 2 * lanes)
+            config[spatial[-1].knob(SPATIAL_LEVELS - 1)] = cols
+            if len(spatial) > 1:
+                vectors = -(-cols // lanes)
+                config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = max(
+                    d for d in divisors(spatial[-2].extent) if d <= REGISTER_ROWS and d * vectors <= ACCUMULATORS)
         reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
         if reduction:
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
