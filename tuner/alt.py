@@ -518,9 +518,9 @@ class ALTSearch(Search):
         # a layout's first visit measures one known loop nest too, and walks start from it if it is the
         # best: in the user's own layout the nearest to the untuned program (small memory-bound operators
         # run fastest so), in the oneDNN-like first layout oneDNN's register blocking
-        untuned = self.seed_config(p) if p.trials == 0 else None
-        if untuned is not None:
-            add(*untuned)
+        seed = self.seed_config(p) if p.trials == 0 else None
+        if seed is not None:
+            add(*seed)
         starts = [c for _, c in p.best]
         if not starts:  # the model's best of a sampled batch
             sampled = sample_unique(p.space, self.rng, self.batch_size)
@@ -582,8 +582,8 @@ class ALTSearch(Search):
             picks = [(int(i), "random") for i in chosen]
             if walks:  # no signal yet: forget the walks
                 self.loop_actor(p).buffer.steps.clear()
-        if untuned is not None and sources and sources[0] == untuned[1] and 0 not in [i for i, _ in picks]:
-            picks[-1] = (0, untuned[1])  # it replaces the lowest-ranked pick
+        if seed is not None and sources and sources[0] == seed[1] and 0 not in [i for i, _ in picks]:
+            picks[-1] = (0, seed[1])  # it replaces the lowest-ranked pick
         out = []
         for i, source in picks:
             full = join_config(p.choice, pool[i])

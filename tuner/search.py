@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from .cost_model import CostModel, CostModelKind, make_cost_model, pairwise_accuracy
 from .features import Featurizer
 from .measure import Candidate, Measurer
-from .space import VECTOR_LANES, Config, InvalidConfig, ScheduleFailed, SearchSpace, config_key, sample_unique
+from .space import (
+    VECTOR_LANES,
+    Config,
+    InvalidConfig,
+    LoopSpace,
+    ScheduleFailed,
+    SearchSpace,
+    config_key,
+    sample_unique,
+)
 from .task import Task, Trial
 
 if TYPE_CHECKING:
@@ -362,15 +371,11 @@ class XGBSearch(Search):
     def seed_configs(self) -> list[tuple[Config, str]]:
         """Known loop nests the first round measures: the nearest to the untuned program ("untuned",
         small memory-bound programs run fastest so) and oneDNN-like register blocking ("blocked")."""
-        out = []
-        for make, source in (("untuned_config", "untuned"), ("blocked_config", "blocked")):
-            try:
-                config = getattr(self.space, make)(*((VECTOR_LANES,) if source == "blocked" else ()))
-            except (AttributeError, InvalidConfig):
-                continue
-            if config_key(config) not in {config_key(c) for c, _ in out}:
-                out.append((config, source))
-        return out
+        if not isinstance(self.space, LoopSpace):
+            return []
+        untuned, blocked = self.space.untuned_config(), self.space.blocked_config(VECTOR_LANES)
+        same = config_key(untuned) == config_key(blocked)
+        return [(untuned, "untuned")] + ([] if same else [(blocked, "blocked")])
 
     def notify_results(self, trials: Sequence[Trial]) -> None:
         import numpy as np

@@ -55,9 +55,7 @@ def _task(wl, seed=0):
 
 
 def test_alt_tunes_a_small_conv2d_correctly_and_beats_untuned():
-    import tvm
-
-    from tuner import apply_config, layout_of_config, tune
+    from tuner import layout_of_config, tune
 
     wl = workload("conv2d", SMALL_CONV, "bias_relu")
     task, xs = _task(wl)
@@ -90,9 +88,18 @@ def test_alt_tunes_a_small_conv2d_correctly_and_beats_untuned():
     # the best tiled layout's artifact program: constants packed once, data and output the user's
     tiled = min((t for t in result.trials if t.latency_ms is not None and "/" in t.extra["layout"]),
                 key=lambda t: t.latency_ms)
-    mod = apply_config(task, tiled.config)
-    prog = layout_of_config(task, tiled.config)
-    lib = tvm.compile(mod, host()).jit()
+    _check_artifact_program(task, wl, xs, tiled.config)
+
+
+def _check_artifact_program(task, wl, xs, config):
+    """A layout configuration's program as the artifact runs it (conv2d + bias): constants packed once by
+    "pack_constants", data and output in the user's layouts; its output matches the reference."""
+    import tvm
+
+    from tuner import apply_config, layout_of_config
+
+    prog = layout_of_config(task, config)
+    lib = tvm.compile(apply_config(task, config), host()).jit()
     named = dict(zip([s.name for s in wl.inputs], xs))
     packed = [tvm.runtime.tensor(np.zeros(s.shape, "float32")) for s in prog.args[:-1] if s.name != "data"]
     lib["pack_constants"](*[tvm.runtime.tensor(named[n]) for n in ("weight", "bias")], *packed)
@@ -213,9 +220,7 @@ def test_interface_program_is_correct_for_every_write_at():
 def test_two_level_layout_search_gives_correct_programs():
     """`layout_levels=2`: the layout actor also picks second-level output tiles; every such configuration
     resolves on its own (resume, the artifact) and computes the reference."""
-    import tvm
-
-    from tuner import apply_config, layout_of_config, tune
+    from tuner import layout_of_config, tune
 
     wl = workload("conv2d", SMALL_CONV, "bias_relu")
     task, xs = _task(wl)
@@ -227,10 +232,4 @@ def test_two_level_layout_search_gives_correct_programs():
     prog = layout_of_config(task, trial.config)
     assert len(prog.requested["output"].new_shape) > len(layout_of_config(
         task, {k: (1 if k.endswith("t2") else v) for k, v in trial.config.items()}).requested["output"].new_shape)
-    lib = tvm.compile(apply_config(task, trial.config), host()).jit()
-    named = dict(zip([s.name for s in wl.inputs], xs))
-    packed = [tvm.runtime.tensor(np.zeros(s.shape, "float32")) for s in prog.args[:-1] if s.name != "data"]
-    lib["pack_constants"](*[tvm.runtime.tensor(named[n]) for n in ("weight", "bias")], *packed)
-    out = tvm.runtime.tensor(np.zeros(wl.output.shape, "float32"))
-    lib["main"](tvm.runtime.tensor(xs[0]), *packed, out)
-    np.testing.assert_allclose(out.numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
+    _check_artifact_program(task, wl, xs, trial.config)
