@@ -3,6 +3,11 @@
 Without `mcpu` LLVM emits generic x86-64 code (no AVX-512), roughly 5x slower on
 a tuned matmul here, so "host" and "llvm" always carry the detected CPU and core
 count. Detection runs once per process.
+
+TVM's CPU thread pool halves the logical core count on x86 (it assumes
+hyper-threading), so on a 2-core machine without SMT it ran every parallel loop
+on one thread: `use_all_cores` (called when `compiler` is imported) sets
+`TVM_NUM_THREADS` to the cores this process may use, unless the user set it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,16 @@ def host_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def use_all_cores() -> None:
+    """Lets TVM's CPU runtime run parallel loops on every core `host_cores` counts.
+
+    Sets `TVM_NUM_THREADS` (a user's own setting wins). TVM reads it when a process starts its
+    thread pool (its first parallel loop), and child processes (measurement workers,
+    MetaSchedule's runners) inherit it, so this must run before either.
+    """
+    os.environ.setdefault("TVM_NUM_THREADS", str(host_cores()))
 
 
 @functools.cache

@@ -6,6 +6,8 @@ TVM, numpy and xgboost are imported where used, so importing `tuner` is cheap.
 
 from __future__ import annotations
 
+import compiler  # noqa: F401 - sets TVM's CPU thread count before any measurement worker starts
+
 from .alt import ALTSearch, layout_of_config, split_config
 from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairwise_accuracy
 from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer

@@ -37,3 +37,18 @@ def test_unknown_target_names_the_valid_ones(name):
     with pytest.raises(ValueError):
         target_key(name)
     assert TARGET_NAMES == ("host", "llvm", "cuda")
+
+
+@pytest.mark.parametrize("preset", [None, "1"])
+def test_tvm_runtime_runs_on_every_core_unless_the_user_says(preset):
+    """TVM's own default halves x86 cores (one thread on a 2-core machine); importing compiler fixes it."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    if preset is not None:
+        env["TVM_NUM_THREADS"] = preset
+    code = "import tuner, tvm; print(tvm.runtime.num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    expected = int(preset) if preset is not None else len(os.sched_getaffinity(0))
+    assert int(out.stdout.strip()) == expected
