@@ -518,8 +518,8 @@ class ALTSearch(Search):
         # a layout's first visit measures one known loop nest too, and walks start from it if it is the
         # best: in the user's own layout the nearest to the untuned program (small memory-bound operators
         # run fastest so), in the oneDNN-like first layout oneDNN's register blocking
-        seed = self.seed_config(p) if p.trials == 0 else None
-        if seed is not None:
+        seeds = self.seed_configs(p) if p.trials == 0 else []
+        for seed in seeds:
             add(*seed)
         starts = [c for _, c in p.best]
         if not starts:  # the model's best of a sampled batch
@@ -582,8 +582,11 @@ class ALTSearch(Search):
             picks = [(int(i), "random") for i in chosen]
             if walks:  # no signal yet: forget the walks
                 self.loop_actor(p).buffer.steps.clear()
-        if seed is not None and sources and sources[0] == seed[1] and 0 not in [i for i, _ in picks]:
-            picks[-1] = (0, seed[1])  # it replaces the lowest-ranked pick
+        # the seeds (first in the pool, where not measured before) replace the lowest-ranked picks
+        missing = [i for i, source in enumerate(sources[: len(seeds)]) if source in {s for _, s in seeds}
+                   and i not in {j for j, _ in picks}]
+        for k, i in enumerate(missing[: len(picks)]):
+            picks[len(picks) - 1 - k] = (i, sources[i])
         out = []
         for i, source in picks:
             full = join_config(p.choice, pool[i])
@@ -593,17 +596,21 @@ class ALTSearch(Search):
                                 {"origin": sources[i], "layout": p.name}, task=p.task, stage=stage))
         return out
 
-    def seed_config(self, p: LayoutPoint) -> tuple[Config, str] | None:
-        """The known loop nest a layout's first round measures, with its source: `untuned_config` in the
-        user's layouts ("untuned"), `blocked_config` in the first layout ("blocked"); None elsewhere."""
+    def seed_configs(self, p: LayoutPoint) -> list[tuple[Config, str]]:
+        """The known loop nests a layout's first round measures, with their sources: in the user's layouts
+        `untuned_config` ("untuned": small memory-bound operators run fastest so) and `blocked_config`
+        ("blocked": register blocking of the rows, as a depthwise conv wants); in the first tiled layout
+        `blocked_config`, oneDNN's blocking; none elsewhere."""
+        seeds = []
         if p.identity:
-            return p.space.untuned_config(), "untuned"
-        if self.fixed is None and self.key(p.choice) == self.key(self.full_choice(first_layout(self.template))):
-            try:
-                return p.space.blocked_config(VECTOR_LANES), "blocked"
-            except InvalidConfig as e:
-                log.info("no blocked loop nest in %s: %s", p.name, e)
-        return None
+            seeds.append((p.space.untuned_config(), "untuned"))
+        elif self.fixed is not None or self.key(p.choice) != self.key(self.full_choice(first_layout(self.template))):
+            return seeds
+        try:
+            seeds.append((p.space.blocked_config(VECTOR_LANES), "blocked"))
+        except InvalidConfig as e:
+            log.info("no blocked loop nest in %s: %s", p.name, e)
+        return seeds
 
     def loop_actor(self, p: LayoutPoint) -> Any:
         from .ppo import LoopActor

@@ -349,14 +349,18 @@ class LoopSpace(SearchSpace):
 
     def blocked_config(self, lanes: int) -> Config:
         """A oneDNN-like loop nest: a register block of the two innermost spatial loops at the innermost
-        level -- up to two vectors of the last (a layout's channel tile: one), rows of the one before up to
-        `REGISTER_ROWS` and `ACCUMULATORS` vector registers in all, as large as divisors allow -- with its last
-        loop vectorized; the first reduction loop split by `lanes` (the input's channel tile); the
-        reduction between the parallel outer loops and the block (order SSRSRS), unrolled."""
+        level -- columns of the last: one or two whole vectors (a layout's channel tile: one), else the
+        widest narrower vector (8 of 56), else what divides; rows of the one before up to `REGISTER_ROWS`
+        and `ACCUMULATORS` vector registers in all, as large as divisors allow -- with its last loop
+        vectorized; the first reduction loop split by `lanes` (the input's channel tile); the reduction
+        between the parallel outer loops and the block (order SSRSRS), unrolled whole."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         spatial = [a for a in self.structure.axes if a.kind == "S" and a.extent > 1]
         if spatial:
-            cols = max(d for d in divisors(spatial[-1].extent) if d <= 2 * lanes)
+            fits = [d for d in divisors(spatial[-1].extent) if d <= 2 * lanes]
+            whole = [d for d in fits if d % lanes == 0]
+            narrower = [d for d in fits if d >= 4 and lanes % d == 0]
+            cols = max(whole or narrower or fits)
             config[spatial[-1].knob(SPATIAL_LEVELS - 1)] = cols
             if len(spatial) > 1:
                 vectors = -(-cols // lanes)
@@ -365,7 +369,7 @@ class LoopSpace(SearchSpace):
         reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
         if reduction:
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
-        config.update(order=0, parallel=1, vectorize=1, unroll=64, write_at=0)
+        config.update(order=0, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0)
         if "inline" in self._by_name:
             config["inline"] = 0
         return self.validate(config)
@@ -487,10 +491,15 @@ class LoopSpace(SearchSpace):
         threaded = config["parallel"] > 0
         outer_levels = max(config["parallel"], 1)
         outer = [loop for level in range(outer_levels) for loop in levels[("S", level)]]
-        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        if threaded:
+            fused = last = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        else:
+            # one thread: the outer loops stay apart -- a fused loop's div/mod indices keep LLVM from
+            # vectorizing the rows on its own (the untuned depthwise nest ran 10x slower fused)
+            fused, last = outer[0], outer[-1]
         if epilogue is not None:
             if write_at:
-                anchor = fused if write_at == outer_levels else levels[("S", write_at - 1)][-1]
+                anchor = last if write_at == outer_levels else levels[("S", write_at - 1)][-1]
                 sch.reverse_compute_at(epilogue, anchor, preserve_unit_loops=True)
                 self._vectorize_tail(sch, epilogue, config)
             else:
