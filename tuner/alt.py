@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from .cost_model import CostModel, CostModelKind, make_cost_model
 from .features import MSFeatures, knob_features
 from .measure import Measurer
-from .search import Proposal, Search, _never, _noop
+from .search import Proposal, Search, _never, _noop, seat_seeds
 from .space import (
     VECTOR_LANES,
     Config,
@@ -515,9 +515,8 @@ class ALTSearch(Search):
             pool.append(config)
             sources.append(source)
 
-        # a layout's first visit measures one known loop nest too, and walks start from it if it is the
-        # best: in the user's own layout the nearest to the untuned program (small memory-bound operators
-        # run fastest so), in the oneDNN-like first layout oneDNN's register blocking
+        # a layout's first visit measures known loop nests too (`seed_configs`), and walks start from
+        # one if it is the best
         seeds = self.seed_configs(p) if p.trials == 0 else []
         for seed in seeds:
             add(*seed)
@@ -582,11 +581,7 @@ class ALTSearch(Search):
             picks = [(int(i), "random") for i in chosen]
             if walks:  # no signal yet: forget the walks
                 self.loop_actor(p).buffer.steps.clear()
-        # the seeds (first in the pool, where not measured before) replace the lowest-ranked picks
-        missing = [i for i, source in enumerate(sources[: len(seeds)]) if source in {s for _, s in seeds}
-                   and i not in {j for j, _ in picks}]
-        for k, i in enumerate(missing[: len(picks)]):
-            picks[len(picks) - 1 - k] = (i, sources[i])
+        seat_seeds(picks, sources, {source for _, source in seeds})
         out = []
         for i, source in picks:
             full = join_config(p.choice, pool[i])
@@ -601,15 +596,13 @@ class ALTSearch(Search):
         `untuned_config` ("untuned": small memory-bound operators run fastest so) and `blocked_config`
         ("blocked": register blocking of the rows, as a depthwise conv wants); in the first tiled layout
         `blocked_config`, oneDNN's blocking; none elsewhere."""
-        seeds = []
-        if p.identity:
-            seeds.append((p.space.untuned_config(), "untuned"))
-        elif self.fixed is not None or self.key(p.choice) != self.key(self.full_choice(first_layout(self.template))):
-            return seeds
-        try:
-            seeds.append((p.space.blocked_config(VECTOR_LANES), "blocked"))
-        except InvalidConfig as e:
-            log.info("no blocked loop nest in %s: %s", p.name, e)
+        seeds = [(p.space.untuned_config(), "untuned")] if p.identity else []
+        first = self.fixed is None and self.key(p.choice) == self.key(self.full_choice(first_layout(self.template)))
+        if p.identity or first:
+            try:
+                seeds.append((p.space.blocked_config(VECTOR_LANES), "blocked"))
+            except InvalidConfig as e:
+                log.info("no blocked loop nest in %s: %s", p.name, e)
         return seeds
 
     def loop_actor(self, p: LayoutPoint) -> Any:

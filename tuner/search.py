@@ -57,6 +57,15 @@ class Proposal:
     stage: str = "loop"  # the search stage that proposed it ("joint", "loop")
 
 
+def seat_seeds(picks: list[tuple[int, str]], sources: Sequence[str], seed_sources: set[str]) -> None:
+    """Puts every pool entry whose source is a seed's among `picks` (pool index, source), in place of the
+    lowest-ranked picks: a round measures its seeds whatever the model thinks of them."""
+    picked = {i for i, _ in picks}
+    missing = [i for i, source in enumerate(sources) if source in seed_sources and i not in picked]
+    for k, i in enumerate(missing[: len(picks)]):
+        picks[len(picks) - 1 - k] = (i, sources[i])
+
+
 def _noop(trial: Trial) -> None:
     del trial
 
@@ -356,11 +365,7 @@ class XGBSearch(Search):
             scores = None
             chosen = self.rng.choice(len(pool), size=min(n, len(pool)), replace=False)
             picks = [(int(i), "random") for i in chosen]
-        # the seeds are measured in the first round, in place of its lowest-ranked picks
-        missing = [i for i, source in enumerate(sources) if source in ("untuned", "blocked")
-                   and i not in {j for j, _ in picks}]
-        for k, i in enumerate(missing[: len(picks)]):
-            picks[len(picks) - 1 - k] = (i, sources[i])
+        seat_seeds(picks, sources, {source for _, source in seeds})
         out = []
         for i, source in picks:
             self._features[config_key(pool[i])] = feats[i]
