@@ -7,7 +7,9 @@ For each case: our tuner (`tuner.tune`: the ALT search, layouts and loops; then
 the best configuration applied and built), the ALT-OL ablation (ours, loops only
 in the fixed channels-last layout, same budget; column "ALT-OL", JSON
 `ours_loop_only_ms`), MetaSchedule's `tune_tir` with `max_trials_global` = the same
-budget, and the torch op (oneDNN, all cores). Every TVM program is timed the
+budget on the operator as TVM's topi defines it (`Workload.topi_prim_func`: the
+same program as ours except conv2d_transpose, where topi multiplies the zeros of
+a dilated input and ours is the stride-phase form), and the torch op (oneDNN, all cores). Every TVM program is timed the
 same way (`tuner.baselines.time_ms`: time_evaluator, median of repeats of at
 least 50 ms) on the same inputs, and checked against torch's output. Prints
 one table and writes the JSON report (`bench.common`) to --json or under
@@ -278,7 +280,9 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
     row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
                metaschedule_correct=None, metaschedule_error=None)
     if options.metaschedule:
-        ms = metaschedule(wl.prim_func, target, budget, options.work_dir, seed=seed, inputs=inputs,
+        # TVM's own definition of the operator, as a TVM user would tune it (ours differs for
+        # conv2d_transpose: stride-phase, without the zeros topi's dilated input multiplies)
+        ms = metaschedule(wl.topi_prim_func, target, budget, options.work_dir, seed=seed, inputs=inputs,
                           expected=expected)
         row.update(metaschedule_ms=ms.latency_ms, metaschedule_tune_s=ms.tune_s, metaschedule_trials=ms.trials,
                    metaschedule_correct=ms.correct, metaschedule_error=ms.error)

@@ -59,7 +59,7 @@ def layout_template(workload: Workload, levels: int = 1) -> LayoutTemplate:
     op = complex_op(graph)
     if workload.operator in ("dense", "batch_matmul"):
         return gemm_template(graph, op, weight_is_nk=workload.operator == "dense", levels=levels)
-    return conv_template(graph, op, levels=levels)
+    return conv_template(graph, op, levels=levels, weight_is_io=workload.operator == "conv2d_transpose")
 
 
 def template_levels(choice: Mapping[str, int]) -> int:

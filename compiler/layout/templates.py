@@ -117,6 +117,11 @@ def _window(op: Any, tensor: Any, dim: int, axis: int) -> tuple[int, int] | None
     lo, hi, step = at(0, False), at(0, True), at(1, False)
     if lo is None or hi is None or step is None or step - lo < 1 or hi < lo:
         return None
+    # affine in the output index, not only from 0 to 1 (a transposed conv reads `(s + pad) // stride`)
+    extent = int(op.axis[axis].dom.extent)
+    for s in range(2, min(extent, 8)):
+        if at(s, False) != lo + s * (step - lo):
+            return None
     return step - lo, hi - lo + 1
 
 
@@ -168,8 +173,9 @@ def _second_level(params: list[TemplateParam], names: tuple[str, ...]) -> list[T
             for p in params if p.name in names]
 
 
-def conv_template(graph: Graph, op: Any, levels: int = 1) -> LayoutTemplate:
-    """The sec. 5.1 convolution template for complex op `op` (output N O S..., input N I S..., weight O I K...).
+def conv_template(graph: Graph, op: Any, levels: int = 1, weight_is_io: bool = False) -> LayoutTemplate:
+    """The sec. 5.1 convolution template for complex op `op` (output N O S..., input N I S..., weight O I K...,
+    or I O K... with `weight_is_io`, a transposed convolution's: swapped for free, weights are packed once).
 
     `levels=2` is the paper's two-level output template, N H/(ht' ht) W/(wt' wt) O/(ot' ot) ht' wt' ot' ht wt ot
     (params `ht2`, `wt2`, `ot2`); the input and weight stay one-level, following the first tiles.
@@ -180,6 +186,7 @@ def conv_template(graph: Graph, op: Any, levels: int = 1) -> LayoutTemplate:
     out_shape = graph.shape(op)
     data_shape = tuple(int(s) for s in data.shape)
     weight_shape = tuple(int(s) for s in weight.shape)
+    w_o, w_i = (1, 0) if weight_is_io else (0, 1)  # weight dims holding O and I
     k = len(out_shape) - 2
     spatial = _SPATIAL_NAMES[k]
     windows = [_window(op, data, 2 + j, 2 + j) for j in range(k)]
@@ -190,8 +197,8 @@ def conv_template(graph: Graph, op: Any, levels: int = 1) -> LayoutTemplate:
     ]
     params += [
         TemplateParam("it", data.op.name, "I", data_shape[1], _divisors(data_shape[1])),
-        TemplateParam("kot", weight.op.name, "O", weight_shape[0], _divisors(weight_shape[0])),
-        TemplateParam("kit", weight.op.name, "I", weight_shape[1], _divisors(weight_shape[1])),
+        TemplateParam("kot", weight.op.name, "O", weight_shape[w_o], _divisors(weight_shape[w_o])),
+        TemplateParam("kit", weight.op.name, "I", weight_shape[w_i], _divisors(weight_shape[w_i])),
     ]
     if levels == 2:
         params += _second_level(params, ("ot", *(f"{s.lower()}t" for s in spatial)))
@@ -221,7 +228,11 @@ def conv_template(graph: Graph, op: Any, levels: int = 1) -> LayoutTemplate:
         inp = inp.reorder(*[dims.index(d) for d in order])
 
         # weight: O I K.. -> O/kot I/kit K.. kit kot
-        w = Layout.identity(weight_shape, ("O", "I", *(f"K{s}" for s in spatial)))
+        spatial_k = tuple(f"K{s}" for s in spatial)
+        if weight_is_io:
+            w = Layout.identity(weight_shape, ("I", "O", *spatial_k)).reorder(1, 0, *range(2, 2 + k))
+        else:
+            w = Layout.identity(weight_shape, ("O", "I", *spatial_k))
         wdims = ["O", "I", *(f"K{j}" for j in range(k))]
         w, split_o = _tile(w, 0, c["kot"])
         if split_o:

@@ -268,6 +268,7 @@ class _Impl:
     shapes: Callable[[dict[str, int]], _Shapes]
     te_compute: Callable[[dict[str, int], Any, Any], Any]  # (params, data, weight) -> output tensor
     reference: Callable[[dict[str, int], Any, Any], Any]  # (params, data, weight) -> torch tensor
+    topi_compute: Callable[[dict[str, int], Any, Any], Any] | None = None  # TVM's own, where ours differs
 
 
 def _convnd_shapes(p: dict[str, int], axes: tuple[str, ...]) -> _Shapes:
@@ -381,11 +382,6 @@ def _transpose_check(p: dict[str, int]) -> None:
             "params.output_padding",
             f"output_padding={p['output_padding']} must be smaller than stride={p['stride']}",
         )
-    if p["padding"] > p["kernel"] - 1:
-        # topi's definition pads the dilated input by kernel - 1 - padding, which must be >= 0
-        raise WorkloadError(
-            "params.padding", f"padding={p['padding']} must be at most kernel - 1 = {p['kernel'] - 1}"
-        )
     for axis in _AXES_2D:
         if _transpose_out(p, axis) <= 0:
             raise WorkloadError(
@@ -405,8 +401,52 @@ def _transpose_shapes(p: dict[str, int]) -> _Shapes:
 
 
 def _transpose_te(p: dict[str, int], data: Any, weight: Any) -> Any:
+    """Stride-phase form: each output row y takes only the kernel rows ky = (y + pad) % s + s*j, reading
+    input row (y + pad) // s - j, so no multiply-add touches the zeros a dilated input would hold
+    (topi's `conv2d_transpose` multiplies s*s times as many, most of them by zero)."""
+    from tvm import te, tirx
+
+    s, pad, k, g = p["stride"], p["padding"], p["kernel"], p["groups"]
+    n, in_c, h, w = (int(d) for d in data.shape)
+    out_c, out_h, out_w = p["out_channels"], _transpose_out(p, "height"), _transpose_out(p, "width")
+    in_g, out_g = in_c // g, out_c // g
+    taps = -(-k // s)  # kernel rows per phase
+    # input rows (y + pad) // s - j for j in [0, taps): `taps - 1` zero rows before, enough after
+    low = taps - 1
+    high_h = max(0, (out_h - 1 + pad) // s - (h - 1))
+    high_w = max(0, (out_w - 1 + pad) // s - (w - 1))
+    zero = tirx.const(0, data.dtype)
+    padded = te.compute(
+        (n, in_c, h + low + high_h, w + low + high_w),
+        lambda b, c, yy, xx: tirx.if_then_else(
+            tirx.all(yy >= low, yy < h + low, xx >= low, xx < w + low), data[b, c, yy - low, xx - low], zero
+        ),
+        name="pad_temp",
+    )
+    ic = te.reduce_axis((0, in_g), name="ic")
+    jy = te.reduce_axis((0, taps), name="jy")
+    jx = te.reduce_axis((0, taps), name="jx")
+
+    def tap(b: Any, o: Any, y: Any, x: Any) -> Any:
+        ky, kx = (y + pad) % s + s * jy, (x + pad) % s + s * jx
+        value = padded[b, o // out_g * in_g + ic, (y + pad) // s - jy + low, (x + pad) // s - jx + low]
+        value = value * weight[o // out_g * in_g + ic, o % out_g, ky, kx]
+        if k % s == 0:  # every phase has `taps` kernel rows
+            return value
+        return tirx.if_then_else(tirx.all(ky < k, kx < k), value, zero)
+
+    return te.compute(
+        (n, out_c, out_h, out_w),
+        lambda b, o, y, x: te.sum(tap(b, o, y, x), axis=[ic, jy, jx]),
+        name="conv2d_transpose_nchw",
+    )
+
+
+def _transpose_topi_te(p: dict[str, int], data: Any, weight: Any) -> Any:
     from tvm import topi
 
+    if p["padding"] > p["kernel"] - 1:  # topi pads the dilated input by kernel - 1 - padding
+        return _transpose_te(p, data, weight)
     opad = (p["output_padding"], p["output_padding"])
     stride = (p["stride"], p["stride"])
     return topi.nn.group_conv2d_transpose_nchw(
@@ -467,7 +507,9 @@ _IMPLS: dict[str, _Impl] = {
     "depthwise_conv2d": _Impl(_depthwise_check, _depthwise_shapes, _depthwise_te, _depthwise_ref),
     "conv1d": _Impl(_convnd_check(_AXES_1D), lambda p: _convnd_shapes(p, _AXES_1D), _conv1d_te, _conv1d_ref),
     "conv3d": _Impl(_convnd_check(_AXES_3D), lambda p: _convnd_shapes(p, _AXES_3D), _conv3d_te, _conv3d_ref),
-    "conv2d_transpose": _Impl(_transpose_check, _transpose_shapes, _transpose_te, _transpose_ref),
+    "conv2d_transpose": _Impl(
+        _transpose_check, _transpose_shapes, _transpose_te, _transpose_ref, topi_compute=_transpose_topi_te
+    ),
     "dense": _Impl(_no_check, _dense_shapes, _dense_te, _dense_ref),
     "batch_matmul": _Impl(_no_check, _bmm_shapes, _bmm_te, _bmm_ref),
 }
@@ -592,15 +634,18 @@ class Workload:
         """All arguments of `prim_func` in call order: inputs, then the output."""
         return (*self.inputs, self.output)
 
-    def te_tensors(self) -> tuple[list[tvm.te.Tensor], tvm.te.Tensor]:
+    def te_tensors(self, topi: bool = False) -> tuple[list[tvm.te.Tensor], tvm.te.Tensor]:
         """A fresh TE graph of the workload: its placeholders (in `inputs` order) and its output.
 
-        The epilogue stages are separate ops named `bias_add` and `relu`.
+        The epilogue stages are separate ops named `bias_add` and `relu`. `topi`: the operator as TVM's
+        topi defines it, where ours differs (see `topi_prim_func`).
         """
         from tvm import te, tirx
 
         placeholders = [te.placeholder(s.shape, s.dtype, name=s.name) for s in self.inputs]
-        out = _IMPLS[self.operator].te_compute(self.params, placeholders[0], placeholders[1])
+        impl = _IMPLS[self.operator]
+        compute = impl.topi_compute if topi and impl.topi_compute else impl.te_compute
+        out = compute(self.params, placeholders[0], placeholders[1])
         assert tuple(int(d) for d in out.shape) == self.output.shape, (
             f"{self.operator}: TE output shape {tuple(out.shape)} != expected {self.output.shape}"
         )
@@ -618,6 +663,18 @@ class Workload:
         from tvm import te
 
         placeholders, out = self.te_tensors()
+        return te.create_prim_func([*placeholders, out]).with_attr("global_symbol", "main")
+
+    @functools.cached_property
+    def topi_prim_func(self) -> tvm.tirx.PrimFunc:
+        """The program with the operator as TVM's topi defines it: what a TVM user would hand MetaSchedule.
+
+        The same as `prim_func` except for conv2d_transpose, where topi dilates the input with zeros
+        (stride**2 times our multiply-adds) and ours is the stride-phase form.
+        """
+        from tvm import te
+
+        placeholders, out = self.te_tensors(topi=True)
         return te.create_prim_func([*placeholders, out]).with_attr("global_symbol", "main")
 
     @functools.cached_property

@@ -31,7 +31,7 @@ CONV = dict(batch=1, in_channels=8, height=8, width=8, out_channels=8, kernel=3)
         ("group_conv2d", dict(CONV, in_channels=6, groups=4), {}, "params.in_channels", "not divisible"),
         ("group_conv2d", dict(CONV, out_channels=6, groups=4), {}, "params.out_channels", "not divisible"),
         ("conv2d_transpose", dict(CONV, stride=2, output_padding=2), {}, "params.output_padding", "smaller"),
-        ("conv2d_transpose", dict(CONV, padding=3), {}, "params.padding", "at most"),
+        ("conv2d_transpose", dict(CONV, padding=6), {}, "params.padding", "too large"),
         ("conv2d_transpose", dict(CONV, groups=3), {}, "params.in_channels", "not divisible"),
         ("dense", dict(m=4096, n=4096, k=4096), {"max_tensor_elements": 2**20}, "params", "more than the limit"),
         ("conv2d", CONV, {"max_tensor_elements": 100}, "params", "elements"),
