@@ -9,11 +9,11 @@ in the fixed channels-last layout, same budget; column "ALT-OL", JSON
 `ours_loop_only_ms`), MetaSchedule's `tune_tir` with `max_trials_global` = the same
 budget on the operator as TVM's topi defines it (`Workload.topi_prim_func`: the
 same program as ours except conv2d_transpose, where topi multiplies the zeros of
-a dilated input and ours is the stride-phase form), and the torch op (oneDNN, all cores). Every TVM program is timed the
-same way (`tuner.baselines.time_ms`: time_evaluator, median of repeats of at
-least 50 ms) on the same inputs, and checked against torch's output. Prints
-one table and writes the JSON report (`bench.common`) to --json or under
-bench/results/.
+a dilated input and ours is the stride-phase form), and the torch op (oneDNN,
+all cores). Every TVM program is timed the same way (`tuner.baselines.time_ms`:
+time_evaluator, median of repeats of at least 50 ms) on the same inputs, and
+checked against torch's output. Prints one table and writes the JSON report
+(`bench.common`) to --json or under bench/results/.
 
 Suites: `smoke` (two tiny cases, for CI), `quick` (one case per operator kind,
 ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`

@@ -404,7 +404,7 @@ def _transpose_te(p: dict[str, int], data: Any, weight: Any) -> Any:
     """Stride-phase form: each output row y takes only the kernel rows ky = (y + pad) % s + s*j, reading
     input row (y + pad) // s - j, so no multiply-add touches the zeros a dilated input would hold
     (topi's `conv2d_transpose` multiplies s*s times as many, most of them by zero)."""
-    from tvm import te, tirx
+    from tvm import te, tirx, topi
 
     s, pad, k, g = p["stride"], p["padding"], p["kernel"], p["groups"]
     n, in_c, h, w = (int(d) for d in data.shape)
@@ -413,16 +413,9 @@ def _transpose_te(p: dict[str, int], data: Any, weight: Any) -> Any:
     taps = -(-k // s)  # kernel rows per phase
     # input rows (y + pad) // s - j for j in [0, taps): `taps - 1` zero rows before, enough after
     low = taps - 1
-    high_h = max(0, (out_h - 1 + pad) // s - (h - 1))
-    high_w = max(0, (out_w - 1 + pad) // s - (w - 1))
+    high = [max(0, (out - 1 + pad) // s - (size - 1)) for out, size in ((out_h, h), (out_w, w))]
+    padded = topi.nn.pad(data, [0, 0, low, low], [0, 0, *high], name="pad_temp")
     zero = tirx.const(0, data.dtype)
-    padded = te.compute(
-        (n, in_c, h + low + high_h, w + low + high_w),
-        lambda b, c, yy, xx: tirx.if_then_else(
-            tirx.all(yy >= low, yy < h + low, xx >= low, xx < w + low), data[b, c, yy - low, xx - low], zero
-        ),
-        name="pad_temp",
-    )
     ic = te.reduce_axis((0, in_g), name="ic")
     jy = te.reduce_axis((0, taps), name="jy")
     jx = te.reduce_axis((0, taps), name="jx")
@@ -669,11 +662,13 @@ class Workload:
     def topi_prim_func(self) -> tvm.tirx.PrimFunc:
         """The program with the operator as TVM's topi defines it: what a TVM user would hand MetaSchedule.
 
-        The same as `prim_func` except for conv2d_transpose, where topi dilates the input with zeros
+        `prim_func` itself except for conv2d_transpose, where topi dilates the input with zeros
         (stride**2 times our multiply-adds) and ours is the stride-phase form.
         """
         from tvm import te
 
+        if _IMPLS[self.operator].topi_compute is None:
+            return self.prim_func
         placeholders, out = self.te_tensors(topi=True)
         return te.create_prim_func([*placeholders, out]).with_attr("global_symbol", "main")
 
