@@ -1,7 +1,8 @@
 """Operator benchmark: ours vs TVM MetaSchedule (same number of measurements) vs torch, one run, one target.
 
     python -m bench.ops [--suite smoke|quick|full] [--cases NAME,...] [--spec FILE] [--budget N]
-                        [--json PATH] [--no-metaschedule] [--no-torch] [--no-untuned]
+                        [--json PATH [--resume]] [--no-metaschedule] [--no-torch] [--no-untuned]
+    python -m bench.ops --merge REPORT [REPORT ...] [--json PATH]
 
 For each case: our tuner (`tuner.tune`: the ALT search, layouts and loops; then
 the best configuration applied and built), the ALT-OL ablation (ours, loops only
@@ -13,7 +14,10 @@ a dilated input and ours is the stride-phase form), and the torch op (oneDNN,
 all cores). Every TVM program is timed the same way (`tuner.baselines.time_ms`:
 time_evaluator, median of repeats of at least 50 ms) on the same inputs, and
 checked against torch's output. Prints one table and writes the JSON report
-(`bench.common`) to --json or under bench/results/.
+(`bench.common`) to --json or under bench/results/. With --json the report is
+written after every case, so a stopped run keeps what it finished, and the same
+command with --resume goes on from there (a suite longer than one sitting runs
+in pieces); --merge joins reports of one target into one table.
 
 Suites: `smoke` (two tiny cases, for CI), `quick` (one case per operator kind,
 ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`
@@ -29,11 +33,13 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import Column, fmt_ms, fmt_s, fmt_x, format_table, geomean, geomeans, speedup, write_json
+from bench.common import (Column, check_report, environment, fmt_ms, fmt_s, fmt_x, format_table, geomean, geomeans,
+                          speedup, write_json)
 
 
 @dataclass(frozen=True)
@@ -305,6 +311,8 @@ def run(
     seed: int = 0,
     options: Options = Options(),
     log: Any = sys.stderr,
+    done: Sequence[dict] = (),
+    on_case: Callable[[dict], None] | None = None,
 ) -> dict:
     """Runs `cases` and returns the report (see `bench.common`).
 
@@ -316,10 +324,10 @@ def run(
         seed: seed of inputs, ours and MetaSchedule for suite cases.
         options: which baselines to run.
         log: where progress lines go.
+        done: rows of an earlier, interrupted run of the same plan; their cases are not run again.
+        on_case: called with the report so far after every case (to save it as it grows).
     """
     from compiler.target import target_key
-
-    from bench.common import environment
 
     default_budget = SUITES[suite][1] if suite in SUITES else 64
     plan = []
@@ -332,12 +340,17 @@ def run(
     if len(targets) > 1:
         raise ValueError(f"one benchmark runs on one target; the cases name {sorted(targets)}")
     budgets = sorted({b for _, _, b, _ in plan})
+    target_text = targets.pop() if targets else target_key(target)
+    finished = {r["name"]: r for r in done}
+    rows = [finished[c.name] for c, _, _, _ in plan if c.name in finished]
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-") as tmp:
         work = options.work_dir if options.work_dir is not None else Path(tmp)
-        opts = Options(options.metaschedule, options.torch, options.untuned, work, options.loop_only)
-        rows = []
+        opts = replace(options, work_dir=work)
         for i, (case, target_name, case_budget, case_seed) in enumerate(plan):
+            if case.name in finished:
+                print(f"[{i + 1}/{len(plan)}] {case.name}: done in the earlier run", file=log, flush=True)
+                continue
             print(f"[{i + 1}/{len(plan)}] {case.name} (budget {case_budget}) ...", file=log, flush=True)
             row = run_case(case, target_name, case_budget, case_seed, opts)
             print(f"    ours {fmt_ms(row['ours_ms'])} ms ({row.get('layout')}), "
@@ -346,15 +359,60 @@ def run(
                   f"torch {fmt_ms(row['torch_ms'])} ms" + (f"  [{row['error']}]" if row.get("error") else ""),
                   file=log, flush=True)
             rows.append(row)
+            if on_case is not None:
+                on_case(report(suite, target_text, budgets or [budget or default_budget], rows))
+    return report(suite, target_text, budgets or [budget or default_budget], rows)
+
+
+def report(suite: str, target: str, budgets: list[int], rows: list[dict], env: dict | None = None) -> dict:
+    """The report of `rows` (see `bench.common`), with its geomeans and `env` (default: this machine's)."""
     return {
         "suite": suite,
-        "target": targets.pop() if targets else target_key(target),
-        "budget": budgets[-1] if budgets else (budget or default_budget),
-        "budgets": budgets,
+        "target": target,
+        "budget": max(budgets),
+        "budgets": sorted(set(budgets)),
         "cases": rows,
         "geomean": {**geomeans(rows), "vs_loop_only": geomean(r.get("vs_loop_only") for r in rows)},
-        "environment": environment(),
+        "environment": env if env is not None else environment(),
     }
+
+
+def resumable_rows(path: Path, suite: str, target: str, budget: int | None) -> list[dict]:
+    """The finished cases of the report at `path`, checked to be of the same suite, target and budget.
+
+    Raises:
+        ValueError: the report is of another suite, target or budget, so its rows do not belong here.
+    """
+    from compiler.target import target_key
+
+    earlier = json.loads(Path(path).read_text())
+    check_report(earlier)
+    default_budget = SUITES[suite][1] if suite in SUITES else earlier["budget"]
+    want = {"suite": suite, "target": target_key(target), "budget": budget if budget is not None else default_budget}
+    for key, value in want.items():
+        if earlier[key] != value:
+            raise ValueError(f"--resume: {path} is a report of {key} {earlier[key]!r}, this run's is {value!r}")
+    return earlier["cases"]
+
+
+def merge(reports: list[dict]) -> dict:
+    """One report of the cases of several (a suite run in pieces), later pieces winning a case run twice.
+
+    Raises:
+        ValueError: the reports are of different targets (their latencies do not compare).
+    """
+    for r in reports:
+        check_report(r)
+    targets = sorted({r["target"] for r in reports})
+    if len(targets) != 1:
+        raise ValueError(f"reports of one target only can be merged; these are of {targets}")
+    rows = list({c["name"]: c for r in reports for c in r["cases"]}.values())
+    suites = sorted({r["suite"] for r in reports})
+    merged = report(suites[0] if len(suites) == 1 else "+".join(suites), targets[0],
+                    [b for r in reports for b in r.get("budgets", [r["budget"]])], rows,
+                    env=reports[-1].get("environment", {}))
+    merged["merged_from"] = [r.get("environment", {}).get("date_utc") for r in reports]
+    return merged
 
 
 # ---------------------------------------------------------------------------
@@ -421,9 +479,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the ALT-OL ablation (ours, loops only, fixed channels-last layout)")
     parser.add_argument("--layout-levels", type=int, default=1, choices=(1, 2),
                         help="ours: one-level layout templates (default, the paper's) or two-level output tiling")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with the report at --json: its finished cases are kept, not run again")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="REPORT",
+                        help="run nothing: merge these reports (one target) into one table and --json")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget < 1:
         parser.error("--budget must be >= 1")
+    if args.resume and args.json is None:
+        parser.error("--resume needs --json: the report to go on with")
+
+    if args.merge:
+        try:
+            merged = merge([json.loads(Path(p).read_text()) for p in args.merge])
+        except (OSError, ValueError) as e:
+            parser.error(f"--merge: {e}")
+        print(table(merged))
+        print(f"wrote {write_json(merged, args.json)}")
+        return 0
 
     try:
         if args.spec is not None:
@@ -432,13 +505,18 @@ def main(argv: list[str] | None = None) -> int:
             suite, cases = "spec", load_specs(args.spec)
         else:
             suite, cases = args.suite, select(args.suite, args.cases.split(",") if args.cases else None)
+        done = (resumable_rows(args.json, suite, args.target, args.budget)
+                if args.resume and args.json.exists() else [])
     except ValueError as e:
         parser.error(str(e))
     options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir,
                       not args.no_loop_only, args.layout_levels)
-    report = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options)
-    print(table(report))
-    path = write_json(report, args.json)
+    # with --json, the report is written after every case: an interrupted run keeps what it finished
+    save = (lambda partial: write_json(partial, args.json)) if args.json is not None else None
+    final = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options, done=done,
+                on_case=save)
+    print(table(final))
+    path = write_json(final, args.json)
     print(f"wrote {path}")
     return 0
 

@@ -108,3 +108,66 @@ def test_spec_file_is_validated_like_the_api(tmp_path):
     path.write_text(json.dumps([spec | {"params": {"m": 8}}]))
     with pytest.raises(ValueError, match="params.n"):
         ops.load_specs(path)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _fake_run_case(calls: list, stop_at: str | None = None):
+    """A stand-in for `ops.run_case` that records its calls and stops the run at `stop_at`."""
+
+    def run_case(case, target_name, budget, seed, options):
+        if case.name == stop_at:
+            raise _Stopped(case.name)
+        calls.append((case.name, budget, options.layout_levels))
+        return _case(case.name, 1.0, 2.0, 4.0)
+
+    return run_case
+
+
+def test_a_stopped_run_keeps_its_finished_cases_and_resume_runs_only_the_rest(tmp_path, monkeypatch):
+    path = tmp_path / "quick.json"
+    names = ["gemm_512", "conv1d", "conv2d_resnet"]
+    calls: list = []
+    monkeypatch.setattr(ops, "run_case", _fake_run_case(calls, stop_at="conv1d"))
+    with pytest.raises(_Stopped):
+        ops.main(["--suite", "quick", "--cases", ",".join(names), "--budget", "4", "--json", str(path)])
+    assert [c["name"] for c in json.loads(path.read_text())["cases"]] == ["gemm_512"]
+
+    calls.clear()
+    monkeypatch.setattr(ops, "run_case", _fake_run_case(calls))
+    assert ops.main(["--suite", "quick", "--cases", ",".join(names), "--budget", "4", "--json", str(path),
+                     "--resume", "--layout-levels", "2"]) == 0
+    assert calls == [("conv1d", 4, 2), ("conv2d_resnet", 4, 2)]  # gemm_512 not again; layout levels reach the case
+    report = json.loads(path.read_text())
+    common.check_report(report)
+    assert [c["name"] for c in report["cases"]] == names
+    assert report["geomean"]["vs_metaschedule"] == pytest.approx(2.0)
+
+    with pytest.raises(SystemExit):  # a report of another budget is not this run's to go on with
+        ops.main(["--suite", "quick", "--cases", "conv1d", "--budget", "8", "--json", str(path), "--resume"])
+    with pytest.raises(SystemExit):
+        ops.main(["--suite", "quick", "--resume"])
+
+
+def test_merge_joins_reports_of_one_target(tmp_path, capsys):
+    def report(target: str, *cases: dict) -> dict:
+        return {"suite": "full", "target": target, "budget": 300, "cases": list(cases),
+                "geomean": common.geomeans(cases), "environment": {"date_utc": target}}
+
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    out = tmp_path / "merged.json"
+    a.write_text(json.dumps(report("llvm", _case("x", 1.0, 2.0, 1.0), _case("y", 1.0, 1.0, 1.0))))
+    b.write_text(json.dumps(report("llvm", _case("y", 1.0, 8.0, 1.0))))
+
+    assert ops.main(["--merge", str(a), str(b), "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert [c["name"] for c in merged["cases"]] == ["x", "y"]
+    assert merged["geomean"]["vs_metaschedule"] == pytest.approx(4.0)  # y from the later report: 8x
+    assert "4.00x" in capsys.readouterr().out
+
+    b.write_text(json.dumps(report("llvm -mcpu=znver4", _case("z", 1.0, 2.0, 1.0))))
+    with pytest.raises(SystemExit):
+        ops.main(["--merge", str(a), str(b), "--json", str(out)])
