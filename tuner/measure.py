@@ -7,6 +7,12 @@ trial and the worker is restarted; the tuner keeps going. The scheduled module
 travels as `tvm.ir.save_json` text, the target as its exported dict, the input
 and expected arrays as files in a temporary folder owned by the measurer.
 
+A search that knows its next candidates hands them to `prebuild` first: they
+are compiled to shared libraries in parallel, one build process per core (LLVM
+codegen is most of a candidate's cost), and only then run, one at a time, by the
+measuring process. Nothing is built while anything is timed. This is
+MetaSchedule's builder/runner split, and it does not change what a measurement is.
+
 Before its time counts, a candidate's output on the task's fixed inputs is
 compared with the output of the untransformed program (computed once per task
 in the same kind of child process, which also times the untuned program: the
@@ -62,8 +68,16 @@ class Measurer(abc.ABC):
         """Builds, checks and times one candidate; failures are results, never raised."""
 
     def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
-        """`measure_one` for each candidate, in order."""
+        """`measure_one` for each candidate, in order (built ahead, together)."""
+        self.prebuild([(task, c) for c in candidates])
         return [self.measure_one(task, c) for c in candidates]
+
+    def prebuild(self, batch: Sequence[tuple[Task, Candidate]]) -> None:
+        """Builds candidates that `measure_one` will be asked for next, together, before any runs.
+
+        A hint: candidates not measured afterwards cost only their build, and a
+        measurer that cannot build ahead ignores it.
+        """
 
     def baseline_ms(self, task: Task) -> float | None:
         """Median latency of the untransformed program, None where unknown."""
@@ -120,8 +134,22 @@ def _child_arrays(path: str) -> Any:
     return _CHILD_CACHE[path]
 
 
+def _child_build(mod_json: str, target_config: dict, lib_path: str, hook: Callable[[dict], None] | None,
+                 config: dict) -> float:
+    """Compiles the module into the shared library `lib_path`; returns the build time in s."""
+    import tvm
+
+    if hook is not None:
+        hook(config)
+    start = time.perf_counter()
+    tvm.compile(tvm.ir.load_json(mod_json), target=tvm.target.Target(target_config)).export_library(lib_path)
+    return time.perf_counter() - start
+
+
 def _child_run(
-    mod_json: str,
+    mod_json: str | None,
+    lib_path: str | None,
+    output_spec: tuple[tuple[int, ...], str],
     target_config: dict,
     inputs_path: str,
     expected_path: str | None,
@@ -133,20 +161,23 @@ def _child_run(
     hook: Callable[[dict], None] | None,
     config: dict,
 ) -> dict:
-    """Builds the module, runs it once, checks (or writes) its output, times it."""
+    """Builds the module (or loads the library built ahead), runs it once, checks (or writes) its output,
+    times it."""
     import numpy as np
     import tvm
 
-    if hook is not None:
-        hook(config)
-    start = time.perf_counter()
-    mod = tvm.ir.load_json(mod_json)
     target = tvm.target.Target(target_config)
-    lib = tvm.compile(mod, target=target).jit()
-    build_s = time.perf_counter() - start
+    if lib_path is not None:
+        lib = tvm.runtime.load_module(lib_path)
+        build_s = 0.0  # the builder reports it
+    else:
+        if hook is not None:
+            hook(config)
+        start = time.perf_counter()
+        lib = tvm.compile(tvm.ir.load_json(mod_json), target=target).jit()
+        build_s = time.perf_counter() - start
     dev = tvm.cpu(0) if target.kind.name == "llvm" else tvm.device(target.kind.name, 0)
-    func = mod["main"]
-    out_shape, out_dtype = arg_specs(func)[-1]
+    out_shape, out_dtype = output_spec
     args = [tvm.runtime.tensor(a, dev) for a in _child_arrays(inputs_path)]
     args.append(tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev))
     start = time.perf_counter()
@@ -189,7 +220,7 @@ class _Prepared:
 
 
 class LocalMeasurer(Measurer):
-    """Builds and runs candidates on this machine, one at a time, each in a worker process."""
+    """Builds and runs candidates on this machine, each in a worker process; runs one at a time."""
 
     def __init__(
         self,
@@ -200,6 +231,7 @@ class LocalMeasurer(Measurer):
         rtol: float = 1e-3,
         atol: float = 1e-3,
         max_process_uses: int | None = 64,
+        build_workers: int | None = None,
         child_hook: Callable[[dict], None] | None = None,
     ):
         """
@@ -210,65 +242,121 @@ class LocalMeasurer(Measurer):
             min_repeat_ms: each repeat runs the program as often as needed to last this long.
             rtol: relative tolerance of the output check.
             atol: absolute tolerance, scaled by max(1, max |expected|).
-            max_process_uses: the worker is recycled after this many candidates
+            max_process_uses: a worker is recycled after this many candidates
                 (bounds leaks of compiled modules); None: never.
+            build_workers: processes that build the candidates of `prebuild`
+                together (default: the cores this process may use).
             child_hook: called with the config in the child before building (for
                 tests: a hook that exits or sleeps simulates a crash or a hang).
                 Pickled with cloudpickle.
         """
+        from compiler.target import host_cores
+
         self.timeout_s = timeout_s
         self.repeat = repeat
         self.min_repeat_ms = min_repeat_ms
         self.rtol, self.atol = rtol, atol
         self.max_process_uses = max_process_uses
+        self.build_workers = build_workers if build_workers is not None else host_cores()
         self.child_hook = child_hook
-        self._pool = None
+        self._pools: dict[str, Any] = {}  # "run": the one measuring process; "build": the builders
         self._prepared: dict[int, tuple[Task, _Prepared]] = {}
+        self._built: dict[int, tuple[tvm.IRModule, dict]] = {}  # id(mod) -> (mod, the build's outcome)
+        self._lib_dir: tempfile.TemporaryDirectory | None = None
         self.restarts = 0
 
-    # -- worker pool ----------------------------------------------------------
+    # -- worker pools -----------------------------------------------------------
 
-    def _get_pool(self) -> Any:
+    def _get_pool(self, kind: str) -> Any:
         from tvm.support.popen_pool import PopenPoolExecutor
 
-        if self._pool is None:
-            self._pool = PopenPoolExecutor(
-                max_workers=1, timeout=self.timeout_s, maximum_process_uses=self.max_process_uses
+        if kind not in self._pools:
+            self._pools[kind] = PopenPoolExecutor(
+                max_workers=1 if kind == "run" else self.build_workers, timeout=self.timeout_s,
+                maximum_process_uses=self.max_process_uses,
             )
-        return self._pool
+        return self._pools[kind]
 
-    def _restart(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+    def _restart(self, kind: str) -> None:
+        pool = self._pools.pop(kind, None)
+        if pool is not None:
+            pool.shutdown(wait=False)
         self.restarts += 1
 
-    def _call(self, timeout_s: float, *args: Any) -> dict:
-        """Runs `_child_run(*args)` in the worker; failures come back as {"error": ...}."""
-        pool = self._get_pool()
-        pool._timeout = timeout_s  # the child's own watchdog (PopenPoolExecutor has one timeout)
-        future = pool.submit(_child_run, *args)
+    def _outcome(self, kind: str, future: concurrent.futures.Future, timeout_s: float,
+                 stuck: list | None = None) -> dict:
+        """The child's answer, or {"error": ...} for a timeout, a crash or an exception in the child.
+
+        A child that does not answer at all gets its pool restarted, or, with `stuck`, noted
+        there for the caller to restart the pool once the other futures are in.
+        """
+        what = "build, check and run" if kind == "run" else "build"
         try:
             # The child's watchdog answers first; this one catches a child stuck holding the GIL.
-            return future.result(timeout=timeout_s + 15)
+            result = future.result(timeout=timeout_s + 15)
+            return result if isinstance(result, dict) else {"build_s": result}
         except TimeoutError:
             if not future.done():
-                self._restart()
-            return {"error": f"timed out after {timeout_s:g} s (build, check and run); worker restarted"}
+                if stuck is None:
+                    self._restart(kind)
+                else:
+                    stuck.append(future)
+            return {"error": f"timed out after {timeout_s:g} s ({what}); worker restarted"}
         except ChildProcessError:
             self.restarts += 1  # the pool restarts the dead worker lazily
-            return {"error": "the measuring process crashed (segfault, abort or exit) while building or "
-                             "running this candidate; worker restarted"}
+            return {"error": f"the {'measuring' if kind == 'run' else 'building'} process crashed (segfault, "
+                             f"abort or exit) while {'building or running' if kind == 'run' else 'building'} "
+                             "this candidate; worker restarted"}
         except Exception as e:  # an exception raised in the child: build error, runtime error
-            return {"error": f"build or run failed: {_one_line(e)}"}
+            return {"error": f"{'build or run' if kind == 'run' else 'build'} failed: {_one_line(e)}"}
+
+    def _call(self, timeout_s: float, *args: Any) -> dict:
+        """Runs `_child_run(*args)` in the measuring process; failures come back as {"error": ...}."""
+        pool = self._get_pool("run")
+        pool._timeout = timeout_s  # the child's own watchdog (PopenPoolExecutor has one timeout)
+        return self._outcome("run", pool.submit(_child_run, *args), timeout_s)
+
+    def prebuild(self, batch: Sequence[tuple[Task, Candidate]]) -> None:
+        """Compiles the candidates to shared libraries, `build_workers` at a time, and waits for all."""
+        import tvm
+
+        for mod, built in self._built.values():  # an earlier batch's, never measured
+            if "lib" in built:
+                os.remove(built["lib"])
+        self._built.clear()
+        todo = list(batch)
+        if len(todo) < 2:  # nothing to build together: measure_one builds it as it runs
+            return
+        if self._lib_dir is None:
+            self._lib_dir = tempfile.TemporaryDirectory(prefix="altune-libs-")
+        pool = self._get_pool("build")
+        futures = []
+        for task, c in todo:
+            path = os.path.join(self._lib_dir.name, f"{id(c.mod)}-{time.monotonic_ns()}.so")
+            try:
+                mod_json = tvm.ir.save_json(c.mod)
+            except Exception as e:  # noqa: BLE001 - measure_one reports it
+                self._built[id(c.mod)] = (c.mod, {"error": f"cannot serialize the module: {_one_line(e)}"})
+                continue
+            futures.append((c, path, pool.submit(_child_build, mod_json, dict(task.target.export()), path,
+                                                 self.child_hook, dict(c.config))))
+        stuck: list = []
+        for c, path, future in futures:
+            outcome = self._outcome("build", future, self.timeout_s, stuck)
+            self._built[id(c.mod)] = (c.mod, outcome if "error" in outcome else {**outcome, "lib": path})
+        if stuck:  # after the others are in: restarting kills every builder
+            self._restart("build")
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        for kind in list(self._pools):
+            self._pools.pop(kind).shutdown(wait=False)
         for _, prepared in self._prepared.values():
             prepared.tmp.cleanup()
         self._prepared.clear()
+        self._built.clear()
+        if self._lib_dir is not None:
+            self._lib_dir.cleanup()
+            self._lib_dir = None
 
     def __del__(self) -> None:
         try:
@@ -297,7 +385,8 @@ class LocalMeasurer(Measurer):
         prepared = _Prepared(tmp, inputs_path, expected_path)
         mod_json = tvm.ir.save_json(untransformed_module(task.prim_func))
         result = self._call(
-            4 * self.timeout_s, mod_json, dict(task.target.export()), inputs_path,
+            4 * self.timeout_s, mod_json, None, arg_specs(task.prim_func)[-1], dict(task.target.export()),
+            inputs_path,
             expected_path, task.expected is None, self.repeat, self.min_repeat_ms, self.rtol, self.atol,
             None, {},
         )
@@ -317,20 +406,32 @@ class LocalMeasurer(Measurer):
         import tvm
 
         prepared = self.prepare(task)
+        mod, built = self._built.pop(id(candidate.mod), (None, {}))
+        if mod is not candidate.mod:  # not built ahead (or another module at a reused address)
+            built = {}
         if prepared.error is not None:
             return MeasureResult(None, prepared.error)
+        if "error" in built:
+            return MeasureResult(None, built["error"], build_s=built.get("build_s", 0.0))
+        mod_json = None
+        if "lib" not in built:
+            try:
+                mod_json = tvm.ir.save_json(candidate.mod)
+            except Exception as e:
+                return MeasureResult(None, f"cannot serialize the module: {_one_line(e)}")
         try:
-            mod_json = tvm.ir.save_json(candidate.mod)
-        except Exception as e:
-            return MeasureResult(None, f"cannot serialize the module: {_one_line(e)}")
-        result = self._call(
-            self.timeout_s, mod_json, dict(task.target.export()), prepared.inputs_path,
-            prepared.expected_path, False, self.repeat, self.min_repeat_ms, self.rtol, self.atol,
-            self.child_hook, dict(candidate.config),
-        )
+            result = self._call(
+                self.timeout_s, mod_json, built.get("lib"), arg_specs(candidate.mod["main"])[-1],
+                dict(task.target.export()), prepared.inputs_path, prepared.expected_path, False, self.repeat,
+                self.min_repeat_ms, self.rtol, self.atol, self.child_hook, dict(candidate.config),
+            )
+        finally:
+            if "lib" in built:
+                os.remove(built["lib"])
+        build_s = built.get("build_s", 0.0) + result.get("build_s", 0.0)
         if "error" in result:
-            return MeasureResult(None, result["error"], build_s=result.get("build_s", 0.0))
-        return MeasureResult(result["latencies_ms"], None, result["build_s"], result["run_s"])
+            return MeasureResult(None, result["error"], build_s=build_s)
+        return MeasureResult(result["latencies_ms"], None, build_s, result["run_s"])
 
 
 MeasurerKind = Literal["local"]

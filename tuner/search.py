@@ -184,7 +184,17 @@ class Search(abc.ABC):
                 return False
             return None if not queue and config_key(proposal.config) in self.measured else True
 
+        def build_ahead(proposals: Sequence[Proposal]) -> None:
+            """Has the measurer build together what this round will measure (replayed ones are not)."""
+            if not queue and should_stop():
+                return
+            known = self.measured | {config_key(t.config) for t in queue}
+            fresh = [p for p in proposals if config_key(p.config) not in known]
+            ahead = fresh[:max(0, remaining - len(queue))]
+            self.measurer.prebuild([(p.task or self.task, Candidate(p.config, p.mod)) for p in ahead])
+
         first = self._start_proposals(start_from)
+        build_ahead(first)
         started: list[Trial] = []
         for proposal in first:
             go = proceed(proposal)
@@ -209,6 +219,7 @@ class Search(abc.ABC):
                     continue
                 log.info("%s: search space exhausted after %d trials", self.task.name, len(self.measured))
                 break
+            build_ahead(proposals)
             batch: list[Trial] = []
             for proposal in proposals:
                 go = proceed(proposal)

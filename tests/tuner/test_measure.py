@@ -96,3 +96,29 @@ def test_broken_reference_makes_every_candidate_an_error(setup):
     with LocalMeasurer(timeout_s=10, min_repeat_ms=5) as measurer:
         result = measurer.measure_one(bad_task, _good(space))
     assert result.error is not None and "shape" in result.error, result.error
+
+
+def test_a_batch_built_ahead_is_measured_like_one_built_alone(setup):
+    """Builds together, then runs one at a time: wrong, crashing and hanging builds become errors of their
+    own candidates only, and no library outlives its measurement."""
+    from tuner import Candidate
+
+    wl, task, space, measurer = setup
+    good = _good(space)
+    other = space.sample(np.random.default_rng(1), 1)[0]
+    crash = Candidate({**good.config, "fault": "exit"}, space.apply(good.config).mod)
+    hang = Candidate({**good.config, "fault": "hang"}, space.apply(good.config).mod)
+    batch = [good, crash, hang, Candidate(other, space.apply(other).mod)]
+
+    measurer.prebuild([(task, c) for c in batch])
+    libs = sorted(os.listdir(measurer._lib_dir.name))
+    assert len(libs) == 2, libs  # the crash and the hang built nothing
+    results = [measurer.measure_one(task, c) for c in batch]
+
+    assert results[0].error is None and len(results[0].latencies_ms) == 3 and results[0].build_s > 0
+    assert "building process crashed" in results[1].error, results[1].error
+    assert "timed out" in results[2].error and "(build)" in results[2].error, results[2].error
+    assert results[3].error is None, results[3].error
+    assert os.listdir(measurer._lib_dir.name) == []
+    alone = measurer.measure_one(task, good)  # not built ahead: built in the measuring process
+    assert alone.error is None and alone.build_s > 0
