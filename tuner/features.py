@@ -10,7 +10,8 @@ Two parts, concatenated:
 * MetaSchedule's per-store features (`PerStoreFeature`, 164 per buffer store:
   arithmetic, memory access, reuse, loop annotations), pooled over the stores
   of a program by mean and max into a fixed vector. They work in TVM 0.27 with
-  a `TuneContext` and a `MeasureCandidate`, and cost ~10 ms per candidate on
+  a `TuneContext` and a `MeasureCandidate`, are extracted on every core (a
+  batch is ranked while nothing is timed), and cost ~10 ms per candidate on
   this machine (a 3x3 conv2d), which is small beside a ~1 s build and run
   (the context is built without `TuneContext.__init__`: see `_bare_tune_context`).
   A program that fails to give them gets zeros (and the model learns from the
@@ -87,11 +88,20 @@ def _bare_tune_context(mod: tvm.IRModule, target: tvm.target.Target, num_threads
 class MSFeatures:
     """MetaSchedule's per-store features of scheduled programs, pooled per program."""
 
-    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, num_threads: int = 1):
+    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, num_threads: int | None = None):
+        """
+        Args:
+            mod: the task's module (the programs' signature).
+            target: the target the programs are for.
+            num_threads: threads extracting a batch (default: the cores this process may use;
+                nothing is timed while a search ranks its candidates).
+        """
         from tvm.s_tir import meta_schedule as ms
 
+        from compiler.target import host_cores
+
         self._ms = ms
-        self._context = _bare_tune_context(mod, target, num_threads)
+        self._context = _bare_tune_context(mod, target, num_threads if num_threads is not None else host_cores())
         self._extractor = ms.feature_extractor.PerStoreFeature()
         self._args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
 

@@ -1,4 +1,4 @@
-"""Cost models: ranking accuracy on a synthetic problem, save/load, the accuracy metric."""
+"""Cost models: ranking accuracy on a synthetic problem, save/load, the accuracy metric; MetaSchedule features."""
 
 from __future__ import annotations
 
@@ -64,3 +64,23 @@ def test_unknown_cost_model():
 
     with pytest.raises(ValueError, match="unknown cost model: svm"):
         make_cost_model("svm")
+
+
+def test_ms_features_are_the_same_on_every_thread_count():
+    """Per-store features of a batch, extracted on one thread and on two: equal, non-zero, per program."""
+    from tuner import LoopSpace
+    from tuner.features import MS_FEATURE_LENGTH, MSFeatures
+    from tuner_cases import host, workload
+
+    wl = workload("conv2d", {"batch": 1, "in_channels": 8, "height": 10, "width": 10, "out_channels": 16,
+                             "kernel": 3, "padding": 1})
+    space = LoopSpace(wl.prim_func)
+    schedules = [space.apply(c) for c in space.sample(np.random.default_rng(0), 12)]
+
+    one = MSFeatures(space.mod, host(), num_threads=1).extract(schedules)
+    two = MSFeatures(space.mod, host(), num_threads=2).extract(schedules + [None])
+
+    assert one.shape == (12, 2 * MS_FEATURE_LENGTH) and two.shape == (13, 2 * MS_FEATURE_LENGTH)
+    np.testing.assert_array_equal(one, two[:12])
+    assert not two[12].any() and all(row.any() for row in one)
+    assert len({row.tobytes() for row in one}) > 1  # the programs differ, and so do their features
