@@ -109,6 +109,21 @@ def write_json(report: dict, path: Path | None = None, *, bench: str = "ops") ->
     return path
 
 
+def source_commit() -> str | None:
+    """The git commit of the code that runs (suffixed "+dirty" with uncommitted changes), None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def environment() -> dict[str, Any]:
     """Versions and machine facts recorded with every report."""
     import torch
@@ -117,6 +132,7 @@ def environment() -> dict[str, Any]:
     from compiler.target import host_cores, host_cpu
 
     return {
+        "commit": source_commit(),
         "cpu": host_cpu(),
         "cores": host_cores(),
         "machine": platform.machine(),

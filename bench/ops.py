@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (Column, check_report, environment, fmt_ms, fmt_s, fmt_x, format_table, geomean, geomeans,
-                          speedup, write_json)
+                          source_commit, speedup, write_json)
 
 
 @dataclass(frozen=True)
@@ -275,6 +275,7 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         "workload_key": wl.key,
         "flops": wl.flops,
         "budget": budget,
+        "commit": source_commit(),  # a suite run in pieces (--resume, --merge) may span versions
         "untuned_ms": untuned_latency(wl.prim_func, target, inputs) if options.untuned else None,
     }
     task = Task(case.name, wl.key, wl.prim_func, target, inputs, expected, workload=wl)
