@@ -386,9 +386,8 @@ class LocalMeasurer(Measurer):
         mod_json = tvm.ir.save_json(untransformed_module(task.prim_func))
         result = self._call(
             4 * self.timeout_s, mod_json, None, arg_specs(task.prim_func)[-1], dict(task.target.export()),
-            inputs_path,
-            expected_path, task.expected is None, self.repeat, self.min_repeat_ms, self.rtol, self.atol,
-            None, {},
+            inputs_path, expected_path, task.expected is None, self.repeat, self.min_repeat_ms, self.rtol,
+            self.atol, None, {},
         )
         if "error" in result:
             what = "the untransformed program failed, so candidates cannot be checked"
@@ -403,35 +402,39 @@ class LocalMeasurer(Measurer):
         return self.prepare(task).baseline_ms
 
     def measure_one(self, task: Task, candidate: Candidate) -> MeasureResult:
-        import tvm
-
-        prepared = self.prepare(task)
         mod, built = self._built.pop(id(candidate.mod), (None, {}))
         if mod is not candidate.mod:  # not built ahead (or another module at a reused address)
             built = {}
+        try:
+            result = self._check_and_time(task, candidate, built)
+        finally:
+            if "lib" in built:
+                os.remove(built["lib"])
+        if "latencies_ms" not in result:
+            return MeasureResult(None, result["error"], build_s=result.get("build_s", 0.0))
+        return MeasureResult(result["latencies_ms"], None, result["build_s"], result["run_s"])
+
+    def _check_and_time(self, task: Task, candidate: Candidate, built: dict) -> dict:
+        """`_child_run`'s answer for the candidate, from the library built ahead if `built` has one."""
+        import tvm
+
+        prepared = self.prepare(task)
         if prepared.error is not None:
-            return MeasureResult(None, prepared.error)
+            return {"error": prepared.error}
         if "error" in built:
-            return MeasureResult(None, built["error"], build_s=built.get("build_s", 0.0))
+            return built
         mod_json = None
         if "lib" not in built:
             try:
                 mod_json = tvm.ir.save_json(candidate.mod)
             except Exception as e:
-                return MeasureResult(None, f"cannot serialize the module: {_one_line(e)}")
-        try:
-            result = self._call(
-                self.timeout_s, mod_json, built.get("lib"), arg_specs(candidate.mod["main"])[-1],
-                dict(task.target.export()), prepared.inputs_path, prepared.expected_path, False, self.repeat,
-                self.min_repeat_ms, self.rtol, self.atol, self.child_hook, dict(candidate.config),
-            )
-        finally:
-            if "lib" in built:
-                os.remove(built["lib"])
-        build_s = built.get("build_s", 0.0) + result.get("build_s", 0.0)
-        if "error" in result:
-            return MeasureResult(None, result["error"], build_s=build_s)
-        return MeasureResult(result["latencies_ms"], None, build_s, result["run_s"])
+                return {"error": f"cannot serialize the module: {_one_line(e)}"}
+        result = self._call(
+            self.timeout_s, mod_json, built.get("lib"), arg_specs(candidate.mod["main"])[-1],
+            dict(task.target.export()), prepared.inputs_path, prepared.expected_path, False, self.repeat,
+            self.min_repeat_ms, self.rtol, self.atol, self.child_hook, dict(candidate.config),
+        )
+        return {**result, "build_s": built.get("build_s", 0.0) + result.get("build_s", 0.0)}
 
 
 MeasurerKind = Literal["local"]
