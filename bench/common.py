@@ -6,7 +6,11 @@ A report is one run on one target:
      "cases": [{"name": str, "ours_ms": float | None, "metaschedule_ms": float | None,
                 "torch_ms": float | None, "ours_tune_s": float, "metaschedule_tune_s": float | None,
                 "layout": str | None, "correct": bool, ...}, ...],
-     "geomean": {"vs_metaschedule": float | None, "vs_torch": float | None}, ...}
+     "geomean": {"vs_metaschedule": float | None, "vs_torch": float | None},
+     "environment": {"commit": str | None, "cpu": str, ...}, ...}
+
+`bench.ops` rows also carry the commit they ran on: a suite run in pieces
+(`--resume`, `--merge`) may span versions of the code.
 
 A speedup is the baseline's latency over ours (> 1: ours is faster); the
 geomean is the geometric mean of the per-case speedups over the cases where
