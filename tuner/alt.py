@@ -96,10 +96,9 @@ def has_layout(config: Config) -> bool:
 def interface_space(prog: LayoutProgram) -> LoopSpace:
     """The loop space of a layout program that keeps the user's interface (what the artifact runs).
 
-    An output converted back to the user's layout is written at the root (see `LoopSpace`).
+    The output's conversion back to the user's layout is the epilogue (see `align_epilogue`).
     """
-    converts_output = any(c.endswith("_out") for c in prog.conversions)  # the interface's output is the user's
-    return loop_space(prog.prim_func, not converts_output)
+    return loop_space(prog.prim_func)
 
 
 @functools.lru_cache(maxsize=64)

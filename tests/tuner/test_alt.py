@@ -219,6 +219,47 @@ def test_interface_program_is_correct_for_every_write_at():
         np.testing.assert_allclose(args[-1].numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
 
 
+def test_output_conversion_iterates_over_the_tiles_and_may_sit_inside_one():
+    """The conversion of a tiled output back to the user's layout is re-indexed to iterate over the tiles
+    (reading each element where the main block wrote it, the user's innermost dimension innermost), so it
+    may be placed inside a tile; a layout that pads cannot be, and stays at the root. Every placement
+    computes the reference."""
+    from tvm import s_tir, sym, tirx
+
+    from tuner.alt import interface_space, join_config, layout_program
+
+    wl = workload("conv2d", SMALL_CONV, "bias_relu")
+    task, xs = _task(wl)
+    choice = {"ot": 8, "kot": 8, "wt": 4}
+    prog = layout_program(wl, choice, keep_interface=True)
+    space = interface_space(prog)
+    assert space.knobs[[k.name for k in space.knobs].index("write_at")].choices == (0, 1, 2)
+    sch = s_tir.Schedule(space.mod)
+    convert = sch.get(sch.get_sblock(space.structure.epilogue))
+    produced = {sch.get(sch.get_sblock(name)).writes[0].source.name
+                for name in (space.structure.main, *space.structure.epilogue_inline)}  # conv, bias, relu
+    iters = [iv.var for iv in convert.iter_vars]
+    # iterates over the tiled output (N H W/4 O/8 4 8): reads it at its own coordinates, the 4 (W) last
+    (read,) = [r for r in convert.reads if r.source.name in produced]
+    assert [int(iv.dom.extent) for iv in convert.iter_vars] == [1, 12, 3, 2, 8, 4]
+    analyzer = sym.Analyzer()
+    for iv in convert.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    index = [analyzer.simplify(r.min) for r in read.region]
+    assert isinstance(index[0], tirx.IntImm) and all(isinstance(i, tirx.Var) for i in index[1:]), index  # N = 1
+    assert [iters.index(i) for i in index[1:]] == [1, 2, 3, 5, 4], index
+    rng = np.random.default_rng(1)
+    configs = {c["write_at"]: c for c in space.sample(rng, 60) if c["parallel"] <= max(c["write_at"], 1)}
+    assert set(configs) == {0, 1, 2}
+    for config in configs.values():
+        _check_artifact_program(task, wl, xs, join_config(choice, config))
+
+    padded = {"ot": 5, "kot": 5, "wt": 5}  # 16 channels and 12 columns in tiles of 5: the tiled output pads
+    space = interface_space(layout_program(wl, padded, keep_interface=True))
+    assert space.knobs[[k.name for k in space.knobs].index("write_at")].choices == (0,)
+    _check_artifact_program(task, wl, xs, join_config(padded, space.sample(rng, 1)[0]))
+
+
 def test_two_level_layout_search_gives_correct_programs():
     """`layout_levels=2`: the layout actor also picks second-level output tiles; every such configuration
     resolves on its own (resume, the artifact) and computes the reference."""

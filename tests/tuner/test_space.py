@@ -108,6 +108,34 @@ def test_neighbors_are_valid_and_one_step_away():
         assert len(changed) <= 2 and len({k.rsplit(".", 1)[0] for k in changed}) == 1, changed
 
 
+def test_an_error_tvm_raises_while_scheduling_is_a_schedule_failure(monkeypatch):
+    """What TVM's C++ side raises (a schedule error, a failed check) reaches the search as `ScheduleFailed`,
+    which it records as an error trial, and nothing else."""
+    import tvm
+    from tvm import s_tir
+
+    from tuner import LoopSpace, ScheduleFailed
+
+    wl = workload(*SMALL[0][:2])
+    space = LoopSpace(wl.prim_func)
+    config = space.sample(np.random.default_rng(0), 1)[0]
+
+    def check_failed(self, config):
+        sch = s_tir.Schedule(self.mod)
+        sch.get_sblock("no_such_block")  # TVM raises its own error here
+
+    monkeypatch.setattr(LoopSpace, "_apply", check_failed)
+    with pytest.raises(ScheduleFailed, match="schedule failed"):
+        space.apply(config)
+
+    def internal(self, config):
+        raise tvm.error.InternalError("Check failed: (x) is false")
+
+    monkeypatch.setattr(LoopSpace, "_apply", internal)
+    with pytest.raises(ScheduleFailed, match="InternalError"):
+        space.apply(config)
+
+
 def test_program_without_reduction_is_refused():
     from tvm import te
 
