@@ -325,8 +325,9 @@ class LoopSpace(SearchSpace):
         (`align_epilogue`); one that cannot be (a layout with padding) stays at the root
         (`write_at` only 0).
         """
-        self.structure = analyze(_as_module(prim_func))
-        self.mod, self.fuse_epilogue = align_epilogue(_as_module(prim_func), self.structure)
+        mod = _as_module(prim_func)
+        self.structure = analyze(mod)
+        self.mod, self.fuse_epilogue = align_epilogue(mod, self.structure)
         knobs: list[Knob] = []
         for axis in self.structure.axes:
             if axis.extent == 1:
