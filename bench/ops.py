@@ -325,7 +325,8 @@ def run(
         seed: seed of inputs, ours and MetaSchedule for suite cases.
         options: which baselines to run.
         log: where progress lines go.
-        done: rows of an earlier, interrupted run of the same plan; their cases are not run again.
+        done: rows of an earlier run (interrupted, or of other cases); the cases they hold are not
+            run again, and all of them stay in the report.
         on_case: called with the report so far after every case (to save it as it grows).
     """
     from compiler.target import target_key
@@ -343,7 +344,10 @@ def run(
     budgets = sorted({b for _, _, b, _ in plan})
     target_text = targets.pop() if targets else target_key(target)
     finished = {r["name"]: r for r in done}
-    rows = [finished[c.name] for c, _, _, _ in plan if c.name in finished]
+    planned = {c.name for c, _, _, _ in plan}
+    # the earlier report's other cases stay in it: a run of some cases (--cases) adds to a report
+    rows = [r for r in done if r["name"] not in planned]
+    rows += [finished[c.name] for c, _, _, _ in plan if c.name in finished]
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-") as tmp:
         work = options.work_dir if options.work_dir is not None else Path(tmp)

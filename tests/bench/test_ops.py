@@ -152,6 +152,19 @@ def test_a_stopped_run_keeps_its_finished_cases_and_resume_runs_only_the_rest(tm
         ops.main(["--suite", "quick", "--resume"])
 
 
+
+def test_resume_with_other_cases_adds_them_and_keeps_the_report_s_own(tmp_path, monkeypatch):
+    # the full suite runs in pieces: `--resume --cases X` goes on with a report that holds other cases
+    path = tmp_path / "full.json"
+    calls: list = []
+    monkeypatch.setattr(ops, "run_case", _fake_run_case(calls))
+    assert ops.main(["--suite", "quick", "--cases", "gemm_512,conv1d", "--budget", "4", "--json", str(path)]) == 0
+    assert ops.main(["--suite", "quick", "--cases", "conv2d_resnet,conv1d", "--budget", "4", "--json", str(path),
+                     "--resume"]) == 0
+    assert [c[0] for c in calls] == ["gemm_512", "conv1d", "conv2d_resnet"]  # conv1d not again
+    report = json.loads(path.read_text())
+    assert sorted(c["name"] for c in report["cases"]) == ["conv1d", "conv2d_resnet", "gemm_512"]
+
 def test_merge_joins_reports_of_one_target(tmp_path, capsys):
     def report(target: str, *cases: dict) -> dict:
         return {"suite": "full", "target": target, "budget": 300, "cases": list(cases),
