@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LAYOUT_PREFIX = "layout."
-GENERIC_KNOB_FEATURES = 14  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
+GENERIC_KNOB_FEATURES = 15  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
 TIED = {"kot": "ot", "kit": "it"}  # weight factors follow the consumer's (contiguous weight vectors)
 IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
 

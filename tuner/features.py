@@ -45,7 +45,7 @@ def knob_features(space: SearchSpace, config: Config) -> list[float]:
     reduce_factors = [space.factors(config, a) for a in st.reduce]
     for factors in spatial_factors + reduce_factors:
         out += [math.log2(f) for f in factors]
-    for name in ("order", "parallel", "vectorize", "write_at", "inline"):
+    for name in ("order", "parallel", "vectorize", "write_at", "inline", "read_at"):
         out.append(float(config.get(name, 0)))
     out += [float(config["order"] == i) for i in range(len(ORDERS))]
     out.append(math.log2(1 + config["unroll"]))

@@ -46,6 +46,8 @@ ORDERS: tuple[tuple[tuple[str, int], ...], ...] = (
 )
 UNTUNED_ORDER = 3  # the index of SSSSRR
 MAX_EPILOGUE_VECTOR = 64
+# knobs added after configurations were stored: the value a configuration without one means
+LATER_KNOBS: dict[str, int] = {"read_at": 0}
 VECTOR_LANES = 16  # fp32 lanes of AVX-512: ALT's first channel tile, `blocked_config`'s vector
 REGISTER_ROWS, ACCUMULATORS = 16, 28  # `blocked_config`'s register block (32 vector registers on AVX-512)
 
@@ -315,6 +317,12 @@ class LoopSpace(SearchSpace):
             main block when there is no epilogue) inside the last loop of spatial tile
             level L-1; must be 0 or >= parallel.
         inline: 1 inlines the injective producers into the main block (only where there are any).
+        read_at: where the producers not inlined are computed (only where there are any): 0 = at the
+            root, in a loop nest of their own; L in {1, 2} = `compute_at` the last loop of spatial
+            tile level L-1, each tile computing the part it reads (padding, a layout conversion):
+            no parallel loop of its own (a small operator loses more to the thread pool's fork/join
+            than the halo costs) and the tile still in cache when read; must be 0 when inline is 1,
+            and 0 or >= parallel. A stored configuration without it (older than the knob) means 0.
     """
 
     def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule):
@@ -343,7 +351,7 @@ class LoopSpace(SearchSpace):
             Knob("write_at", (0, 1, 2) if self.fuse_epilogue else (0,)),
         ]
         if self.structure.inlinable:
-            knobs.append(Knob("inline", (0, 1)))
+            knobs += [Knob("inline", (0, 1)), Knob("read_at", (0, 1, 2))]
         self._knobs = tuple(knobs)
         self._by_name = {k.name: k for k in knobs}
 
@@ -364,12 +372,12 @@ class LoopSpace(SearchSpace):
         if not isinstance(config, dict):
             raise InvalidConfig(f"a configuration is a dict of integer knobs, got {type(config).__name__}")
         unknown = sorted(set(config) - set(self._by_name))
-        missing = sorted(set(self._by_name) - set(config))
+        missing = sorted(set(self._by_name) - set(config) - set(LATER_KNOBS))
         if unknown or missing:
             raise InvalidConfig(f"configuration does not fit this space: unknown knobs {unknown}, missing {missing}")
         out: Config = {}
         for knob in self._knobs:
-            value = config[knob.name]
+            value = config.get(knob.name, LATER_KNOBS.get(knob.name))
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise InvalidConfig(f"{knob.name}={value!r} is not an integer")
             value = int(value)
@@ -385,6 +393,11 @@ class LoopSpace(SearchSpace):
             raise InvalidConfig(f"innermost spatial tiles multiply to {register} > {MAX_REGISTER_TILE}")
         if out["write_at"] and out["write_at"] < max(out["parallel"], 1):
             raise InvalidConfig(f"write_at={out['write_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
+        if out.get("read_at"):
+            if out["inline"]:
+                raise InvalidConfig(f"read_at={out['read_at']} places producers that inline=1 inlines")
+            if out["read_at"] < max(out["parallel"], 1):
+                raise InvalidConfig(f"read_at={out['read_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
         return out
 
     def untuned_config(self) -> Config:
@@ -394,7 +407,7 @@ class LoopSpace(SearchSpace):
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         config.update(order=UNTUNED_ORDER, parallel=0, vectorize=0, unroll=0, write_at=0)
         if "inline" in self._by_name:
-            config["inline"] = 0
+            config.update(inline=0, read_at=0)
         return self.validate(config)
 
     def blocked_config(self, lanes: int) -> Config:
@@ -421,7 +434,7 @@ class LoopSpace(SearchSpace):
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
         config.update(order=0, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0)
         if "inline" in self._by_name:
-            config["inline"] = 0
+            config.update(inline=0, read_at=0)
         return self.validate(config)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
@@ -456,7 +469,9 @@ class LoopSpace(SearchSpace):
         places = self._by_name["write_at"].choices
         config["write_at"] = int(rng.choice([w for w in places if w == 0 or w >= max(config["parallel"], 1)]))
         if self.structure.inlinable:
-            config["inline"] = int(rng.random() < 0.8)
+            config["inline"] = int(rng.random() < 0.6)
+            places = [0] if config["inline"] else [r for r in (0, 1, 2) if r == 0 or r >= max(config["parallel"], 1)]
+            config["read_at"] = int(rng.choice(places))
         return self.validate(config)
 
     def neighbors(self, config: Config) -> list[Config]:
@@ -547,6 +562,13 @@ class LoopSpace(SearchSpace):
             # one thread: the outer loops stay apart -- a fused loop's div/mod indices keep LLVM from
             # vectorizing the rows on its own (the untuned depthwise nest ran 10x slower fused)
             fused, last = outer[0], outer[-1]
+        read_at = config.get("read_at", 0)
+        if read_at:
+            anchor = last if read_at == outer_levels else levels[("S", read_at - 1)][-1]
+            for name in st.inlinable:  # nearest first: each one's consumer is already under the anchor
+                producer = sch.get_sblock(name)
+                sch.compute_at(producer, anchor, preserve_unit_loops=True)
+                self._vectorize_tail(sch, producer, config)
         if epilogue is not None:
             if write_at:
                 anchor = last if write_at == outer_levels else levels[("S", write_at - 1)][-1]
@@ -564,7 +586,7 @@ class LoopSpace(SearchSpace):
             sch.annotate(fused, "pragma_unroll_explicit", 1)
         first_reduce = levels[("R", 0)][0]
         sch.decompose_reduction(main, first_reduce)
-        if not config.get("inline", 0):
+        if not config.get("inline", 0) and not read_at:
             for name in st.inlinable:
                 self._schedule_root(sch, sch.get_sblock(name), config)
         return sch
