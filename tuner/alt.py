@@ -19,7 +19,10 @@ fresh samples -- is ranked by one XGBoost cost model shared by all layouts
 MetaSchedule's per-store features), and only the `top_k` best (a few of them
 epsilon-random) are built and measured. The loop actor is rewarded with the
 model's predicted log speed of every walk, replaced by the measured one where
-measured.
+measured. In the loop stage, each new best configuration's other placements
+(`LoopSpace.placements`: where the producers and the epilogue are computed, one
+knob changed) are measured in the next round, up to half of it: discrete choices
+the model, trained mostly on one of them, ranks poorly.
 
 A configuration is one flat JSON dict: `layout.<param>` (template factors; none
 when the template has no parameter) plus the loop knobs of `LoopSpace` over the
@@ -29,8 +32,8 @@ and the model's prediction.
 
 Candidates run as the artifact will: data and output in the user's layouts,
 converted inside the program (the data conversion is a producer the loop space
-inlines or computes at the root; the output conversion is the epilogue, written
-at the root), constants (weight, bias) packed once beforehand and not timed. The
+inlines or computes at the root or in a tile; the output conversion is the
+epilogue, at the root or in a tile), constants (weight, bias) packed once beforehand and not timed. The
 user's own layouts (the untransformed program, nothing converted) are one more
 layout point, tried first in the joint stage: a layout is kept only where its
 gains pay for its conversions.
@@ -151,6 +154,7 @@ class LayoutPoint:
     best: list[tuple[float, Config]] = field(default_factory=list)  # (latency, loop config), best first
     trials: int = 0
     actor: Any = None  # its LoopActor, made on first use
+    swept: set[str] = field(default_factory=set)  # keys of the best configs whose placements were tried
 
     @property
     def best_ms(self) -> float | None:
@@ -517,6 +521,11 @@ class ALTSearch(Search):
         # a layout's first visit measures known loop nests too (`seed_configs`), and walks start from
         # one if it is the best
         seeds = self.seed_configs(p) if p.trials == 0 else []
+        # in the loop stage, the best's other placements (`LoopSpace.placements`), once per best: the
+        # model ranks a compute location it has rarely seen measured poorly, and a sweep costs a few trials
+        if stage == "loop" and p.best and config_key(p.best[0][1]) not in p.swept:
+            p.swept.add(config_key(p.best[0][1]))
+            seeds += [(c, "placement") for c in p.space.placements(p.best[0][1])][: max(n // 2, 1)]
         for seed in seeds:
             add(*seed)
         starts = [c for _, c in p.best]

@@ -46,6 +46,9 @@ ORDERS: tuple[tuple[tuple[str, int], ...], ...] = (
 )
 UNTUNED_ORDER = 3  # the index of SSSSRR
 MAX_EPILOGUE_VECTOR = 64
+# where producers and the epilogue are computed: discrete choices whose effect (a fork/join less, a tile
+# still in cache, a halo recomputed) the cost model learns late, so a search tries them on its best
+PLACEMENT_KNOBS = ("read_at", "inline", "write_at")
 # knobs added after configurations were stored: the value a configuration without one means
 LATER_KNOBS: dict[str, int] = {"read_at": 0}
 VECTOR_LANES = 16  # fp32 lanes of AVX-512: ALT's first channel tile, `blocked_config`'s vector
@@ -473,6 +476,28 @@ class LoopSpace(SearchSpace):
             places = [0] if config["inline"] else [r for r in (0, 1, 2) if r == 0 or r >= max(config["parallel"], 1)]
             config["read_at"] = int(rng.choice(places))
         return self.validate(config)
+
+    def placements(self, config: Config) -> list[Config]:
+        """Where else `config`'s producers and epilogue could be computed: every valid configuration that
+        differs from it in one placement knob (read_at, inline, write_at; inlining drops read_at)."""
+        config = self.validate(config)
+        out: list[Config] = []
+        for name in PLACEMENT_KNOBS:
+            if name not in self._by_name:
+                continue
+            for value in self._by_name[name].choices:
+                if value == config[name]:
+                    continue
+                candidate = {**config, name: value}
+                if name == "inline" and value:
+                    candidate["read_at"] = 0
+                try:
+                    candidate = self.validate(candidate)
+                except InvalidConfig:
+                    continue
+                if candidate not in out:
+                    out.append(candidate)
+        return out
 
     def neighbors(self, config: Config) -> list[Config]:
         config = self.validate(config)
