@@ -618,13 +618,15 @@ class LoopSpace(SearchSpace):
 
     @staticmethod
     def _vectorize_tail(sch: tvm.s_tir.Schedule, block, config: Config) -> None:
-        """Vectorizes the innermost loop of an epilogue placed in a tile (if short enough)."""
+        """Vectorizes the innermost loop of a block placed in a tile (if short enough, and of a constant
+        extent: a producer computed in a tile of a strided access may span a loop-dependent region)."""
+        from tvm import tirx
+
         if not config["vectorize"]:
             return
-        loops = sch.get_loops(block)
-        inner = loops[-1]
-        extent = int(sch.get(inner).extent)
-        if 1 < extent <= MAX_EPILOGUE_VECTOR:
+        inner = sch.get_loops(block)[-1]
+        extent = sch.get(inner).extent
+        if isinstance(extent, tirx.IntImm) and 1 < int(extent) <= MAX_EPILOGUE_VECTOR:
             sch.vectorize(inner)
 
     @staticmethod

@@ -87,6 +87,23 @@ def test_producers_computed_in_the_tile_have_no_loop_nest_of_their_own():
             space.validate(bad)
 
 
+def test_producers_of_a_strided_access_computed_in_a_tile_are_scheduled_and_correct():
+    """In a tile of the stride-phase transposed conv, a producer's region may depend on the loop: its
+    innermost loop then has no constant extent and is not vectorized, and the schedule still applies
+    (it raised TypeError, which stopped a whole benchmark run)."""
+    from tuner import LoopSpace
+
+    wl = workload("conv2d_transpose", dict(batch=1, in_channels=64, height=28, width=28, out_channels=32, kernel=4,
+                                           stride=2, padding=1))
+    space = LoopSpace(wl.prim_func)
+    config = {"tile.o.1": 2, "tile.o.2": 8, "tile.o.3": 2, "tile.y.1": 1, "tile.y.2": 7, "tile.y.3": 8, "tile.x.1": 8,
+              "tile.x.2": 1, "tile.x.3": 7, "tile.ic.1": 4, "tile.jy.1": 1, "tile.jx.1": 1, "order": 3, "parallel": 0,
+              "vectorize": 1, "unroll": 512, "write_at": 2, "inline": 0, "read_at": 2}
+    inputs = wl.random_inputs(3)
+    np.testing.assert_allclose(run(space.apply(config).mod, inputs, wl.output.shape), wl.reference(inputs),
+                               rtol=1e-3, atol=1e-3)
+
+
 def test_sampling_is_deterministic_and_valid():
     from tuner import LoopSpace
 
