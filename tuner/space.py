@@ -394,13 +394,11 @@ class LoopSpace(SearchSpace):
         register = math.prod(out.get(a.knob(SPATIAL_LEVELS - 1), 1) for a in self.structure.spatial)
         if register > MAX_REGISTER_TILE:
             raise InvalidConfig(f"innermost spatial tiles multiply to {register} > {MAX_REGISTER_TILE}")
-        if out["write_at"] and out["write_at"] < max(out["parallel"], 1):
-            raise InvalidConfig(f"write_at={out['write_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
-        if out.get("read_at"):
-            if out["inline"]:
-                raise InvalidConfig(f"read_at={out['read_at']} places producers that inline=1 inlines")
-            if out["read_at"] < max(out["parallel"], 1):
-                raise InvalidConfig(f"read_at={out['read_at']} lies inside the fused parallel loop (parallel={out['parallel']})")
+        for name in ("write_at", "read_at"):
+            if out.get(name) and out[name] not in _placeable((out[name],), out["parallel"]):
+                raise InvalidConfig(f"{name}={out[name]} lies inside the fused parallel loop (parallel={out['parallel']})")
+        if out.get("read_at") and out["inline"]:
+            raise InvalidConfig(f"read_at={out['read_at']} places producers that inline=1 inlines")
         return out
 
     def untuned_config(self) -> Config:
@@ -470,11 +468,11 @@ class LoopSpace(SearchSpace):
         config["vectorize"] = int(rng.random() < 0.8)
         config["unroll"] = UNROLL_STEPS[int(rng.integers(len(UNROLL_STEPS)))]
         places = self._by_name["write_at"].choices
-        config["write_at"] = int(rng.choice([w for w in places if w == 0 or w >= max(config["parallel"], 1)]))
+        config["write_at"] = int(rng.choice(_placeable(places, config["parallel"])))
         if self.structure.inlinable:
             config["inline"] = int(rng.random() < 0.6)
-            places = [0] if config["inline"] else [r for r in (0, 1, 2) if r == 0 or r >= max(config["parallel"], 1)]
-            config["read_at"] = int(rng.choice(places))
+            places = (0,) if config["inline"] else self._by_name["read_at"].choices
+            config["read_at"] = int(rng.choice(_placeable(places, config["parallel"])))
         return self.validate(config)
 
     def placements(self, config: Config) -> list[Config]:
@@ -587,17 +585,18 @@ class LoopSpace(SearchSpace):
             # one thread: the outer loops stay apart -- a fused loop's div/mod indices keep LLVM from
             # vectorizing the rows on its own (the untuned depthwise nest ran 10x slower fused)
             fused, last = outer[0], outer[-1]
+        def anchor(level: int):  # the last loop of spatial tile level `level` - 1 (the fused one if parallel)
+            return last if level == outer_levels else levels[("S", level - 1)][-1]
+
         read_at = config.get("read_at", 0)
         if read_at:
-            anchor = last if read_at == outer_levels else levels[("S", read_at - 1)][-1]
             for name in st.inlinable:  # nearest first: each one's consumer is already under the anchor
                 producer = sch.get_sblock(name)
-                sch.compute_at(producer, anchor, preserve_unit_loops=True)
+                sch.compute_at(producer, anchor(read_at), preserve_unit_loops=True)
                 self._vectorize_tail(sch, producer, config)
         if epilogue is not None:
             if write_at:
-                anchor = last if write_at == outer_levels else levels[("S", write_at - 1)][-1]
-                sch.reverse_compute_at(epilogue, anchor, preserve_unit_loops=True)
+                sch.reverse_compute_at(epilogue, anchor(write_at), preserve_unit_loops=True)
                 self._vectorize_tail(sch, epilogue, config)
             else:
                 self._schedule_root(sch, epilogue, config)
@@ -640,6 +639,11 @@ class LoopSpace(SearchSpace):
         extent = int(sch.get(inner).extent)
         if config["vectorize"] and 1 < extent <= MAX_EPILOGUE_VECTOR:
             sch.vectorize(inner)
+
+
+def _placeable(levels: Sequence[int], parallel: int) -> list[int]:
+    """The placements (write_at / read_at) among `levels` that do not lie inside the fused parallel loop."""
+    return [level for level in levels if level == 0 or level >= max(parallel, 1)]
 
 
 @functools.lru_cache(maxsize=64)
