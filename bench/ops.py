@@ -11,9 +11,12 @@ in the fixed channels-last layout, same budget; column "ALT-OL", JSON
 budget on the operator as TVM's topi defines it (`Workload.topi_prim_func`: the
 same program as ours except conv2d_transpose, where topi multiplies the zeros of
 a dilated input and ours is the stride-phase form), and the torch op (oneDNN,
-all cores). Every TVM program is timed the same way (`tuner.baselines.time_ms`:
-time_evaluator, median of repeats of at least 50 ms) on the same inputs, and
-checked against torch's output. Prints one table and writes the JSON report
+all cores). Every program is checked against torch's output, then the case's
+programs (ours, ALT-OL, MetaSchedule's best) and torch are timed together at the
+end (`tuner.baselines.interleaved_ms`): five rounds that take them in turn, each
+reading at least 50 ms (`time_evaluator`), the median per program, so the
+machine's drift between the searches does not enter a ratio. torch runs in a
+process of its own (`TorchTimer`): in this one, TVM's thread pool slows it. Prints one table and writes the JSON report
 (`bench.common`) to --json or under bench/results/. With --json the report is
 written after every case, so a stopped run keeps what it finished, and the same
 command with --resume goes on from there (a suite longer than one sitting runs
@@ -29,6 +32,8 @@ operator job specs exactly as `POST /api/v1/jobs` accepts them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import tempfile
@@ -209,15 +214,17 @@ def _layout_of(trial: Any) -> str | None:
     return trial.extra.get("layout") if trial is not None else None
 
 
-def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, *, prefix: str = "ours",
-             **options: Any) -> dict:
-    """Tunes `task` with our tuner (`options` go to `tune`), then builds, checks and times its best configuration.
+def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, timers: dict[str, Callable[[], float]],
+             *, prefix: str = "ours", **options: Any) -> dict:
+    """Tunes `task` with our tuner (`options` go to `tune`), then builds and checks its best configuration.
 
     A configuration in tuned layouts runs as the artifact does: data and output in the
-    user's layouts, the constants packed once beforehand (not timed).
+    user's layouts, the constants packed once beforehand (not timed). A correct program's
+    timer (one reading per call) goes into `timers` under `prefix`: `run_case` times it
+    with the others.
     """
     from tuner import apply_config, layout_of_config, tune
-    from tuner.baselines import check_close, run_and_time
+    from tuner.baselines import build_and_run, check_close, time_ms
 
     start = time.perf_counter()
     result = tune(task, budget, seed=seed, **options)
@@ -243,7 +250,7 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, *, 
     try:
         prog = layout_of_config(task, result.best.config)
         args = inputs if prog is None else prog.pack_inputs(inputs)
-        out, ms = run_and_time(apply_config(task, result.best.config), task.prim_func, task.target, args)
+        lib, targs, out = build_and_run(apply_config(task, result.best.config), task.prim_func, task.target, args)
     except Exception as e:  # noqa: BLE001 - a failed case is reported, the others still run
         row[error_key] = f"{prefix}: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
         return row
@@ -252,7 +259,7 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, *, 
     if mismatch is not None:
         row[error_key] = f"{prefix}: {mismatch}"
         return row
-    row[f"{prefix}_ms"] = ms
+    timers[prefix] = functools.partial(time_ms, lib, targs, targs[-1].device, repeat=1)
     return row
 
 
@@ -261,7 +268,7 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
     from compiler.target import resolve_target
     from compiler.workloads import make_workload
     from tuner import Task
-    from tuner.baselines import metaschedule, torch_latency, untuned_latency
+    from tuner.baselines import TorchTimer, build_and_run, interleaved_ms, metaschedule, time_ms, untuned_latency
 
     wl = make_workload(case.operator, case.params, case.dtype, case.epilogue)
     target = resolve_target(target_name)
@@ -279,10 +286,11 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         "untuned_ms": untuned_latency(wl.prim_func, target, inputs) if options.untuned else None,
     }
     task = Task(case.name, wl.key, wl.prim_func, target, inputs, expected, workload=wl)
+    timers: dict[str, Callable[[], float]] = {}  # every correct program, timed together at the end
     row["layout_levels"] = options.layout_levels
-    row.update(run_ours(task, budget, seed, inputs, expected, layout_levels=options.layout_levels))
+    row.update(run_ours(task, budget, seed, inputs, expected, timers, layout_levels=options.layout_levels))
     if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
-        row.update(run_ours(task, budget, seed, inputs, expected, prefix="ours_loop_only", layout={}))
+        row.update(run_ours(task, budget, seed, inputs, expected, timers, prefix="ours_loop_only", layout={}))
 
     row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
                metaschedule_correct=None, metaschedule_error=None)
@@ -291,9 +299,21 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         # conv2d_transpose: stride-phase, without the zeros topi's dilated input multiplies)
         ms = metaschedule(wl.topi_prim_func, target, budget, options.work_dir, seed=seed, inputs=inputs,
                           expected=expected)
-        row.update(metaschedule_ms=ms.latency_ms, metaschedule_tune_s=ms.tune_s, metaschedule_trials=ms.trials,
-                   metaschedule_correct=ms.correct, metaschedule_error=ms.error)
-    row["torch_ms"] = torch_latency(wl, seed=seed) if options.torch else None
+        row.update(metaschedule_tune_s=ms.tune_s, metaschedule_trials=ms.trials, metaschedule_correct=ms.correct,
+                   metaschedule_error=ms.error, metaschedule_alone_ms=ms.latency_ms)
+        if ms.correct:
+            lib, targs, _ = build_and_run(ms.mod, wl.topi_prim_func, target, inputs)
+            timers["metaschedule"] = functools.partial(time_ms, lib, targs, targs[-1].device, repeat=1)
+    # Timed together, in turn (the machine's speed drifts between the searches); torch in a
+    # process of its own (TVM's thread pool slows torch's OpenMP threads in this one).
+    with contextlib.ExitStack() as stack:
+        if options.torch:
+            timers["torch"] = stack.enter_context(TorchTimer(wl, seed=seed))
+        latencies = interleaved_ms(timers)
+    for name, ms_value in latencies.items():
+        row[f"{name}_ms"] = ms_value
+    row["torch_ms"] = latencies.get("torch")
+    row["timing"] = "interleaved"
 
     row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
     row["ours_gflops"] = wl.flops / row["ours_ms"] / 1e6 if row["ours_ms"] else None

@@ -20,7 +20,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,26 +119,23 @@ def _as_module(prog: Any) -> tvm.IRModule:
     return tvm.IRModule({"main": func})
 
 
-def run_and_time(
+def build_and_run(
     mod: tvm.IRModule,
     prim_func: tvm.tirx.PrimFunc,
     target: tvm.target.Target,
     inputs: Sequence[np.ndarray],
-    *,
-    repeat: int = REPEAT,
-    min_repeat_ms: float = MIN_REPEAT_MS,
-) -> tuple[np.ndarray, float]:
-    """Builds `mod`, runs it once on `inputs` and times it.
+) -> tuple[tvm.runtime.Module, list[tvm.runtime.Tensor], np.ndarray]:
+    """Builds `mod` and runs it once on `inputs`.
 
     Args:
         mod: a (scheduled) module whose "main" has `prim_func`'s signature.
         prim_func: the untransformed program (gives the output shape and dtype).
         target: the TVM target.
         inputs: input arrays in call order.
-        repeat, min_repeat_ms: see `time_ms`.
 
     Returns:
-        (output array, median latency in ms).
+        (the compiled module, its arguments on the device, the output as an array): what
+        `time_ms` times.
     """
     import numpy as np
     import tvm
@@ -149,8 +146,49 @@ def run_and_time(
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dtype), dev))
     lib["main"](*args)
-    out = args[-1].numpy()
-    return out, time_ms(lib, args, dev, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    return lib, args, args[-1].numpy()
+
+
+def run_and_time(
+    mod: tvm.IRModule,
+    prim_func: tvm.tirx.PrimFunc,
+    target: tvm.target.Target,
+    inputs: Sequence[np.ndarray],
+    *,
+    repeat: int = REPEAT,
+    min_repeat_ms: float = MIN_REPEAT_MS,
+) -> tuple[np.ndarray, float]:
+    """Builds `mod`, runs it once on `inputs` and times it (`build_and_run`, then `time_ms`).
+
+    Returns:
+        (output array, median latency in ms).
+    """
+    lib, args, out = build_and_run(mod, prim_func, target, inputs)
+    return out, time_ms(lib, args, args[-1].device, repeat=repeat, min_repeat_ms=min_repeat_ms)
+
+
+def interleaved_ms(
+    timers: Mapping[str, Callable[[], float]], rounds: int = REPEAT, *, settle_s: float = 0.1
+) -> dict[str, float]:
+    """Each timer's median reading (ms) over `rounds` rounds that take the timers in turn.
+
+    A shared machine's speed drifts over minutes (this one ran the same program at
+    1.06 and at 1.22 ms a few minutes apart), so two latencies timed minutes apart
+    carry the drift into their ratio. Taken in turn, every program sees the same
+    moments. `settle_s` between two readings lets the last one's spinning threads
+    go to sleep.
+
+    Args:
+        timers: name -> a call that times one program once (e.g. `time_ms` with
+            repeat=1, a `TorchTimer`).
+        rounds: readings per timer.
+    """
+    readings: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            time.sleep(settle_s)
+            readings[name].append(timer())
+    return {name: statistics.median(values) for name, values in readings.items()}
 
 
 def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> str | None:
@@ -488,6 +526,66 @@ def torch_latency(
     return statistics.median(means) * 1e3
 
 
+class TorchTimer:
+    """Times the torch op of a workload in a process of its own; each call is one reading (ms).
+
+    In a process where TVM has run, TVM's thread pool competes with torch's
+    OpenMP threads for the cores: the quick suite's conv2d read 1.64 ms there,
+    1.12-1.16 ms alone. The spawned process imports torch and never TVM's
+    runtime. The op is calibrated on the first reading (as `torch_latency`); a
+    reading is the mean per call over at least `min_repeat_ms`.
+    """
+
+    def __init__(self, workload: Workload, *, seed: int = 0, threads: int | None = None,
+                 min_repeat_ms: float = MIN_REPEAT_MS, timeout_s: float = 600.0):
+        import concurrent.futures
+        import multiprocessing
+
+        self._args = (workload.operator, dict(workload.params), workload.dtype, workload.epilogue, seed,
+                      threads or _affinity_cores(), min_repeat_ms)
+        self._timeout_s = timeout_s
+        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
+    def __call__(self) -> float:
+        return self._pool.submit(_torch_reading, *self._args).result(timeout=self._timeout_s)
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+    def __enter__(self) -> TorchTimer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_TORCH_CALLS: dict[tuple, tuple[Callable[[], Any], int]] = {}  # TorchTimer's child: calibrated calls
+
+
+def _torch_reading(operator: str, params: dict, dtype: str, epilogue: str, seed: int, threads: int,
+                   min_repeat_ms: float) -> float:
+    """One `TorchTimer` reading, in its child process."""
+    import torch
+
+    from compiler.workloads import make_workload
+
+    torch.set_num_threads(threads)
+    key = (operator, tuple(sorted(params.items())), dtype, epilogue, seed, min_repeat_ms)
+    if key not in _TORCH_CALLS:
+        workload = make_workload(operator, params, dtype, epilogue)
+        op = _torch_op(workload)
+        tensors = [torch.from_numpy(a) for a in workload.random_inputs(seed)]
+        call = lambda: op(tensors)  # noqa: E731
+        with torch.inference_mode():
+            _TORCH_CALLS[key] = (call, _calibrate(call, min_repeat_ms))
+    call, number = _TORCH_CALLS[key]
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        return (time.perf_counter() - start) / number * 1e3
+
+
 def _calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
     """Warms `call` up and returns how many calls last at least `min_repeat_ms`."""
     call()  # first call: oneDNN picks and JIT-compiles its kernel
@@ -513,6 +611,9 @@ def _affinity_cores() -> int:
 
 __all__ = [
     "Baseline",
+    "TorchTimer",
+    "build_and_run",
+    "interleaved_ms",
     "check_close",
     "fast_tvmscript_import",
     "metaschedule",

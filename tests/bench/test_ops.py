@@ -33,6 +33,7 @@ def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
         for key in ("ours_ms", "metaschedule_ms", "torch_ms", "untuned_ms", "ours_tune_s", "metaschedule_tune_s"):
             assert _finite(case[key]), f"{case['name']}.{key} = {case[key]!r}"
         assert case["ours_trials"] <= 4 and case["metaschedule_trials"] <= 4
+        assert case["timing"] == "interleaved" and _finite(case["ours_loop_only_ms"])
         assert case["commit"] == report["environment"]["commit"] == common.source_commit()
     assert _finite(report["geomean"]["vs_metaschedule"]) and _finite(report["geomean"]["vs_torch"])
     out = capsys.readouterr().out

@@ -156,3 +156,35 @@ def test_cancel_running_job_stops_within_seconds(settings):
     assert 2 <= job.trials_done < 500
     with session_scope(url) as s:
         assert len(TrialRow.where_task(s, _task_id(s, job_id))) == job.trials_done, "measured trials are kept"
+
+
+@pytest.mark.slow
+def test_an_error_inside_the_search_fails_the_job_with_it_and_keeps_its_trials(settings, monkeypatch):
+    """A bug the search does not expect (not an invalid configuration or a failed build) ends the job as
+    failed, naming the error, with the trials measured before it in the database; the worker lives on."""
+    from tuner.alt import ALTSearch
+
+    url = settings.resolved_database_url
+    (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 24})
+    generate = ALTSearch.generate_candidates
+    rounds = {"n": 0}
+
+    def buggy_after_the_first_round(self, n):
+        rounds["n"] += 1
+        if rounds["n"] == 2:
+            raise TypeError("int() argument must be a string, not 'Var'")
+        return generate(self, n)
+
+    monkeypatch.setattr(ALTSearch, "generate_candidates", buggy_after_the_first_round)
+    worker = Worker(settings, "w")
+    assert worker.run_once() == job_id
+
+    job = _job(url, job_id)
+    assert job.status == "failed" and job.finished_at is not None
+    assert "TypeError: int() argument must be a string, not 'Var'" in job.error
+    assert 0 < job.trials_done < 24
+    with session_scope(url) as s:
+        trials = TrialRow.where_task(s, _task_id(s, job_id))
+    assert [t.index for t in trials] == list(range(job.trials_done)), "the first round's trials are kept"
+    assert any(t.latencies_ms for t in trials)
+    assert worker.run_once() is None, "the worker is still there to claim (nothing left)"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
-from tuner.baselines import Baseline, metaschedule, torch_latency, torch_output, untuned_latency
+from tuner.baselines import (Baseline, TorchTimer, interleaved_ms, metaschedule, torch_latency, torch_output,
+                             untuned_latency)
 
 TINY_DENSE = {"m": 16, "n": 16, "k": 16}
 
@@ -47,6 +49,28 @@ def test_metaschedule_tiny_dense_is_correct_and_uses_the_budget(tmp_path):
 def test_torch_latency_is_finite():
     ms = torch_latency(_workload("dense", TINY_DENSE), repeat=3, min_repeat_ms=5)
     assert math.isfinite(ms) and ms > 0
+
+
+def test_torch_timer_reads_in_a_process_of_its_own():
+    wl = _workload("dense", TINY_DENSE)
+    with TorchTimer(wl, min_repeat_ms=5) as timer:
+        readings = [timer(), timer()]
+        child = timer._pool.submit(os.getpid).result()
+    assert all(math.isfinite(ms) and ms > 0 for ms in readings)
+    assert child != os.getpid()
+
+
+def test_interleaved_timers_are_taken_in_turn_and_give_their_medians():
+    calls = []
+
+    def timer(name, values):
+        values = iter(values)
+        return lambda: calls.append(name) or next(values)
+
+    result = interleaved_ms({"a": timer("a", [3.0, 1.0, 2.0]), "b": timer("b", [10.0, 30.0, 20.0])}, rounds=3,
+                            settle_s=0)
+    assert result == {"a": 2.0, "b": 20.0}
+    assert calls == ["a", "b"] * 3
 
 
 def test_untuned_latency_is_finite():
