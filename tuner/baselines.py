@@ -530,9 +530,9 @@ class TorchTimer:
     """Times the torch op of a workload in a process of its own; each call is one reading (ms).
 
     In a process where TVM has run, TVM's thread pool competes with torch's
-    OpenMP threads for the cores: the quick suite's conv2d read 1.64 ms there,
-    1.12-1.16 ms alone. The spawned process imports torch and never TVM's
-    runtime. The op is calibrated on the first reading (as `torch_latency`); a
+    OpenMP threads for the cores (BERT-tiny read 60 ms there, 1.35 ms alone:
+    `bench.models.torch_latency_fresh`). The spawned process imports torch and
+    never runs TVM's thread pool. The op is calibrated on the first reading (as `torch_latency`); a
     reading is the mean per call over at least `min_repeat_ms`.
     """
 
