@@ -500,9 +500,10 @@ def torch_latency(
 ) -> float:
     """Median latency (ms) of the torch op computing `workload` (oneDNN on CPU).
 
-    Timed like `time_ms`: after a warm-up, `repeat` repeats, each calling the
-    op as often as needed to last `min_repeat_ms`; the median of the per-call
-    means. Inputs are torch tensors made beforehand, so no conversion is timed.
+    Timed like `time_ms`, in a process of its own (`TorchTimer`): after a warm-up,
+    `repeat` repeats, each calling the op as often as needed to last
+    `min_repeat_ms`; the median of the per-call means. Inputs are torch tensors
+    made beforehand, so no conversion is timed.
 
     Args:
         workload: the operator instance (`compiler.workloads.make_workload`).
@@ -510,20 +511,8 @@ def torch_latency(
         repeat, min_repeat_ms: see `time_ms`.
         seed: seed of the random inputs.
     """
-    import torch
-
-    threads = threads or _affinity_cores()
-    op = _torch_op(workload)
-    tensors = [torch.from_numpy(a) for a in workload.random_inputs(seed)]
-    with _torch_threads(threads), torch.inference_mode():
-        number = _calibrate(lambda: op(tensors), min_repeat_ms)
-        means = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            for _ in range(number):
-                op(tensors)
-            means.append((time.perf_counter() - start) / number)
-    return statistics.median(means) * 1e3
+    with TorchTimer(workload, seed=seed, threads=threads, min_repeat_ms=min_repeat_ms) as timer:
+        return statistics.median(timer() for _ in range(repeat))
 
 
 class TorchTimer:
@@ -532,7 +521,7 @@ class TorchTimer:
     In a process where TVM has run, TVM's thread pool competes with torch's
     OpenMP threads for the cores (BERT-tiny read 60 ms there, 1.35 ms alone:
     `bench.models.torch_latency_fresh`). The spawned process imports torch and
-    never runs TVM's thread pool. The op is calibrated on the first reading (as `torch_latency`); a
+    never runs TVM's thread pool. The op is calibrated on the first reading; a
     reading is the mean per call over at least `min_repeat_ms`.
     """
 
