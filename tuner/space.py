@@ -417,15 +417,26 @@ class LoopSpace(SearchSpace):
         widest narrower vector (8 of 56), else what divides; rows of the one before up to `REGISTER_ROWS`
         and `ACCUMULATORS` vector registers in all, as large as divisors allow -- with its last loop
         vectorized; the first reduction loop split by `lanes` (the input's channel tile); the reduction
-        between the parallel outer loops and the block (order SSRSRS), unrolled whole."""
+        between the parallel outer loops and the block (order SSRSRS), unrolled whole.
+
+        A last loop that no vector fits, not even half of one (7 of a 7x7 depthwise conv: a 7-lane vector
+        ran 2x slower than scalar code there) takes a column of scalar accumulators instead: rows of
+        the loop before innermost, not vectorized (LLVM's SLP vectorizer packs the unrolled rows), the last
+        loop whole in the second tile level, each column written back from a cache there (`write_at` 2,
+        3x faster than writing the output in place) and the producers computed in each parallel tile
+        (`read_at` 1), as MetaSchedule's best program for that conv."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         spatial = [a for a in self.structure.axes if a.kind == "S" and a.extent > 1]
+        column = False
         if spatial:
             fits = [d for d in divisors(spatial[-1].extent) if d <= 2 * lanes]
             whole = [d for d in fits if d % lanes == 0]
             narrower = [d for d in fits if d >= 4 and lanes % d == 0]
-            cols = max(whole or narrower or fits)
-            config[spatial[-1].knob(SPATIAL_LEVELS - 1)] = cols
+            column = not (whole or narrower) and max(fits) < lanes // 2 and len(spatial) > 1
+            if column:
+                cols, config[spatial[-1].knob(1)] = 1, spatial[-1].extent
+            else:
+                cols = config[spatial[-1].knob(SPATIAL_LEVELS - 1)] = max(whole or narrower or fits)
             if len(spatial) > 1:
                 vectors = -(-cols // lanes)
                 config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = max(
@@ -433,9 +444,11 @@ class LoopSpace(SearchSpace):
         reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
         if reduction:
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
-        config.update(order=0, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0)
+        config.update(order=0, parallel=1, vectorize=int(not column), unroll=UNROLL_STEPS[-1], write_at=0)
+        if column and 2 in self._by_name["write_at"].choices:
+            config["write_at"] = 2
         if "inline" in self._by_name:
-            config.update(inline=0, read_at=0)
+            config.update(inline=0, read_at=int(column))
         return self.validate(config)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
