@@ -602,13 +602,20 @@ class ALTSearch(Search):
     def seed_configs(self, p: LayoutPoint) -> list[tuple[Config, str]]:
         """The known loop nests a layout's first round measures, with their sources: in the user's layouts
         `untuned_config` ("untuned": small memory-bound operators run fastest so) and `blocked_config`
-        ("blocked": register blocking of the rows, as a depthwise conv wants); in the first tiled layout
+        both ways, vectors and a column of scalars ("blocked": register blocking of the rows, as a depthwise
+        conv wants); in the first tiled layout
         `blocked_config`, oneDNN's blocking; none elsewhere."""
         seeds = [(p.space.untuned_config(), "untuned")] if p.identity else []
         first = self.fixed is None and self.key(p.choice) == self.key(self.full_choice(first_layout(self.template)))
         if p.identity or first:
             try:
                 seeds.append((p.space.blocked_config(VECTOR_LANES), "blocked"))
+                # in the user's layouts also the other register block (a column of scalar accumulators, or
+                # vectors): the layout has one round to show what it can do before the joint stage moves
+                # on, and a strided depthwise conv runs 4.6x faster in the column (0.38 vs 1.75 ms)
+                other = p.space.blocked_config(VECTOR_LANES, column=bool(seeds[-1][0]["vectorize"]))
+                if p.identity and other != seeds[-1][0]:
+                    seeds.append((other, "blocked"))
             except InvalidConfig as e:
                 log.info("no blocked loop nest in %s: %s", p.name, e)
         return seeds

@@ -77,15 +77,18 @@ def test_alt_tunes_a_small_conv2d_correctly_and_beats_untuned():
     untuned = [t for t in result.trials if t.extra.get("source") == "untuned"]
     assert len(untuned) == 1 and untuned[0].extra["layout"] == "N O H W"
     assert untuned[0].config == LoopSpace(task.prim_func).untuned_config()
-    # and register blocking, there and in its first tiled layout (the oneDNN-like one)
+    # and register blocking, there both ways (vectors, a column of scalars) and in its first tiled layout
+    # (the oneDNN-like one)
     from tuner.alt import VECTOR_LANES, interface_space, split_config
 
     blocked = [t for t in result.trials if t.extra.get("origin") == "blocked"]  # picked by the model or as a seed
-    assert [t.extra["layout"] for t in blocked][0] == "N O H W" and len(blocked) == 2
-    assert blocked[0].config == LoopSpace(task.prim_func).blocked_config(VECTOR_LANES)
-    assert "/" in blocked[1].extra["layout"]
-    space = interface_space(layout_of_config(task, blocked[1].config))
-    assert split_config(blocked[1].config)[1] == space.blocked_config(VECTOR_LANES)
+    assert [t.extra["layout"] for t in blocked][:2] == ["N O H W"] * 2 and len(blocked) == 3
+    space = LoopSpace(task.prim_func)
+    assert sorted((t.config for t in blocked[:2]), key=lambda c: c["vectorize"]) == [
+        space.blocked_config(VECTOR_LANES, column=True), space.blocked_config(VECTOR_LANES, column=False)]
+    assert "/" in blocked[2].extra["layout"]
+    space = interface_space(layout_of_config(task, blocked[2].config))
+    assert split_config(blocked[2].config)[1] == space.blocked_config(VECTOR_LANES)
 
     # the best tiled layout's artifact program: constants packed once, data and output the user's
     tiled = min((t for t in result.trials if t.latency_ms is not None and "/" in t.extra["layout"]),
