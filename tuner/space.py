@@ -436,7 +436,7 @@ class LoopSpace(SearchSpace):
             whole = [d for d in fits if d % lanes == 0]
             narrower = [d for d in fits if d >= 4 and lanes % d == 0]
             if column is None:
-                column = not (whole or narrower) and max(fits) < lanes // 2 and len(spatial) > 1
+                column = not (whole or narrower) and max(fits) < lanes // 2
             if column:
                 cols, config[spatial[-1].knob(1)] = 1, spatial[-1].extent
             else:
