@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from .cost_model import CostModel, CostModelKind, make_cost_model
 from .features import MSFeatures, knob_features
 from .measure import Measurer
-from .search import Proposal, Search, _never, _noop, seat_seeds
+from .search import Proposal, Search, _never, _noop, pick, seat_seeds
 from .space import (
     VECTOR_LANES,
     Config,
@@ -568,27 +568,16 @@ class ALTSearch(Search):
         if not pool:
             return []
         feats = self.features(p, pool, schedules)
-        if self.model.trained:
-            scores = np.asarray(self.model.predict(feats), dtype=np.float64)
-            n_random = min(len(pool), int(round(self.epsilon * n)))
-            order = list(np.argsort(-scores, kind="stable"))
-            picks = [(int(i), "model") for i in order[: n - n_random]]
-            rest = order[n - n_random:]
-            if rest and n_random:
-                chosen = self.rng.choice(len(rest), size=min(n_random, len(rest)), replace=False)
-                picks += [(int(rest[int(j)]), "random") for j in chosen]
+        scores = np.asarray(self.model.predict(feats), dtype=np.float64) if self.model.trained else None
+        picks = pick(scores, len(pool), n, self.epsilon, self.rng)
+        if walks and scores is not None:
             # the loop actor's reward: predicted log speed of each walk relative to its start's
-            if walks:
-                wscores = self.model.predict(self.features(p, walks))
-                base = float(self.model.predict(self.features(p, [starts[0]]))[0])
-                self.loop_actor(p).reward_last([float(s) - base for s in wscores])
-                self.loop_actor(p).update()
-        else:
-            scores = None
-            chosen = self.rng.choice(len(pool), size=min(n, len(pool)), replace=False)
-            picks = [(int(i), "random") for i in chosen]
-            if walks:  # no signal yet: forget the walks
-                self.loop_actor(p).buffer.steps.clear()
+            wscores = self.model.predict(self.features(p, walks))
+            base = float(self.model.predict(self.features(p, [starts[0]]))[0])
+            self.loop_actor(p).reward_last([float(s) - base for s in wscores])
+            self.loop_actor(p).update()
+        elif walks:  # no signal yet: forget the walks
+            self.loop_actor(p).buffer.steps.clear()
         seat_seeds(picks, sources, {source for _, source in seeds})
         out = []
         for i, source in picks:
