@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from tuner_cases import FakeMeasurer, run, task_of, workload
 
