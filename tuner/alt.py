@@ -8,7 +8,11 @@ Cross exploration (Fig. 8), in two stages over one measurement budget:
    consumer's: kot = ot, kit = it); the search then runs `rounds_per_layout`
    rounds of loop tuning in that layout and rewards the layout with
    U - (best latency found), U the untuned latency of the first layout.
-2. loop (the rest): loop tuning only, in the best layout found.
+2. loop (the rest): loop tuning only, in the best layout found. A layout's one
+   joint round ranks it roughly, so the joint stage's finalists (at most `finalists`
+   layouts within `margin` of its best latency) share the first half of the loop
+   stage round by round (successive halving, one rung); the best layout then
+   takes the rest.
 
 A round of loop tuning in a layout: a batch (`batch_size`, the paper's episode
 length 128) of loop configurations -- walks of the loop actor (`ppo.LoopActor`,
@@ -155,6 +159,8 @@ class LayoutPoint:
     trials: int = 0
     actor: Any = None  # its LoopActor, made on first use
     swept: set[str] = field(default_factory=set)  # keys of the best configs whose placements were tried
+    joint_ms: float | None = None  # best latency measured in the joint stage
+    loop_trials: int = 0  # trials measured in the loop stage
 
     @property
     def best_ms(self) -> float | None:
@@ -176,6 +182,8 @@ class ALTSearch(Search):
         epsilon: float = 0.125,
         joint_fraction: float = 0.3,
         rounds_per_layout: int = 1,
+        finalists: int = 3,
+        margin: float = 1.25,
         layout: dict[str, int] | None = None,
         layout_levels: int = 1,
         elite: int = 8,
@@ -192,6 +200,8 @@ class ALTSearch(Search):
             epsilon: share of each round's picks taken at random from the batch.
             joint_fraction: share of the budget for the joint stage (0: loop-only in `layout`).
             rounds_per_layout: loop-tuning rounds per layout in the joint stage.
+            finalists: at most this many of the joint stage's layouts share the loop stage's first half.
+            margin: a finalist's best joint-stage latency is within this factor of the best's.
             layout: a fixed layout choice (the ALT-OL ablation: loop-only in it); {} is the
                 template's default (channels last, no tiling); None lets the joint stage search.
             layout_levels: 1 (one-level layout tiling, the paper's default) or 2 (its two-level
@@ -212,6 +222,8 @@ class ALTSearch(Search):
         self.batch_size, self.top_k, self.epsilon, self.elite = batch_size, top_k, epsilon, elite
         self.joint_fraction = 0.0 if layout is not None else joint_fraction
         self.rounds_per_layout = rounds_per_layout
+        self.finalists, self.margin = finalists, margin
+        self.shared_until = 0  # measurement count up to which the finalists share the loop stage
         self.ms_features = ms_features
         self.template = layout_template(task.workload, layout_levels)
         self.free = [p for p in self.template.params if p.name not in TIED]
@@ -366,6 +378,19 @@ class ALTSearch(Search):
         best = self.best_point()
         return best if best is not None else self.point({})
 
+    def final_points(self) -> list[LayoutPoint]:
+        """The joint stage's finalists, best first: at most `finalists` layouts within `margin` of its best."""
+        ranked = sorted((p for p in self.points.values() if p.joint_ms is not None), key=lambda p: p.joint_ms)
+        return [p for p in ranked[: self.finalists] if p.joint_ms <= self.margin * ranked[0].joint_ms]
+
+    def loop_point(self) -> LayoutPoint:
+        """The loop stage's layout this round: while the shared half lasts, the finalist measured least in
+        the loop stage (ties: the better in the joint stage); then the best layout found."""
+        finalists = self.final_points()
+        if len(finalists) > 1 and self.count < self.shared_until:
+            return min(finalists, key=lambda p: p.loop_trials)  # min is stable: best first among ties
+        return self.best_point() or self.next_layout()
+
     def layout_reward(self, p: LayoutPoint) -> float:
         """r = U - latency (eq. 3), normalized by U; a layout with no correct trial gets -1."""
         if p.best_ms is None or not self.upper:
@@ -405,8 +430,12 @@ class ALTSearch(Search):
                     schedules.append(None)
         return np.concatenate([out, p.ms.extract(schedules)], axis=1)
 
-    def _remember(self, p: LayoutPoint, loops: Config, latency: float | None) -> None:
+    def _remember(self, p: LayoutPoint, loops: Config, latency: float | None, stage: str | None) -> None:
         p.trials += 1
+        if stage == "loop":
+            p.loop_trials += 1
+        elif stage == "joint" and latency is not None and (p.joint_ms is None or latency < p.joint_ms):
+            p.joint_ms = latency
         if latency is not None:
             p.best.append((latency, loops))
             p.best.sort(key=lambda x: x[0])
@@ -424,7 +453,7 @@ class ALTSearch(Search):
                 continue
             rows.append(self.features(p, [loops])[0])
             lats.append(trial.latency_ms)
-            self._remember(p, loops, trial.latency_ms)
+            self._remember(p, loops, trial.latency_ms, trial.stage)
             if self.upper is None and trial.latency_ms is not None:
                 self.upper = 2 * trial.latency_ms
         self.count = len(prior)
@@ -459,6 +488,7 @@ class ALTSearch(Search):
             on_trial: Callable[[Trial], None] = _noop, should_stop: Callable[[], bool] = _never,
             replay: bool = True) -> list[Trial]:
         self.joint_budget = 0 if self.fixed is not None else int(round(self.joint_fraction * budget))
+        self.shared_until = self.joint_budget + (budget - self.joint_budget) // 2 if self.joint_budget else 0
         return super().run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop,
                            replay=replay)
 
@@ -500,7 +530,7 @@ class ALTSearch(Search):
             n = min(n, self.joint_budget - self.count)
         else:
             self.end_episode()
-            p = self.best_point() or self.next_layout()
+            p = self.loop_point()
         n = min(n, self.top_k)
         if self.upper is None:
             base = self.measurer.baseline_ms(p.task)
@@ -657,7 +687,7 @@ class ALTSearch(Search):
                 row = self.features(p, [loops])[0]
             rows.append(row)
             lats.append(trial.latency_ms)
-            self._remember(p, loops, trial.latency_ms)
+            self._remember(p, loops, trial.latency_ms, trial.stage)
             if self.upper is None and trial.latency_ms is not None:
                 self.upper = 2 * trial.latency_ms
         if rows:

@@ -217,6 +217,37 @@ def test_loop_stage_measures_the_other_placements_of_each_new_best():
     assert result.best.config["read_at"] != 0
 
 
+def test_joint_stage_finalists_share_the_loop_stage_first_half():
+    """The layouts within `margin` of the joint stage's best (at most `finalists`) take the loop stage's
+    rounds in turn until half of it is spent; the best layout found takes the rest."""
+    from tuner.alt import ALTSearch
+
+    task, _ = _task(workload("conv2d", SMALL_CONV))
+    budget, top_k = 60, 4
+
+    def search(**options):
+        return ALTSearch(task, _FakeDevice(), seed=1, batch_size=16, top_k=top_k, **options).run(budget)
+
+    trials = search(finalists=3, margin=10.0)
+    joint = [t for t in trials if t.stage == "joint" and t.latency_ms is not None]
+    best_joint: dict[str, float] = {}
+    for t in joint:
+        best_joint[t.extra["layout"]] = min(t.latency_ms, best_joint.get(t.extra["layout"], math.inf))
+    finalists = sorted(best_joint, key=best_joint.get)[:3]
+    assert len(finalists) == 3
+    loop = [t for t in trials if t.stage == "loop"]
+    shared_until = len(joint) + (budget - len(joint)) // 2
+    shared = [t.extra["layout"] for t in loop if t.index < shared_until]
+    assert set(shared) == set(finalists)
+    counts = [shared.count(name) for name in finalists]
+    assert max(counts) - min(counts) <= top_k, counts  # round by round, the least measured first
+    rest = {t.extra["layout"] for t in loop if t.index >= shared_until + top_k}  # the round under way may end
+    assert len(rest) == 1 and rest <= set(finalists)
+    # with the default margin only layouts near the best share it
+    narrow = search(margin=1.0)
+    assert len({t.extra["layout"] for t in narrow if t.stage == "loop"}) == 1
+
+
 def test_unknown_search_is_refused():
     from tuner import make_search
 
