@@ -243,7 +243,7 @@ def test_joint_stage_finalists_share_the_loop_stage_first_half():
     assert max(counts) - min(counts) <= top_k, counts  # round by round, the least measured first
     rest = {t.extra["layout"] for t in loop if t.index >= shared_until + top_k}  # the round under way may end
     assert len(rest) == 1 and rest <= set(finalists)
-    # with the default margin only layouts near the best share it
+    # with margin 1.0 no other layout is near enough: the whole loop stage runs in the best one
     narrow = search(margin=1.0)
     assert len({t.extra["layout"] for t in narrow if t.stage == "loop"}) == 1
 
