@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -62,36 +63,87 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     check_schema(settings.resolved_database_url)
-    Worker(settings).run_forever()
+    worker = Worker(settings)
+    # SIGTERM (from `altune serve`, a process manager, or the kernel when the server dies) stops the worker:
+    # the job in hand is released for the next worker, which resumes it from its trials
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    worker.run_forever()
+
+
+def _exit_on_signal(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a child before exec: ask Linux to send SIGTERM when the parent dies (even by SIGKILL).
+
+    Its own process group keeps a terminal's Ctrl-C away from it: the server stops its workers itself.
+    """
+    os.setpgrp()
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the worker outlives a crashed server (SIGTERM still stops it)
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _stop_workers(workers: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """SIGTERM each worker's process group (the worker and its measurement processes), then SIGKILL stragglers."""
+    for w in workers:
+        _signal_group(w, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for w in workers:
+        try:
+            w.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(w, signal.SIGKILL)  # whatever is left of its group: a hung worker or an orphaned child
+        w.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from service.api import create_app
-    from service.db import SchemaOutdatedError, check_schema
+    from service.db import SchemaOutdatedError, StorageError, check_schema, is_embedded, upgrade
 
     settings = _settings(args)
+    url = settings.resolved_database_url
     try:
-        check_schema(settings.resolved_database_url)
-    except SchemaOutdatedError as e:
+        if is_embedded(url):  # the embedded default: create and migrate the file, nothing to run first
+            upgrade(url)
+        check_schema(url)
+    except SchemaOutdatedError as e:  # a shared PostgreSQL is migrated on purpose, never behind users' backs
         raise SystemExit(str(e)) from None
-    workers = []
-    env = os.environ | {"ALTUNE_DATABASE_URL": settings.resolved_database_url}
-    for _ in range(args.workers):
-        workers.append(subprocess.Popen([sys.executable, "-m", "service.cli", "worker"], env=env))
+    except StorageError as e:
+        raise SystemExit(str(e)) from None
+    # uvicorn handles SIGTERM itself, then re-raises it once it has shut down: without a handler of ours the
+    # default action would end this process before the `finally` below stops the workers
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    env = os.environ | {"ALTUNE_DATABASE_URL": url}
+    parent = os.getpid()
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "service.cli", "worker"], env=env,
+                         preexec_fn=lambda: _die_with_parent(parent))
+        for _ in range(args.workers)
+    ]
     print(f"altune: API on http://{settings.host}:{settings.port}/ (docs at /docs), "
-          f"{args.workers} worker(s), database {settings.resolved_database_url}", flush=True)
+          f"{args.workers} worker(s), database {url}", flush=True)
     try:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
     finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            try:
-                w.wait(10)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        _stop_workers(workers)
 
 
 def cmd_submit(args: argparse.Namespace) -> None:

@@ -89,10 +89,19 @@ def alembic_config(url: str):
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Apply the Alembic migrations up to `revision`."""
+    """Apply the Alembic migrations up to `revision`; an SQLite file's folder is created first."""
     from alembic import command
+    from sqlalchemy.engine import make_url
 
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no ./var
     command.upgrade(alembic_config(url), revision)
+
+
+def is_embedded(url: str) -> bool:
+    """An SQLite database: this process tree owns it, so `altune serve` may create and migrate it itself."""
+    return url.startswith("sqlite")
 
 
 def check_schema(url: str) -> None:

@@ -115,6 +115,9 @@ class Worker:
         except Exception as e:  # a failing job must never take the worker down
             log.exception("job %s failed", job_id)
             run.finish("failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
+        except BaseException:  # SystemExit from SIGTERM, KeyboardInterrupt: hand the job on before going
+            run.release()
+            raise
         finally:
             run.done.set()
             run.heartbeat.join()
@@ -147,6 +150,18 @@ class _JobRun:
 
     def should_stop(self) -> bool:
         return self.stop_reason is not None
+
+    def release(self) -> None:
+        """Give the job back at once (its lease expired now), so the next worker resumes it without waiting."""
+        try:
+            with session_scope(self.url) as s:
+                s.execute(
+                    update(Job)
+                    .where(Job.id == self.job_id, Job.worker_id == self.worker.worker_id, Job.status == "running")
+                    .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+                )
+        except Exception:  # shutting down: the lease runs out by itself if the database is not there
+            log.exception("job %s: could not release the lease", self.job_id)
 
     def finish(self, status: str, error: str | None = None) -> None:
         """Mark the job finished, only if this worker still owns it."""

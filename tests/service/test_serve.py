@@ -1,0 +1,190 @@
+"""`make run` and `altune serve` as a user starts and stops them: real processes, real signals.
+
+The README's first command must work in a fresh clone (no `./var`, no database), and stopping the
+server must stop its workers and their measurement processes with it, however the server stops.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(sys.prefix)  # the suite's own environment: `make` must not reinstall it
+DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "dtype": "float32",
+         "target": "host", "budget": 2}
+BIG_DENSE = DENSE | {"params": {"m": 64, "n": 64, "k": 64}, "budget": 200}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the server exited with {proc.returncode}: {proc.stdout.read()}"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"no answer from {url}/healthz in {timeout} s")
+
+
+def _wait_job(url: str, job_id: int, until: tuple[str, ...], timeout: float = 300, trials: int = 0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = httpx.get(f"{url}/api/v1/jobs/{job_id}", timeout=10).json()
+        if job["status"] in until and job["trials_done"] >= trials:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} not {until} with {trials} trials in {timeout} s: {job}"
+        time.sleep(0.3)
+
+
+def _server_tree(proc: subprocess.Popen, workers: int) -> list[psutil.Process]:
+    """The `altune serve` process and every process under it, once its workers have started."""
+    root = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    while True:
+        serve = [p for p in [root, *root.children(recursive=True)] if "serve" in " ".join(p.cmdline())]
+        if serve:
+            kids = serve[0].children(recursive=True)
+            if sum("worker" in " ".join(k.cmdline()) for k in kids) >= workers:
+                return [serve[0], *kids]
+        assert time.monotonic() < deadline, "the server's workers did not start"
+        time.sleep(0.2)
+
+
+def _assert_all_gone(procs: list[psutil.Process], timeout: float = 30) -> None:
+    gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    assert not alive, f"left running: {[(p.pid, ' '.join(p.cmdline())) for p in alive]}"
+
+
+@pytest.fixture
+def fresh_clone(tmp_path) -> Path:
+    """The repository as `git clone` leaves it: tracked files only, no var/, no database."""
+    dest = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest)], check=True)
+    # the working tree's uncommitted state is what is under test; copy the tracked files over the clone
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    assert not (dest / "var").exists()
+    return dest
+
+
+def _env(port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_")}
+    return env | {"ALTUNE_PORT": str(port), "ALTUNE_LEASE_SECONDS": "30", "PYTHONPATH": str(ROOT)} | extra
+
+
+@pytest.mark.slow
+def test_make_run_in_a_fresh_clone_serves_and_finishes_a_job(fresh_clone):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stamp = VENV / ".installed-stamp"
+    # `-o STAMP`: the environment is installed already (installing is .ci/run's part); everything else is
+    # the README's first command, in a directory that has never seen a database
+    proc = subprocess.Popen(["make", "-o", str(stamp), "run", f"VENV={VENV}"], cwd=fresh_clone, env=_env(port),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait_up(url, proc)
+        tree = _server_tree(proc, workers=1)
+        assert (fresh_clone / "var" / "altune.db").is_file()
+        page = httpx.get(f"{url}/", timeout=10)
+        assert page.status_code == 200 and "altune" in page.text
+        r = httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=10)
+        assert r.status_code == 201, r.text
+        job = _wait_job(url, r.json()["id"], ("succeeded", "failed", "cancelled"))
+        assert job["status"] == "succeeded", job["error"]
+        assert job["trials_done"] == DENSE["budget"] and job["has_artifact"]
+        assert httpx.get(f"{url}/api/v1/jobs/{job['id']}/artifact", timeout=10).content[:2] == b"\x1f\x8b"
+        tree[0].send_signal(signal.SIGTERM)  # the server; make ends with it
+        _assert_all_gone(tree)
+        assert proc.wait(30) is not None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def serve(tmp_path) -> Iterator:
+    """Starts `altune serve --workers 2` on a new SQLite file in tmp_path; yields (process, url)."""
+    procs = []
+
+    def start() -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        proc = subprocess.Popen([str(VENV / "bin" / "altune"), "serve", "--workers", "2"], cwd=tmp_path,
+                                env=_env(port, ALTUNE_DATA_DIR=str(tmp_path / "data")),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        procs.append(proc)
+        return proc, f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["sigterm", "sigint", "crash"])
+def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how, tmp_path):
+    proc, url = serve()
+    _wait_up(url, proc)
+    r = httpx.post(f"{url}/api/v1/jobs", json=BIG_DENSE, timeout=10)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    _wait_job(url, job_id, ("running",), trials=2)  # a worker is measuring: it has measurement processes
+    tree = _server_tree(proc, workers=2)
+    assert len(tree) > 3, f"expected the server, 2 workers and measurement processes: {tree}"
+
+    proc.send_signal(how)
+    _assert_all_gone(tree)
+
+    from service.db import session_scope, utcnow
+    from service.models import Job, TrialRow
+
+    with session_scope(f"sqlite:///{tmp_path / 'data' / 'altune.db'}") as s:
+        job = s.get(Job, job_id)
+        kept = len(TrialRow.where_task(s, job.tasks[0].id))
+        assert job.status == "running" and kept == job.trials_done >= 2
+        if how != signal.SIGKILL:  # a graceful stop hands the job on at once; a crash leaves it to the lease
+            assert job.lease_expires_at < utcnow()
+
+
+@pytest.mark.slow
+def test_serve_resumes_a_job_its_previous_run_was_stopped_in(serve):
+    proc, url = serve()
+    _wait_up(url, proc)
+    job_id = httpx.post(f"{url}/api/v1/jobs", json=DENSE | {"budget": 12}, timeout=10).json()["id"]
+    before = _wait_job(url, job_id, ("running",), trials=2)["trials_done"]
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+
+    proc, url = serve()  # the same database: the job was released, so the new worker takes it at once
+    _wait_up(url, proc)
+    job = _wait_job(url, job_id, ("succeeded", "failed"), timeout=300)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["trials_done"] == 12 and job["attempts"] == 2 and before >= 2
+    trials = httpx.get(f"{url}/api/v1/jobs/{job_id}/trials", params={"limit": 100}, timeout=10).json()
+    assert sorted(t["index"] for t in trials["data"]) == list(range(12))  # nothing lost, nothing measured twice
