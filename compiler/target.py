@@ -63,6 +63,24 @@ def cuda_arch() -> str | None:
         return None
 
 
+class TargetError(ValueError):
+    """A target name this machine cannot tune for: unknown, or a GPU target on a host without a GPU."""
+
+
+def available_targets() -> tuple[str, ...]:
+    """The target names this machine can tune and measure for: the CPU always, "cuda" where a GPU is visible."""
+    return tuple(name for name in TARGET_NAMES if name != "cuda" or cuda_arch() is not None)
+
+
+def check_available(name: str) -> None:
+    """Raises TargetError, saying what to use instead, unless this machine can serve target `name`."""
+    if name not in TARGET_NAMES:
+        raise TargetError(f"unknown target {name!r}; known: {', '.join(TARGET_NAMES)}")
+    if name not in available_targets():
+        raise TargetError(f"target {name!r} cannot be served: this server has no CUDA device; "
+                          f"available: {', '.join(available_targets())}")
+
+
 def _check(name: str) -> None:
     if name not in TARGET_NAMES:
         raise ValueError(f"unknown target {name!r}; valid names: {', '.join(TARGET_NAMES)}")

@@ -7,6 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
+from tuner import MAX_SEED
+
+MAX_INT32 = 2**31 - 1  # ids, counts and sizes: the database stores them as `integer` (32 bits on PostgreSQL)
+MAX_INT64 = 2**63 - 1  # offsets: SQL's OFFSET takes a 64-bit integer
+
 
 def _as_utc(value: datetime | None) -> datetime | None:
     # the database stores naive UTC; say so on the wire
@@ -23,6 +28,8 @@ class OperatorJobCreate(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # the schema's types exactly: `"seed": false` or `"budget": "64"` is a 422, not a 0 or a 64
+        allow_inf_nan=False,
         json_schema_extra={
             "examples": [
                 {
@@ -41,15 +48,19 @@ class OperatorJobCreate(BaseModel):
     )
 
     kind: Literal["operator"] = "operator"
-    operator: str = Field(description="operator name from the catalog, e.g. conv2d")
-    params: dict[str, int] = Field(description="the operator's integer parameters (see the catalog for names and limits)")
-    dtype: str = Field("float32", description="element type of every tensor")
+    operator: str = Field(max_length=64, description="operator name from the catalog, e.g. conv2d")
+    params: dict[str, Annotated[int, Field(ge=0, le=MAX_INT32)]] = Field(
+        max_length=32, description="the operator's integer parameters (see the catalog for names and limits)"
+    )
+    dtype: str = Field("float32", max_length=16, description="element type of every tensor")
     epilogue: Literal["none", "bias", "relu", "bias_relu"] = Field(
         "none", description="element-wise stages fused after the operator"
     )
-    target: str = Field("host", description="where to tune and run: host (this CPU, detected), llvm, cuda")
-    budget: int = Field(64, ge=1, description="number of on-device measurements")
-    seed: int = Field(0, ge=0, description="random seed of the search")
+    target: str = Field("host", max_length=32, description="where to tune and run: host (this CPU, detected), llvm, "
+                                                          "cuda (only where the server has a GPU)")
+    budget: int = Field(64, ge=1, le=MAX_INT32, description="number of on-device measurements (at most the "
+                                                            "server's ALTUNE_MAX_BUDGET)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search")
     layout_levels: Literal[1, 2] = Field(
         1, description="layout templates of the ALT search: 1 (one-level tiling, the default) or 2 (two-level "
                        "output tiling, N H/(ht' ht) W/(wt' wt) O/(ot' ot) ht' wt' ot' ht wt ot: a larger space "
@@ -164,7 +175,7 @@ class OperatorsPublic(BaseModel):
     data: list[OperatorPublic]
     dtypes: list[str]
     epilogues: list[str]
-    targets: list[str]
+    targets: list[str] = Field(description="the targets this server can tune for (cuda only where it has a GPU)")
 
 
 class ZooModelPublic(BaseModel):
@@ -177,6 +188,12 @@ class ZooModelPublic(BaseModel):
 class ZooModelsPublic(BaseModel):
     data: list[ZooModelPublic]
     count: int
+
+
+class ErrorPublic(BaseModel):
+    """Every error but a 422: what went wrong, in words that say what to fix."""
+
+    detail: str
 
 
 class Health(BaseModel):

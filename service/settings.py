@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
     max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")
     measure_timeout: float = Field(60.0, description="seconds a candidate may take to build and run")
+    allowed_origins: list[str] = Field(
+        [], description="web origins besides the server's own that may submit, cancel and upload from a browser "
+                        "(JSON list, e.g. [\"https://dash.example.com\"]); others get 403")
 
     @property
     def resolved_database_url(self) -> str:

@@ -108,9 +108,9 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """The real API on a loopback port with one worker, both in threads of this process."""
+    """The real API on a loopback port with one worker (unless `worker=False`), both in threads of this process."""
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings, *, worker: bool = True) -> None:
         import uvicorn
 
         from service.api import create_app
@@ -121,11 +121,10 @@ class LiveServer:
         self.server = uvicorn.Server(
             uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
         )
-        self.worker = Worker(settings)
-        self._threads = [
-            threading.Thread(target=self.server.run, daemon=True),
-            threading.Thread(target=self.worker.run_forever, daemon=True),
-        ]
+        self.worker = Worker(settings) if worker else None
+        self._threads = [threading.Thread(target=self.server.run, daemon=True)]
+        if self.worker is not None:
+            self._threads.append(threading.Thread(target=self.worker.run_forever, daemon=True))
 
     def __enter__(self) -> LiveServer:
         for t in self._threads:
@@ -137,7 +136,8 @@ class LiveServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.worker.stop()
+        if self.worker is not None:
+            self.worker.stop()
         self.server.should_exit = True
         for t in self._threads:
             t.join(60)

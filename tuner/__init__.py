@@ -13,10 +13,11 @@ from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairw
 from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
 from .search import Proposal, Search, XGBSearch, make_search
 from .space import InvalidConfig, Knob, LoopSpace, ScheduleFailed, SearchSpace, config_key, make_space
-from .task import Task, Trial, TuneResult
+from .task import MAX_SEED, Task, Trial, TuneResult
 from .tune import apply_config, tune
 
 __all__ = [
+    "MAX_SEED",
     "ALTSearch",
     "layout_of_config",
     "split_config",

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     import numpy as np
     import tvm
 
+# The largest search seed: torch.manual_seed, numpy's generators and XGBoost's `seed` all take it
+MAX_SEED = 2**31 - 1
+
 
 @dataclass(frozen=True, eq=False)
 class Task:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from service.api import events, jobs, models, operators, schedules, web
+from service.api.common import SameOriginWrites, errors, http_error, validation_error
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
 from service.schemas import Health
@@ -23,7 +26,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings or get_settings()
 
-    api = APIRouter(prefix="/api/v1")
+    api = APIRouter(prefix="/api/v1", responses=errors(503))
     api.include_router(jobs.router)
     api.include_router(schedules.router)
     api.include_router(models.router)
@@ -33,11 +36,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(web.router)
     web.mount_static(app)
 
+    app.add_middleware(SameOriginWrites, allowed_origins=app.state.settings.allowed_origins)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
     @app.exception_handler(StorageError)
     async def storage_error(_request: Request, exc: StorageError) -> JSONResponse:
         return JSONResponse(status_code=503, content={"detail": str(exc)})
 
-    @app.get("/healthz", response_model=Health, tags=["health"])
+    @app.get("/healthz", response_model=Health, tags=["health"], responses=errors(503))
     def read_health(settings: SettingsDep) -> Health:
         """200 when the API and its database answer."""
         try:

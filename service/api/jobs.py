@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse
 from sqlalchemy import update
 
+from service.api.common import JobId, Offset, errors
 from service.api.deps import SessionDep, SettingsDep, invalid
 from service.db import utcnow
 from service.models import FINISHED, Artifact, Job, TrialRow
@@ -41,13 +42,15 @@ def validate_operator_job(body: OperatorJobCreate, settings: SettingsDep) -> dic
     Raises:
         RequestValidationError: naming the offending field.
     """
-    from compiler.target import TARGET_NAMES
+    from compiler.target import TargetError, check_available
     from compiler.workloads import WorkloadError, validate
 
     if body.budget > settings.max_budget:
         raise invalid(("body", "budget"), f"budget must be at most {settings.max_budget}, got {body.budget}")
-    if body.target not in TARGET_NAMES:
-        raise invalid(("body", "target"), f"unknown target {body.target!r}; known: {', '.join(TARGET_NAMES)}")
+    try:
+        check_available(body.target)
+    except TargetError as e:
+        raise invalid(("body", "target"), str(e)) from None
     try:
         params = validate(body.operator, body.params, body.dtype, body.epilogue, settings.max_tensor_elements)
     except WorkloadError as e:
@@ -55,7 +58,7 @@ def validate_operator_job(body: OperatorJobCreate, settings: SettingsDep) -> dic
     return body.model_dump() | {"params": params}
 
 
-@router.post("", status_code=201, response_model=JobPublic)
+@router.post("", status_code=201, response_model=JobPublic, responses=errors(400, 403))
 def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """Submit an operator to tune; answers at once, a worker runs it."""
     spec = validate_operator_job(body, settings)
@@ -71,25 +74,25 @@ def read_jobs(
     status: StatusFilter = None,
     workload: Annotated[str | None, Query(description="only jobs with a task of this workload key")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> JobsPublic:
     """List jobs, newest first."""
     jobs, count = Job.where_filter(session, status=status, workload=workload, limit=limit, offset=offset)
     return JobsPublic(data=[_public(session, j) for j in jobs], count=count)
 
 
-@router.get("/{job_id}", response_model=JobPublic)
-def read_job(job_id: int, session: SessionDep) -> JobPublic:
+@router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
+def read_job(job_id: JobId, session: SessionDep) -> JobPublic:
     """Status, progress and best latency of one job, with its tasks."""
     return _public(session, _job_or_404(session, job_id))
 
 
-@router.get("/{job_id}/trials", response_model=TrialsPublic)
+@router.get("/{job_id}/trials", response_model=TrialsPublic, responses=errors(404))
 def read_trials(
-    job_id: int,
+    job_id: JobId,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> TrialsPublic:
     """Page through every measured trial of a job, in measurement order."""
     _job_or_404(session, job_id)
@@ -97,8 +100,8 @@ def read_trials(
     return TrialsPublic(data=rows, count=count)
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: int, session: SessionDep) -> JobPublic:
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses=errors(403, 404, 409))
+def cancel_job(job_id: JobId, session: SessionDep) -> JobPublic:
     """Stop a job; what was measured is kept. A queued job is cancelled at once, a running one within seconds."""
     job = _job_or_404(session, job_id)
     if job.status in FINISHED:
@@ -116,9 +119,10 @@ def cancel_job(job_id: int, session: SessionDep) -> JobPublic:
 @router.get(
     "/{job_id}/artifact",
     response_class=FileResponse,
-    responses={200: {"content": {"application/gzip": {}}, "description": "tar.gz: lib.so, manifest.json, schedule.py"}},
+    responses={200: {"content": {"application/gzip": {}}, "description": "tar.gz: lib.so, manifest.json, schedule.py"}}
+    | errors(404),
 )
-def read_artifact(job_id: int, session: SessionDep) -> FileResponse:
+def read_artifact(job_id: JobId, session: SessionDep) -> FileResponse:
     """Download the compiled artifact: library, manifest and TVMScript of the best schedule."""
     job = _job_or_404(session, job_id)
     artifact = Artifact.find_by_job(session, job_id)

@@ -12,7 +12,7 @@ router = APIRouter(prefix="/operators", tags=["operators"])
 @router.get("", response_model=OperatorsPublic)
 def read_operators() -> OperatorsPublic:
     """Every operator with its parameters and their limits."""
-    from compiler.target import TARGET_NAMES
+    from compiler.target import available_targets
     from compiler.workloads import DTYPES, EPILOGUES, OPERATORS
 
     data = [
@@ -33,4 +33,4 @@ def read_operators() -> OperatorsPublic:
         )
         for op in OPERATORS.values()
     ]
-    return OperatorsPublic(data=data, dtypes=list(DTYPES), epilogues=list(EPILOGUES), targets=list(TARGET_NAMES))
+    return OperatorsPublic(data=data, dtypes=list(DTYPES), epilogues=list(EPILOGUES), targets=list(available_targets()))

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from service.api.common import Offset
 from service.api.deps import SessionDep
 from service.models import Schedule
 from service.schemas import SchedulesPublic
@@ -20,7 +21,7 @@ def read_schedules(
     search: Annotated[str | None, Query(description="substring of the workload key")] = None,
     target: Annotated[str | None, Query(description="target name (host, llvm, cuda) or a stored target key")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> SchedulesPublic:
     """Best known configurations, filtered by workload key and target."""
     target_key = None

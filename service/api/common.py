@@ -1,0 +1,113 @@
+"""What every router shares: bounded ids and offsets, the error responses the OpenAPI schema describes, the
+422 handler, and the check that refuses writes from another origin.
+
+Bounds: a path or query integer outside what its column holds never reaches the database (SQLite's driver raised
+`OverflowError`, a 500; PostgreSQL a 503); it is a 422 naming the parameter.
+
+Cross-origin writes: the API sends no CORS headers, so a page elsewhere cannot read its answers, but a
+browser still sends a "simple" cross-origin POST (a form, a multipart upload) and the server would act on
+it: any web page open in a user's browser could submit or cancel jobs on a server at 127.0.0.1. Until the
+API has tokens, every state-changing request that a browser marks as coming from another origin (its
+`Origin` header, or `Sec-Fetch-Site: cross-site`) is refused with 403; clients that are not browsers
+(curl, the CLI, httpx) send neither header and are unaffected. `ALTUNE_ALLOWED_ORIGINS` lists origins
+that may write anyway (a dashboard served elsewhere).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Annotated, Any
+
+from fastapi import Path, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.schemas import MAX_INT32, MAX_INT64, ErrorPublic
+
+# ids are `integer` columns (32 bits on PostgreSQL); offsets go to SQL's 64-bit OFFSET
+JobId = Annotated[int, Path(ge=1, le=MAX_INT32, description="the job's id")]
+Offset = Annotated[int, Query(ge=0, le=MAX_INT64, description="rows to skip")]
+
+_ERROR_DOCS: dict[int, str] = {
+    400: "a body that cannot be parsed (not UTF-8, not JSON, a broken multipart form) or a malformed header",
+    403: "a write from a web page of another origin (see `ALTUNE_ALLOWED_ORIGINS`)",
+    404: "no such job, or it has nothing of the kind asked for",
+    409: "the job has already finished",
+    413: "the upload is larger than the server takes (`ALTUNE_MAX_UPLOAD_BYTES`)",
+    503: "the database cannot be reached or refused the request",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error codes a route can answer, each with an `ErrorPublic` body."""
+    return {code: {"model": ErrorPublic, "description": _ERROR_DOCS[code]} for code in codes}
+
+
+def _json_safe(value: Any) -> Any:
+    """The value with every non-finite float as its string ("nan", "inf"): JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, but always valid JSON: it echoes the refused input, which may be NaN or 1e400 (inf)."""
+    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(exc.errors()))})
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own answer, but a 405 lists in `Allow` every method of the path, not just one route's.
+
+    Two routes share a path (GET and POST /api/v1/jobs); Starlette answers 405 from the first that matches
+    the path, with only its own methods. The OpenAPI schema has every method of every path.
+    """
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        for template, operations in request.app.openapi()["paths"].items():
+            if re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", template), request.url.path):
+                headers["Allow"] = ", ".join(sorted(m.upper() for m in operations))
+                break
+    return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail}, headers=headers)
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+class SameOriginWrites:
+    """ASGI middleware: a state-changing request from a browser page of another origin gets 403."""
+
+    def __init__(self, app: ASGIApp, allowed_origins: Iterable[str] = ()) -> None:
+        self.app = app
+        self.allowed = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in _SAFE_METHODS:
+            reason = self._refusal(scope)
+            if reason is not None:
+                await JSONResponse(status_code=403, content={"detail": reason})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> str | None:
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        if origin is None:
+            if headers.get("sec-fetch-site") == "cross-site":
+                return "cross-origin writes are refused: this request came from a page of another site"
+            return None  # not a browser (curl, the CLI), or a browser's same-origin request
+        origin = origin.rstrip("/").lower()
+        own = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}".lower()
+        if origin == own or origin in self.allowed:
+            return None
+        return (f"cross-origin writes are refused: the request's Origin {origin!r} is not this server ({own!r}); "
+                "list it in ALTUNE_ALLOWED_ORIGINS to allow it")
