@@ -160,6 +160,30 @@ class Schedule(Base):
         return session.scalar(select(cls).where(cls.workload_key == workload_key, cls.target_key == target_key))
 
     @classmethod
+    def upsert_if_faster(cls, session: Session, workload_key: str, target_key: str, config: dict[str, Any],
+                         latency_ms: float, job_id: int | None) -> None:
+        """Store the configuration unless the known one for (workload, target) is at least as fast.
+
+        One `INSERT ... ON CONFLICT DO UPDATE ... WHERE` statement, so two workers finishing the same
+        workload at once never collide on the unique key: the faster configuration stays, whatever the order.
+        """
+        dialect = session.get_bind().dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        elif dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            raise ValueError(f"unsupported database for schedules: {dialect}")
+        stmt = insert(cls).values(workload_key=workload_key, target_key=target_key, config=config,
+                                  latency_ms=latency_ms, job_id=job_id, updated_at=utcnow())
+        session.execute(stmt.on_conflict_do_update(
+            index_elements=[cls.workload_key, cls.target_key],
+            set_={"config": stmt.excluded.config, "latency_ms": stmt.excluded.latency_ms,
+                  "job_id": stmt.excluded.job_id, "updated_at": stmt.excluded.updated_at},
+            where=stmt.excluded.latency_ms < cls.latency_ms,
+        ))
+
+    @classmethod
     def where_filter(
         cls,
         session: Session,

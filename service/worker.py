@@ -301,14 +301,9 @@ class _JobRun:
                 row.path, row.size, row.sha256, row.created_at = str(path), path.stat().st_size, digest, utcnow()
 
     def _store_schedule(self, workload_key: str, tkey: str, config: dict, latency_ms: float) -> None:
-        """Keep the configuration if it beats the best known one for this workload and target."""
+        """Keep the configuration if it beats the best known one for this workload and target (atomically)."""
         with session_scope(self.url) as s:
-            row = Schedule.find_by_key(s, workload_key, tkey)
-            if row is None:
-                s.add(Schedule(workload_key=workload_key, target_key=tkey, config=config,
-                               latency_ms=latency_ms, job_id=self.job_id))
-            elif latency_ms < row.latency_ms:
-                row.config, row.latency_ms, row.job_id = config, latency_ms, self.job_id
+            Schedule.upsert_if_faster(s, workload_key, tkey, config, latency_ms, self.job_id)
 
 
 def _min_sql(column, value: float | None):

@@ -188,3 +188,50 @@ def test_an_error_inside_the_search_fails_the_job_with_it_and_keeps_its_trials(s
     assert [t.index for t in trials] == list(range(job.trials_done)), "the first round's trials are kept"
     assert any(t.latencies_ms for t in trials)
     assert worker.run_once() is None, "the worker is still there to claim (nothing left)"
+
+
+def test_two_workers_finishing_the_same_workload_both_succeed_and_the_faster_schedule_stays(settings, monkeypatch):
+    """The schedule store is one atomic upsert: a read-then-insert made the second worker fail on the unique key.
+
+    Both workers reach the store together (a barrier in front of it), as two jobs of one workload that end at once.
+    """
+    from service.models import Schedule
+    from service.worker import _JobRun
+
+    url = settings.resolved_database_url
+    ids = _add_jobs(url, 2, SMALL_DENSE | {"budget": 3})
+    together = threading.Barrier(2, timeout=120)
+    stored: dict[int, float] = {}
+    real_store = _JobRun._store_schedule
+
+    def store_together(self, workload_key, tkey, config, latency_ms):
+        stored[self.job_id] = latency_ms
+        together.wait()
+        real_store(self, workload_key, tkey, config, latency_ms)
+
+    monkeypatch.setattr(_JobRun, "_store_schedule", store_together)
+    workers = [Worker(settings, f"w{i}") for i in range(2)]
+    threads = [threading.Thread(target=w.run_once) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    jobs = [_job(url, i) for i in ids]
+    assert [j.status for j in jobs] == ["succeeded", "succeeded"], [j.error for j in jobs]
+    with session_scope(url) as s:
+        rows = s.scalars(select(Schedule)).all()
+        assert len(rows) == 1 and rows[0].latency_ms == min(stored.values())
+        assert stored[rows[0].job_id] == rows[0].latency_ms
+
+
+def test_schedule_upsert_keeps_the_fastest_whatever_the_order(settings):
+    from service.models import Schedule
+
+    url = settings.resolved_database_url
+    job_id = _add_jobs(url, 1)[0]
+    for latency, config in [(2.0, {"a": 1}), (3.0, {"a": 2}), (1.5, {"a": 3}), (1.5, {"a": 4}), (9.0, {"a": 5})]:
+        with session_scope(url) as s:
+            Schedule.upsert_if_faster(s, "dense[k]", "llvm", config, latency, job_id)
+    with session_scope(url) as s:
+        rows = s.scalars(select(Schedule)).all()
+        assert [(r.latency_ms, r.config) for r in rows] == [(1.5, {"a": 3})]
