@@ -265,13 +265,15 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, tim
 
 def run_case(case: Case, target_name: str, budget: int, seed: int, options: Options) -> dict:
     """Runs ours and the baselines on one case; never raises for a failure of one of them."""
-    from compiler.target import resolve_target
-    from compiler.workloads import make_workload
-    from tuner import Task
+    from dataclasses import replace
+
+    from tuner import task_from_spec
     from tuner.baselines import TorchTimer, build_and_run, interleaved_ms, metaschedule, time_ms, untuned_latency
 
-    wl = make_workload(case.operator, case.params, case.dtype, case.epilogue)
-    target = resolve_target(target_name)
+    # the task a job of this spec would tune (the worker and `altune tune` build it the same way)
+    task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
+                           "epilogue": case.epilogue, "target": target_name})
+    wl, target = task.workload, task.target
     inputs = wl.random_inputs(seed)
     expected = wl.reference(inputs)
     row: dict[str, Any] = {
@@ -285,7 +287,7 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         "commit": source_commit(),  # a suite run in pieces (--resume, --merge) may span versions
         "untuned_ms": untuned_latency(wl.prim_func, target, inputs) if options.untuned else None,
     }
-    task = Task(case.name, wl.key, wl.prim_func, target, inputs, expected, workload=wl)
+    task = replace(task, name=case.name, inputs=inputs, expected=expected)
     timers: dict[str, Callable[[], float]] = {}  # every correct program, timed together at the end
     row["layout_levels"] = options.layout_levels
     row.update(run_ours(task, budget, seed, inputs, expected, timers, layout_levels=options.layout_levels))

@@ -46,7 +46,7 @@ def _spec_from_args(args: argparse.Namespace) -> dict:
         raise SystemExit("give a spec file or --operator with --param NAME=VALUE ...")
     return {"kind": "operator", "operator": args.operator, "params": _parse_params(args.param),
             "dtype": args.dtype, "epilogue": args.epilogue, "target": args.target, "budget": args.budget,
-            "seed": args.seed}
+            "seed": args.seed, "layout_levels": args.layout_levels}
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> None:
@@ -186,27 +186,34 @@ def cmd_tune(args: argparse.Namespace) -> None:
         raise SystemExit(f"invalid job: {e.errors()}") from None
 
     from compiler.build import write_artifact
-    from compiler.target import resolve_target
-    from compiler.workloads import make_workload
-    from tuner import Task, apply_config, tune
+    from tuner import LocalMeasurer, apply_config, layout_of_config, task_from_spec, tune, tune_options
 
-    workload = make_workload(spec["operator"], spec["params"], spec["dtype"], spec["epilogue"])
-    target = resolve_target(spec["target"])
-    task = Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func, target=target)
+    task = task_from_spec(spec, max_tensor_elements=settings.max_tensor_elements)
     started = time.perf_counter()
+    trials_out = open(args.trials, "w") if args.trials else None  # noqa: SIM115 - closed below
 
     def show(trial) -> None:
         what = f"{trial.latency_ms:.4f} ms" if trial.latency_ms is not None else f"error: {trial.error[:80]}"
-        print(f"  trial {trial.index + 1}/{spec['budget']}: {what}", flush=True)
+        print(f"  trial {trial.index + 1}/{spec['budget']} ({trial.stage}): {what}", flush=True)
+        if trials_out is not None:
+            trials_out.write(json.dumps({"index": trial.index, "config": trial.config, "stage": trial.stage,
+                                         "latency_ms": trial.latency_ms, "error": trial.error}) + "\n")
+            trials_out.flush()
 
-    result = tune(task, spec["budget"], seed=spec["seed"], on_trial=show)
+    measurer = LocalMeasurer(timeout_s=settings.measure_timeout)
+    try:
+        result = tune(task, spec["budget"], **tune_options(spec), on_trial=show, measurer=measurer)
+    finally:
+        measurer.close()
+        if trials_out is not None:
+            trials_out.close()
     if result.best is None:
         raise SystemExit("no candidate built and ran correctly")
     print(f"best {result.best.latency_ms:.4f} ms (untuned {result.baseline_ms} ms) "
           f"in {time.perf_counter() - started:.0f} s; config {json.dumps(result.best.config)}")
     if args.out:
-        write_artifact(Path(args.out), workload, apply_config(task, result.best.config), target,
-                       result.best.latency_ms, spec)
+        write_artifact(Path(args.out), task.workload, apply_config(task, result.best.config), task.target,
+                       result.best.latency_ms, spec, layout_of_config(task, result.best.config))
         print(f"artifact written to {args.out}")
 
 
@@ -219,6 +226,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="host")
     p.add_argument("--budget", type=int, default=64, help="number of on-device measurements")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layout-levels", type=int, default=1, choices=[1, 2],
+                   help="ALT's layout templates: 1 (one-level tiling) or 2 (two-level, a larger space)")
     p.add_argument("--out", help="where to write the artifact (.tar.gz)")
 
 
@@ -243,8 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait for the job and print its progress")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("tune", help="tune an operator locally, without a server")
+    p = sub.add_parser("tune", help="tune an operator locally, without a server (the same search as a job)")
     _add_spec_args(p)
+    p.add_argument("--trials", help="write every measured trial here as JSON lines (index, config, stage, latency)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("db", help="database maintenance")

@@ -173,9 +173,8 @@ class _JobRun:
             )
 
     def execute(self) -> None:
-        from compiler.target import resolve_target, target_key
-        from compiler.workloads import make_workload
-        from tuner import Task, tune
+        from compiler.target import target_key
+        from tuner import LocalMeasurer, task_from_spec, tune, tune_options
 
         with session_scope(self.url) as s:
             job = Job.find_or_raise_by_id(s, self.job_id)
@@ -189,25 +188,24 @@ class _JobRun:
             run_model_job(self)
             return
 
-        workload = make_workload(
-            spec["operator"], spec["params"], spec["dtype"], spec["epilogue"], self.settings.max_tensor_elements
-        )
-        target = resolve_target(spec["target"])
-        tkey = target_key(spec["target"])
-        task = Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func, target=target,
-                    workload=workload)
+        task = task_from_spec(spec, max_tensor_elements=self.settings.max_tensor_elements)
+        workload, target, tkey = task.workload, task.target, target_key(spec["target"])
         task_id, prior, start_from = self._prepare(workload.key, tkey, budget)
 
-        result = tune(
-            task,
-            budget,
-            seed=spec.get("seed", 0),
-            prior=prior,
-            start_from=start_from,
-            on_trial=lambda trial: self._record(task_id, trial),
-            should_stop=self.should_stop,
-            layout_levels=spec.get("layout_levels", 1),  # jobs made before the option have none
-        )
+        measurer = LocalMeasurer(timeout_s=self.settings.measure_timeout)
+        try:
+            result = tune(
+                task,
+                budget,
+                **tune_options(spec),
+                prior=prior,
+                start_from=start_from,
+                on_trial=lambda trial: self._record(task_id, trial),
+                should_stop=self.should_stop,
+                measurer=measurer,
+            )
+        finally:
+            measurer.close()
         if self.stop_reason == "lease":
             raise LeaseLost()
 

@@ -13,7 +13,7 @@ from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairw
 from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
 from .search import Proposal, Search, XGBSearch, make_search
 from .space import InvalidConfig, Knob, LoopSpace, ScheduleFailed, SearchSpace, config_key, make_space
-from .task import MAX_SEED, Task, Trial, TuneResult
+from .task import MAX_SEED, Task, Trial, TuneResult, task_from_spec, tune_options
 from .tune import apply_config, tune
 
 __all__ = [
@@ -37,6 +37,8 @@ __all__ = [
     "Task",
     "Trial",
     "TuneResult",
+    "task_from_spec",
+    "tune_options",
     "XGBModel",
     "XGBSearch",
     "apply_config",

@@ -6,6 +6,7 @@ Layering: `tuner` never imports `service`. TVM and numpy are only type-checked h
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,34 @@ class Task:
     inputs: list[np.ndarray] | None = None
     expected: np.ndarray | None = None
     workload: Any = None  # compiler.workloads.Workload
+
+
+def task_from_spec(spec: Mapping[str, Any], *, max_tensor_elements: int | None = None) -> Task:
+    """The task an operator job spec describes, with its catalog workload, so `tune` runs ALT's joint search.
+
+    The worker, `altune tune` and `bench.ops` all build their operator tasks here, so a job, a local run
+    and a benchmark of one spec search the same space.
+
+    Args:
+        spec: as `POST /api/v1/jobs` validates it: operator, params, dtype, epilogue, target.
+        max_tensor_elements: the largest tensor accepted (None: the catalog's default).
+
+    Raises:
+        WorkloadError: the operator or its parameters are not in the catalog.
+    """
+    from compiler.target import resolve_target
+    from compiler.workloads import make_workload
+
+    limit = {} if max_tensor_elements is None else {"max_tensor_elements": max_tensor_elements}
+    workload = make_workload(spec["operator"], spec["params"], spec.get("dtype", "float32"),
+                             spec.get("epilogue", "none"), **limit)
+    return Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func,
+                target=resolve_target(spec.get("target", "host")), workload=workload)
+
+
+def tune_options(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The `tune` arguments a job spec sets: its seed and ALT's layout template levels."""
+    return {"seed": int(spec.get("seed", 0)), "layout_levels": int(spec.get("layout_levels", 1))}
 
 
 @dataclass

@@ -235,3 +235,16 @@ def test_schedule_upsert_keeps_the_fastest_whatever_the_order(settings):
     with session_scope(url) as s:
         rows = s.scalars(select(Schedule)).all()
         assert [(r.latency_ms, r.config) for r in rows] == [(1.5, {"a": 3})]
+
+
+def test_operator_jobs_honour_the_measure_timeout(sqlite_url, tmp_path):
+    """ALTUNE_MEASURE_TIMEOUT reaches the operator job's measurer (model jobs already honoured it)."""
+    from service.settings import Settings
+
+    url = sqlite_url
+    job_id = _add_jobs(url, 1, SMALL_DENSE | {"budget": 2})[0]
+    Worker(Settings(database_url=url, data_dir=tmp_path, measure_timeout=0.001), "w").run_once()
+    with session_scope(url) as s:
+        errors = [t.error for t in s.scalars(select(TrialRow).where(TrialRow.job_id == job_id)).all()]
+    assert errors and all(e and "timed out after 0.001 s" in e for e in errors), errors
+    assert _job(url, job_id).status == "failed"

@@ -1,0 +1,51 @@
+"""The CLI as a user runs it: `altune tune` tunes locally with the same search a job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from service.db import session_scope
+from service.models import Job, TrialRow
+from service.worker import Worker
+
+DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 32, "n": 32, "k": 32}, "dtype": "float32",
+         "epilogue": "none", "target": "host", "budget": 4, "seed": 3, "layout_levels": 1}
+
+
+@pytest.mark.slow
+def test_altune_tune_runs_the_same_search_as_a_job(settings, tmp_path):
+    """One round (budget < top_k): its picks depend only on the spec and the seed, not on the timings."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(DENSE))
+    trials_file, artifact = tmp_path / "trials.jsonl", tmp_path / "dense.tar.gz"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_")}
+    cli = [str(Path(sys.executable).parent / "altune"), "tune", str(spec_file), "--trials", str(trials_file),
+           "--out", str(artifact)]
+    run = subprocess.run(cli, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    local = [json.loads(line) for line in trials_file.read_text().splitlines()]
+    assert len(local) == DENSE["budget"] and "best" in run.stdout
+    with tarfile.open(artifact) as tar:
+        assert {"lib.so", "manifest.json"} <= set(tar.getnames())
+
+    url = settings.resolved_database_url
+    with session_scope(url) as s:
+        job = Job(kind="operator", name="dense", spec=DENSE, target="host", budget=DENSE["budget"])
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    assert Worker(settings, "w").run_once() == job_id
+    with session_scope(url) as s:
+        assert s.get(Job, job_id).status == "succeeded"
+        rows = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.index)).all()
+        queued = [(r.config, r.stage) for r in rows]
+    assert [(t["config"], t["stage"]) for t in local] == queued
+    assert local[0]["stage"] == "joint", "ALT's joint stage: the task carries its workload (loop-only says 'loop')"
