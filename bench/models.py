@@ -39,13 +39,13 @@ DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
 
 
 def torch_model_latency(module: Any, inputs: tuple, *, repeat: int = 5, min_repeat_ms: float = 50.0) -> float:
-    """Median latency (ms) of the eager module, timed like `tuner.baselines.torch_latency`."""
+    """Median latency (ms) of the eager module, timed like `bench.baselines.torch_latency`."""
     import torch
 
-    from tuner.baselines import _affinity_cores, _calibrate, _torch_threads
+    from bench.baselines import affinity_cores, calibrate, torch_threads
 
-    with _torch_threads(_affinity_cores()), torch.inference_mode():
-        number = _calibrate(lambda: module(*inputs), min_repeat_ms)
+    with torch_threads(affinity_cores()), torch.inference_mode():
+        number = calibrate(lambda: module(*inputs), min_repeat_ms)
         means = []
         for _ in range(repeat):
             start = time.perf_counter()
@@ -71,7 +71,7 @@ def torch_latency_fresh(name: str, seed: int) -> float:
 
 
 def _check(outs: list, expected: list) -> str | None:
-    from tuner.baselines import check_close
+    from compiler.arrays import check_close
 
     if len(outs) != len(expected):
         return f"{len(outs)} outputs, expected {len(expected)}"
@@ -154,10 +154,10 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
     from tvm.relax.frontend.torch import from_exported_program
     from tvm.s_tir import meta_schedule as ms
 
-    from tuner.baselines import _quiet_metaschedule, _target_cores, fast_tvmscript_import
+    from bench.baselines import quiet_metaschedule, target_cores, fast_tvmscript_import
 
     mod = relax.transform.DecomposeOpsForInference()(from_exported_program(ep))
-    cores = _target_cores(target)
+    cores = target_cores(target)
     fast_tvmscript_import()
     import tvm.s_tir.tensor_intrin  # noqa: F401 - start-up, not search
 
@@ -169,7 +169,7 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
         relax.transform.FuseOps(), relax.transform.FuseTIR(),
     ])(mod)
-    with _quiet_metaschedule(run_dir / "logs"):
+    with quiet_metaschedule(run_dir / "logs"):
         database = ms.relax_integration.tune_relax(
             fused, None, target, str(run_dir), max_trials_global=budget, num_trials_per_iter=trials_per_round,
             builder=ms.builder.LocalBuilder(max_workers=cores, initializer=fast_tvmscript_import),

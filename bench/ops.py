@@ -13,7 +13,7 @@ same program as ours except conv2d_transpose, where topi multiplies the zeros of
 a dilated input and ours is the stride-phase form), and the torch op (oneDNN,
 all cores). Every program is checked against torch's output, then the case's
 programs (ours, ALT-OL, MetaSchedule's best) and torch are timed together at the
-end (`tuner.baselines.interleaved_ms`): five rounds that take them in turn, each
+end (`bench.baselines.interleaved_ms`): five rounds that take them in turn, each
 reading at least 50 ms (`time_evaluator`), the median per program, so the
 machine's drift between the searches does not enter a ratio. torch runs in a
 process of its own (`TorchTimer`): in this one, TVM's thread pool slows it. Prints one table and writes the JSON report
@@ -224,7 +224,8 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, tim
     with the others.
     """
     from tuner import apply_config, layout_of_config, tune
-    from tuner.baselines import build_and_run, check_close, time_ms
+    from bench.baselines import build_and_run, time_ms
+    from compiler.arrays import check_close
 
     start = time.perf_counter()
     result = tune(task, budget, seed=seed, **options)
@@ -268,7 +269,7 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
     from dataclasses import replace
 
     from tuner import task_from_spec
-    from tuner.baselines import TorchTimer, build_and_run, interleaved_ms, metaschedule, time_ms, untuned_latency
+    from bench.baselines import TorchTimer, build_and_run, interleaved_ms, metaschedule, time_ms, untuned_latency
 
     # the task a job of this spec would tune (the worker and `altune tune` build it the same way)
     task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from compiler.arrays import ATOL, RTOL, arg_specs, check_close, device, random_inputs
+
 from .space import Config
 
 if TYPE_CHECKING:
@@ -93,19 +95,9 @@ class Measurer(abc.ABC):
         self.close()
 
 
-def arg_specs(prim_func: tvm.tirx.PrimFunc) -> list[tuple[tuple[int, ...], str]]:
-    """(shape, dtype) of every parameter of `prim_func`, in call order (the output last)."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(prim_func)]
-
-
 def default_inputs(prim_func: tvm.tirx.PrimFunc, seed: int = 0) -> list[np.ndarray]:
-    """Uniform [-1, 1) arrays for every parameter but the output, reproducible from `seed`."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return [rng.uniform(-1.0, 1.0, size=s).astype(d) for s, d in arg_specs(prim_func)[:-1]]
+    """Random arrays for every parameter but the output, reproducible from `seed` (`compiler.arrays`)."""
+    return random_inputs(arg_specs(prim_func)[:-1], seed)
 
 
 def untransformed_module(prim_func: tvm.tirx.PrimFunc) -> tvm.IRModule:
@@ -176,7 +168,7 @@ def _child_run(
         start = time.perf_counter()
         lib = tvm.compile(tvm.ir.load_json(mod_json), target=target).jit()
         build_s = time.perf_counter() - start
-    dev = tvm.cpu(0) if target.kind.name == "llvm" else tvm.device(target.kind.name, 0)
+    dev = device(target)
     out_shape, out_dtype = output_spec
     args = [tvm.runtime.tensor(a, dev) for a in _child_arrays(inputs_path)]
     args.append(tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev))
@@ -190,16 +182,9 @@ def _child_run(
         if expected_path not in _CHILD_CACHE:
             _CHILD_CACHE[expected_path] = np.load(expected_path)
         expected = _CHILD_CACHE[expected_path]
-        if out.shape != expected.shape:
-            return {"error": f"wrong result: output shape {out.shape} != expected {expected.shape}",
-                    "build_s": build_s}
-        # fp32 sums in another order differ by a few ulps of the largest partial sums
-        tol = atol * max(1.0, float(np.abs(expected).max(initial=0.0)))
-        if not np.allclose(out, expected, rtol=rtol, atol=tol, equal_nan=False):
-            diff = np.abs(out.astype(np.float64) - expected.astype(np.float64))
-            where = tuple(int(i) for i in np.unravel_index(np.nanargmax(diff), diff.shape)) if diff.size else ()
-            return {"error": f"wrong result: max abs diff {np.nanmax(diff):.4g} at {where} "
-                             f"(rtol {rtol}, atol {tol:.3g})", "build_s": build_s}
+        mismatch = check_close(out, expected, rtol, atol)
+        if mismatch is not None:
+            return {"error": mismatch, "build_s": build_s}
     timer = lib.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
     latencies = [float(r) * 1e3 for r in timer(*args).results]
     return {"latencies_ms": latencies, "build_s": build_s, "run_s": time.perf_counter() - start}
@@ -228,8 +213,8 @@ class LocalMeasurer(Measurer):
         timeout_s: float = 60.0,
         repeat: int = 3,
         min_repeat_ms: int = 20,
-        rtol: float = 1e-3,
-        atol: float = 1e-3,
+        rtol: float = RTOL,
+        atol: float = ATOL,
         max_process_uses: int | None = 64,
         build_workers: int | None = None,
         child_hook: Callable[[dict], None] | None = None,

@@ -687,11 +687,10 @@ class Workload:
         return names[0]
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Uniform [-1, 1) inputs in call order, reproducible from `seed`."""
-        import numpy as np
+        """Uniform [-1, 1) inputs in call order, reproducible from `seed` (`compiler.arrays.random_inputs`)."""
+        from compiler.arrays import random_inputs
 
-        rng = np.random.default_rng(seed)
-        return [rng.uniform(-1.0, 1.0, size=s.shape).astype(s.dtype) for s in self.inputs]
+        return random_inputs([(tuple(s.shape), s.dtype) for s in self.inputs], seed)
 
     def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
         """Computes the workload with torch: the ground truth every candidate is checked against.

@@ -7,8 +7,8 @@ timing methods. MetaSchedule tunes with as many on-device measurements as our
 budget (`max_trials_global=budget`), in a fresh work directory each call so that
 no earlier run's database warm-starts it, with its logs kept in that directory.
 
-Layering: `tuner` never imports `service`. TVM, numpy and torch are imported
-inside functions.
+Only `bench` uses these (the product never times torch or MetaSchedule): bench -> tuner -> compiler.
+TVM, numpy and torch are imported inside functions.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from compiler.arrays import arg_specs, check_close, device, random_inputs
+
 if TYPE_CHECKING:
     import numpy as np
     import tvm
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
 
 MIN_REPEAT_MS = 50.0  # each timed repeat runs the program for at least this long
 REPEAT = 5  # repeats whose median is the latency
-RTOL = 1e-3  # numerical check of a tuned program against the untransformed one
-ATOL = 1e-3
 _MS_LOGGER = "tvm.s_tir.meta_schedule"
 
 
@@ -91,23 +91,13 @@ def time_ms(
     return statistics.median(timer(*args).results) * 1e3
 
 
-def _arg_specs(prim_func: tvm.tirx.PrimFunc) -> list[tuple[tuple[int, ...], str]]:
-    """(shape, dtype) of every parameter of `prim_func`, in call order."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(prim_func)]
-
-
 def random_args(prim_func: tvm.tirx.PrimFunc, seed: int = 0) -> list[np.ndarray]:
-    """Uniform [-1, 1) arrays for every parameter but the last (the output), in call order."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return [rng.uniform(-1.0, 1.0, size=shape).astype(dtype) for shape, dtype in _arg_specs(prim_func)[:-1]]
+    """Random arrays for every parameter but the last (the output), in call order (`compiler.arrays`)."""
+    return random_inputs(arg_specs(prim_func)[:-1], seed)
 
 
 def _output_spec(prim_func: tvm.tirx.PrimFunc) -> tuple[tuple[int, ...], str]:
-    return _arg_specs(prim_func)[-1]
+    return arg_specs(prim_func)[-1]
 
 
 def _as_module(prog: Any) -> tvm.IRModule:
@@ -140,7 +130,7 @@ def build_and_run(
     import numpy as np
     import tvm
 
-    dev = tvm.cpu(0) if target.kind.name == "llvm" else tvm.device(target.kind.name, 0)
+    dev = device(target)
     lib = tvm.compile(mod, target=target).jit()
     shape, dtype = _output_spec(prim_func)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
@@ -191,24 +181,6 @@ def interleaved_ms(
     return {name: statistics.median(values) for name, values in readings.items()}
 
 
-def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> str | None:
-    """None when `actual` matches `expected`, else a one-line description of the mismatch.
-
-    As our measurer checks: `atol` is scaled by max(1, max |expected|), since
-    fp32 sums over long reductions differ in the last bits with the order.
-    """
-    import numpy as np
-
-    if actual.shape != expected.shape:
-        return f"output shape {actual.shape} != expected {expected.shape}"
-    tol = atol * max(1.0, float(np.abs(expected).max(initial=0.0)))
-    if np.allclose(actual, expected, rtol=rtol, atol=tol):
-        return None
-    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
-    where = tuple(int(i) for i in np.unravel_index(diff.argmax(), diff.shape))
-    return f"wrong output: max abs error {diff.max():.3g} at {where} (rtol {rtol}, atol {tol:.3g})"
-
-
 def untuned_latency(
     prim_func: tvm.tirx.PrimFunc,
     target: tvm.target.Target,
@@ -236,7 +208,7 @@ def reference_output(
     import numpy as np
     import tvm
 
-    dev = tvm.cpu(0) if target.kind.name == "llvm" else tvm.device(target.kind.name, 0)
+    dev = device(target)
     lib = tvm.compile(_as_module(prim_func), target=target).jit()
     shape, dtype = _output_spec(prim_func)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
@@ -274,7 +246,7 @@ def fast_tvmscript_import() -> None:
 
 
 @contextlib.contextmanager
-def _quiet_metaschedule(log_dir: Path) -> Iterator[None]:
+def quiet_metaschedule(log_dir: Path) -> Iterator[None]:
     """Sends MetaSchedule's console log (tables every round) to a file in `log_dir`.
 
     MetaSchedule's logging config binds its console handler to `ext://sys.stdout`
@@ -351,7 +323,7 @@ def metaschedule(
     )
 
 
-def _target_cores(target: tvm.target.Target) -> int:
+def target_cores(target: tvm.target.Target) -> int:
     cores = target.attrs.get("num-cores") if target.attrs is not None else None
     if cores:
         return int(cores)
@@ -375,14 +347,14 @@ def _metaschedule_in(
     from tvm.s_tir import meta_schedule as ms
 
     mod = _as_module(prim_func)
-    cores = num_tuning_cores or _target_cores(target)
+    cores = num_tuning_cores or target_cores(target)
     # One-time process start-up, not search: kept out of tune_s.
     fast_tvmscript_import()
     import tvm.s_tir.tensor_intrin  # noqa: F401
 
     start = time.perf_counter()
     try:
-        with _quiet_metaschedule(run_dir / "logs"):
+        with quiet_metaschedule(run_dir / "logs"):
             database = ms.tune_tir(
                 mod,
                 target,
@@ -471,7 +443,7 @@ def _torch_op(workload: Workload) -> Callable[[list[Any]], Any]:
 
 
 @contextlib.contextmanager
-def _torch_threads(threads: int) -> Iterator[None]:
+def torch_threads(threads: int) -> Iterator[None]:
     import torch
 
     before = torch.get_num_threads()
@@ -531,7 +503,7 @@ class TorchTimer:
         import multiprocessing
 
         self._args = (workload.operator, dict(workload.params), workload.dtype, workload.epilogue, seed,
-                      threads or _affinity_cores(), min_repeat_ms)
+                      threads or affinity_cores(), min_repeat_ms)
         self._timeout_s = timeout_s
         self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
 
@@ -566,7 +538,7 @@ def _torch_reading(operator: str, params: dict, dtype: str, epilogue: str, seed:
         tensors = [torch.from_numpy(a) for a in workload.random_inputs(seed)]
         call = lambda: op(tensors)  # noqa: E731
         with torch.inference_mode():
-            _TORCH_CALLS[key] = (call, _calibrate(call, min_repeat_ms))
+            _TORCH_CALLS[key] = (call, calibrate(call, min_repeat_ms))
     call, number = _TORCH_CALLS[key]
     with torch.inference_mode():
         start = time.perf_counter()
@@ -575,7 +547,7 @@ def _torch_reading(operator: str, params: dict, dtype: str, epilogue: str, seed:
         return (time.perf_counter() - start) / number * 1e3
 
 
-def _calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
+def calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
     """Warms `call` up and returns how many calls last at least `min_repeat_ms`."""
     call()  # first call: oneDNN picks and JIT-compiles its kernel
     number = 1
@@ -591,7 +563,7 @@ def _calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
         number = max(number * 2, math.ceil(target))
 
 
-def _affinity_cores() -> int:
+def affinity_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -603,14 +575,18 @@ __all__ = [
     "TorchTimer",
     "build_and_run",
     "interleaved_ms",
-    "check_close",
+    "affinity_cores",
+    "calibrate",
     "fast_tvmscript_import",
     "metaschedule",
+    "quiet_metaschedule",
     "random_args",
     "reference_output",
     "run_and_time",
+    "target_cores",
     "time_ms",
     "torch_latency",
     "torch_output",
+    "torch_threads",
     "untuned_latency",
 ]

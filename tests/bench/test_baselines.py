@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tuner.baselines import (Baseline, TorchTimer, interleaved_ms, metaschedule, torch_latency, torch_output,
+from bench.baselines import (Baseline, TorchTimer, interleaved_ms, metaschedule, torch_latency, torch_output,
                              untuned_latency)
 
 TINY_DENSE = {"m": 16, "n": 16, "k": 16}
