@@ -9,6 +9,7 @@ from __future__ import annotations
 import compiler  # noqa: F401 - sets TVM's CPU thread count before any measurement worker starts
 
 from .alt import ALTSearch, layout_of_config, split_config
+from .layout_space import LayoutSpace
 from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairwise_accuracy
 from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
 from .search import Proposal, Search, XGBSearch, make_search
@@ -25,6 +26,7 @@ __all__ = [
     "CostModel",
     "InvalidConfig",
     "Knob",
+    "LayoutSpace",
     "LocalMeasurer",
     "LoopSpace",
     "MeasureResult",

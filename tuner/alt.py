@@ -48,7 +48,6 @@ torch and xgboost are imported inside functions.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -56,6 +55,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .cost_model import CostModel, CostModelKind, make_cost_model
+from .layout_space import (
+    TIED,
+    LayoutSpace,
+    has_layout,
+    interface_space,
+    join_config,
+    layout_program,
+    split_config,
+)
 from .features import MSFeatures, knob_features
 from .measure import Measurer
 from .search import Proposal, Search, _never, _noop, pick, seat_seeds
@@ -79,45 +87,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LAYOUT_PREFIX = "layout."
 GENERIC_KNOB_FEATURES = 15  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
-TIED = {"kot": "ot", "kit": "it"}  # weight factors follow the consumer's (contiguous weight vectors)
 IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
-
-
-def split_config(config: Config) -> tuple[dict[str, int], Config]:
-    """(layout choice, loop configuration) of a flat configuration."""
-    choice = {k[len(LAYOUT_PREFIX):]: int(v) for k, v in config.items() if k.startswith(LAYOUT_PREFIX)}
-    loops = {k: v for k, v in config.items() if not k.startswith(LAYOUT_PREFIX)}
-    return choice, loops
-
-
-def join_config(choice: dict[str, int], loops: Config) -> Config:
-    return {**{LAYOUT_PREFIX + k: int(v) for k, v in sorted(choice.items())}, **loops}
-
-
-def has_layout(config: Config) -> bool:
-    return any(k.startswith(LAYOUT_PREFIX) for k in config)
-
-
-def interface_space(prog: LayoutProgram) -> LoopSpace:
-    """The loop space of a layout program that keeps the user's interface (what the artifact runs).
-
-    The output's conversion back to the user's layout is the epilogue (see `align_epilogue`).
-    """
-    return loop_space(prog.prim_func)
-
-
-@functools.lru_cache(maxsize=64)
-def _program(workload: Any, choice_key: tuple, keep_interface: bool) -> LayoutProgram:
-    from compiler.layout import apply_layout
-
-    return apply_layout(workload, dict(choice_key), keep_interface=keep_interface)
-
-
-def layout_program(workload: Any, choice: dict[str, int], *, keep_interface: bool = False) -> LayoutProgram:
-    """The workload rewritten into a template choice (cached)."""
-    return _program(workload, tuple(sorted(choice.items())), keep_interface)
 
 
 def first_layout(template: Any) -> dict[str, int]:
@@ -173,6 +144,7 @@ class ALTSearch(Search):
     def __init__(
         self,
         task: Task,
+        space: LayoutSpace,
         measurer: Measurer,
         *,
         cost_model: CostModelKind | CostModel = "xgb",
@@ -185,13 +157,13 @@ class ALTSearch(Search):
         finalists: int = 3,
         margin: float = 1.25,
         layout: dict[str, int] | None = None,
-        layout_levels: int = 1,
         elite: int = 8,
         ms_features: bool = True,
     ):
         """
         Args:
             task: the task; `task.workload` is required (the layout template comes from it).
+            space: its joint layout and loop space (`LayoutSpace(task, layout_levels)`).
             measurer: measures the picks.
             cost_model: a model or its kind.
             seed: seeds sampling, the agents and the model.
@@ -204,18 +176,15 @@ class ALTSearch(Search):
             margin: a finalist's best joint-stage latency is within this factor of the best's.
             layout: a fixed layout choice (the ALT-OL ablation: loop-only in it); {} is the
                 template's default (channels last, no tiling); None lets the joint stage search.
-            layout_levels: 1 (one-level layout tiling, the paper's default) or 2 (its two-level
-                output template: a second tile of every output dimension for the layout actor).
             elite: how many of a layout's best configurations walks and mutations start from.
             ms_features: add MetaSchedule's per-store features.
         """
         import numpy as np
 
-        from compiler.layout import layout_template
-
         if task.workload is None:
             raise ValueError("the ALT search needs task.workload (the layout template comes from it)")
-        super().__init__(task, None, measurer)  # type: ignore[arg-type]  # one LoopSpace per layout instead
+        super().__init__(task, space, measurer)
+        self.space: LayoutSpace = space
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.model = make_cost_model(cost_model, seed) if isinstance(cost_model, str) else cost_model
@@ -225,8 +194,8 @@ class ALTSearch(Search):
         self.finalists, self.margin = finalists, margin
         self.shared_until = 0  # measurement count up to which the finalists share the loop stage
         self.ms_features = ms_features
-        self.template = layout_template(task.workload, layout_levels)
-        self.free = [p for p in self.template.params if p.name not in TIED]
+        self.template = space.template
+        self.free = list(space.free)
         self.fixed = None if layout is None else {**self.template.default(), **layout}
         self.points: dict[str, LayoutPoint] = {}
         self.order: list[str] = []  # layout keys in the order first tried
@@ -247,15 +216,11 @@ class ALTSearch(Search):
     # -- layouts --------------------------------------------------------------
 
     def full_choice(self, choice: dict[str, int]) -> dict[str, int]:
-        full = {**self.template.default(), **choice}
-        for k, v in TIED.items():
-            if k in full and v in full:
-                full[k] = full[v]
-        return full
+        return self.space.full_choice(choice)
 
     @staticmethod
     def key(choice: dict[str, int]) -> str:
-        return ",".join(f"{k}={choice[k]}" for k in sorted(choice))
+        return LayoutSpace.key(choice)
 
     def point(self, choice: dict[str, int]) -> LayoutPoint:
         """The `LayoutPoint` of a choice (built on first use). Raises `LayoutError` if it does not apply.
@@ -268,7 +233,7 @@ class ALTSearch(Search):
         k = self.key(choice)
         if k in self.points:
             return self.points[k]
-        prog = layout_program(self.task.workload, choice, keep_interface=True)
+        prog = self.space.program(choice)
         xs, ref = self.reference()
         sub = Task(f"{self.task.name}@{prog.requested['output'].name}", self.task.workload_key, prog.prim_func,
                    self.task.target, inputs=prog.pack_inputs(xs), expected=ref, workload=self.task.workload)

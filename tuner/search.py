@@ -451,12 +451,12 @@ SearchKind = Literal["alt", "xgb", "random"]
 
 
 def make_search(kind: SearchKind, task: Task, space: SearchSpace, measurer: Measurer, **options: Any) -> Search:
-    """The search called `kind`: "alt" (layouts and loops, `tuner.alt`; `space` is unused, the task
-    must carry its workload), "xgb" (model-ranked loops) or "random" (the same, random scores)."""
+    """The search called `kind`: "alt" (layouts and loops, `tuner.alt`, over a `LayoutSpace`), "xgb"
+    (model-ranked loops) or "random" (the same, random scores)."""
     if kind == "alt":
         from .alt import ALTSearch
 
-        return ALTSearch(task, measurer, **options)
+        return ALTSearch(task, space, measurer, **options)  # type: ignore[arg-type]
     if kind == "xgb":
         return XGBSearch(task, space, measurer, **options)
     if kind == "random":

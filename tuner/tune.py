@@ -78,8 +78,10 @@ def tune(
         kind = search or ("alt" if task.workload is not None else "xgb")
         options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size)
         if kind == "alt":
-            options.update(joint_fraction=joint_fraction, layout=layout, layout_levels=layout_levels)
-            strategy = make_search("alt", task, None, measurer, **options)  # type: ignore[arg-type]
+            from .layout_space import LayoutSpace
+
+            options.update(joint_fraction=joint_fraction, layout=layout)
+            strategy = make_search("alt", task, LayoutSpace(task, layout_levels), measurer, **options)
         else:
             strategy = make_search(kind, task, make_space(space, task.prim_func), measurer, **options)
         trials = strategy.run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop,

@@ -139,6 +139,7 @@ class _FakeDevice:
 def test_resumed_search_ends_no_worse_and_restores_its_stage():
     from tuner import tune
     from tuner.alt import ALTSearch
+    from tuner.layout_space import LayoutSpace
 
     wl = workload("conv2d", SMALL_CONV)
     task, _ = _task(wl)
@@ -150,7 +151,7 @@ def test_resumed_search_ends_no_worse_and_restores_its_stage():
         first = tune(task, budget, should_stop=lambda: len(seen) >= cut, on_trial=seen.append, **options)
         assert len(first.trials) == cut and first.trials[-1].stage == "loop"
         if seed == 3:
-            search = ALTSearch(task, _FakeDevice(), seed=seed, batch_size=32)
+            search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=seed, batch_size=32)
             search.pre_tuning(first.trials)
             assert search.model.trained and search.count == cut and search.best_point() is not None
         rest = tune(task, budget, prior=first.trials, **options)
@@ -222,12 +223,14 @@ def test_joint_stage_finalists_share_the_loop_stage_first_half():
     """The layouts within `margin` of the joint stage's best (at most `finalists`) take the loop stage's
     rounds in turn until half of it is spent; the best layout found takes the rest."""
     from tuner.alt import ALTSearch
+    from tuner.layout_space import LayoutSpace
 
     task, _ = _task(workload("conv2d", SMALL_CONV))
     budget, top_k = 60, 4
 
     def search(**options):
-        return ALTSearch(task, _FakeDevice(), seed=1, batch_size=16, top_k=top_k, **options).run(budget)
+        return ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=1, batch_size=16, top_k=top_k,
+                         **options).run(budget)
 
     trials = search(finalists=3, margin=10.0)
     joint = [t for t in trials if t.stage == "joint" and t.latency_ms is not None]
@@ -338,3 +341,27 @@ def test_two_level_layout_search_gives_correct_programs():
     assert len(prog.requested["output"].new_shape) > len(layout_of_config(
         task, {k: (1 if k.endswith("t2") else v) for k, v in trial.config.items()}).requested["output"].new_shape)
     _check_artifact_program(task, wl, xs, trial.config)
+
+
+def test_layout_space_is_a_search_space_over_layouts_and_their_loops():
+    """ALT's joint space works through `SearchSpace`: every sample validates, applies and has neighbours in
+    other layouts; the user's own layouts are the untuned configuration."""
+    from tuner import InvalidConfig, SearchSpace
+    from tuner.layout_space import LAYOUT_PREFIX, LayoutSpace, has_layout, split_config
+
+    task, _ = _task(workload("conv2d", SMALL_CONV))
+    space = LayoutSpace(task)
+    assert isinstance(space, SearchSpace) and space.knobs
+    assert all(k.name.startswith(LAYOUT_PREFIX) for k in space.knobs)
+    untuned = space.untuned_config()
+    assert not has_layout(untuned) and space.validate(untuned) == untuned
+    samples = space.sample(np.random.default_rng(0), 6)
+    assert len(samples) == 6 and all(has_layout(c) for c in samples)
+    for config in samples:
+        assert space.validate(config) == config
+        assert space.apply(config).mod["main"] is not None
+        layouts = {space.key(split_config(n)[0]) for n in space.neighbors(config)}
+        assert space.key(split_config(config)[0]) in layouts and len(layouts) > 1
+    bad = dict(samples[0]) | {space.knobs[0].name: 3 * max(space.knobs[0].choices) + 1}
+    with pytest.raises(InvalidConfig):
+        space.validate(bad)
