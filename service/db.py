@@ -32,14 +32,35 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+# -- the connection budget: every thread that touches the database holds at most one connection and never waits
+# for one that another request holds (the arithmetic for a shared PostgreSQL is in docs/design.md)
+API_THREADS = 32
+"""Threads serving the API's sync handlers (set at start-up) and sessions SessionDep admits at once.
+
+A request keeps its session until its response is serialized, after its handler's thread is given back, so
+the admission count and not the thread count bounds the connections requests hold.
+"""
+STREAM_THREADS = 4
+"""Threads the event streams poll on, a limiter of their own: streams never take a request's thread or connection."""
+API_CONNECTIONS = API_THREADS + STREAM_THREADS
+WORKER_CONNECTIONS = 3
+"""A worker's job loop and its lease heartbeat, one spare; also what any other caller of `get_engine(url)` gets."""
+
+
 @cache
-def get_engine(url: str) -> Engine:
-    """One engine per URL per process. SQLite gets WAL and a busy timeout so the API and a worker can share it."""
+def get_engine(url: str, connections: int = WORKER_CONNECTIONS) -> Engine:
+    """One engine per URL and pool size per process, its pool `connections` wide (no overflow).
+
+    SQLite gets WAL and a busy timeout so the API and a worker can share it.
+    """
+    pool = {"pool_size": connections, "max_overflow": 0}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        else:
+            pool = {}  # one connection per thread (SingletonThreadPool): there is nothing to size
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **pool)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -50,22 +71,22 @@ def get_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 @cache
-def _sessionmaker(url: str) -> sessionmaker[Session]:
-    return sessionmaker(get_engine(url), expire_on_commit=False)
+def _sessionmaker(url: str, connections: int) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url, connections), expire_on_commit=False)
 
 
 @contextmanager
-def session_scope(url: str) -> Iterator[Session]:
-    """A session that commits on success and rolls back on error.
+def session_scope(url: str, connections: int = WORKER_CONNECTIONS) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error, from the engine with a pool `connections` wide.
 
     Raises:
         StorageError: from any SQLAlchemy error, with the original as its cause.
     """
-    session = _sessionmaker(url)()
+    session = _sessionmaker(url, connections)()
     try:
         yield session
         session.commit()

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
-from service.api import events, jobs, models, operators, schedules, web
+from service.api import deps, events, jobs, models, operators, schedules, web
 from service.api.common import SameOriginWrites, errors, http_error, validation_error
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
@@ -19,6 +19,7 @@ from service.settings import Settings, get_settings
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; `settings` defaults to the environment."""
     app = FastAPI(
+        lifespan=deps.lifespan,  # the request threads, sized to the sessions SessionDep admits
         title="altune",
         version="0.1.0",
         description="Auto-tuning service for deep-learning compilation: submit an operator, "

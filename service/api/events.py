@@ -20,17 +20,23 @@ new. Wire format (`text/event-stream`):
 
 A comment line (`: ping`) goes out every `HEARTBEAT_SECONDS` of silence so
 proxies keep the connection open.
+
+The polls run on `STREAM_THREADS` threads of their own (a limiter per event
+loop), each with one connection of the API's pool: any number of open streams
+never takes a thread or a connection from the requests, nor they from the
+streams; under load the streams poll less often.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import anyio
+from anyio.lowlevel import RunVar
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from fastapi.sse import format_sse_event
@@ -38,7 +44,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.api.deps import SettingsDep
-from service.db import session_scope
+from service.db import API_CONNECTIONS, STREAM_THREADS, session_scope
 from service.models import FINISHED, Artifact, Job, TrialRow
 from service.schemas import JobPublic, TrialPublic
 
@@ -54,6 +60,18 @@ router = APIRouter(tags=["events"])
 
 _SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "a stream of server-sent events"}}
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+T = TypeVar("T")
+_limiter: RunVar[anyio.CapacityLimiter] = RunVar("altune_stream_limiter")
+
+
+async def _in_thread(func: Callable[..., T], *args: object) -> T:
+    """Run a database read on the streams' own threads (STREAM_THREADS per event loop), never the requests'."""
+    try:
+        limiter = _limiter.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(STREAM_THREADS)
+        _limiter.set(limiter)
+    return await anyio.to_thread.run_sync(func, *args, limiter=limiter)
 
 
 def _snapshot(session: Session, job: Job) -> JobPublic:
@@ -82,7 +100,7 @@ def _cursor(request: Request, last_event_id: int | None) -> int | None:
 
 def _read_job(url: str, job_id: int) -> tuple[JobPublic, int] | None:
     """The job's snapshot and its largest trial id (0 when none), or None when there is no such job."""
-    with session_scope(url) as s:
+    with session_scope(url, API_CONNECTIONS) as s:
         job = Job.find_by_id(s, job_id)
         if job is None:
             return None
@@ -95,7 +113,7 @@ def _poll_job(url: str, job_id: int, cursor: int, seen: datetime) -> tuple[JobPu
 
     The job row is read before its trials: once it reads finished, every trial is already committed.
     """
-    with session_scope(url) as s:
+    with session_scope(url, API_CONNECTIONS) as s:
         row = s.execute(select(Job.updated_at, Job.status).where(Job.id == job_id)).first()
         if row is None:
             return None, [], True
@@ -116,7 +134,7 @@ async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int) -> A
     status = first.status
     last_write = monotonic()
     while True:
-        job, trials, gone = await anyio.to_thread.run_sync(_poll_job, url, job_id, cursor, seen)
+        job, trials, gone = await _in_thread(_poll_job, url, job_id, cursor, seen)
         if gone:
             yield _event("end", '{"status": "deleted"}', cursor)
             return
@@ -152,7 +170,7 @@ async def stream_job_events(
     """Live job: its snapshot, then each trial as it is measured and each change, until it finishes."""
     url = settings.resolved_database_url
     cursor = _cursor(request, last_event_id)
-    state = await anyio.to_thread.run_sync(_read_job, url, job_id)
+    state = await _in_thread(_read_job, url, job_id)
     if state is None:
         raise HTTPException(404, f"job {job_id} not found")
     first, last_trial = state
@@ -177,7 +195,7 @@ def _parse_watermark(value: str | None) -> datetime | None:
 
 def _changed_jobs(url: str, since: datetime | None) -> tuple[list[tuple[int, datetime]], datetime | None]:
     """(id, updated_at) of the jobs updated after `since`, oldest change first, and the newest updated_at."""
-    with session_scope(url) as s:
+    with session_scope(url, API_CONNECTIONS) as s:
         if since is None:
             newest = s.scalar(select(func.max(Job.updated_at)))
             if newest is None:
@@ -190,7 +208,7 @@ def _changed_jobs(url: str, since: datetime | None) -> tuple[list[tuple[int, dat
 
 
 def _read_snapshots(url: str, ids: list[int]) -> list[JobPublic]:
-    with session_scope(url) as s:
+    with session_scope(url, API_CONNECTIONS) as s:
         jobs = s.scalars(select(Job).where(Job.id.in_(ids))).all()
         by_id = {j.id: _snapshot(s, j) for j in jobs}
         return [by_id[i] for i in ids if i in by_id]
@@ -202,14 +220,14 @@ async def _list_events(url: str, since: datetime | None) -> AsyncIterator[bytes]
     watermark = since
     if since is None:
         # a first connection starts from now: what is already there, the client reads from GET /jobs
-        rows, watermark = await anyio.to_thread.run_sync(_changed_jobs, url, None)
+        rows, watermark = await _in_thread(_changed_jobs, url, None)
         sent = dict(rows)
     last_write = monotonic()
     while True:
-        rows, newest = await anyio.to_thread.run_sync(_changed_jobs, url, watermark)
+        rows, newest = await _in_thread(_changed_jobs, url, watermark)
         changed = [(i, at) for i, at in rows if sent.get(i) != at]
         if changed:
-            snapshots = await anyio.to_thread.run_sync(_read_snapshots, url, [i for i, _ in changed])
+            snapshots = await _in_thread(_read_snapshots, url, [i for i, _ in changed])
             for job in snapshots:
                 yield _event("job", job.model_dump_json(), job.updated_at.replace(tzinfo=None).isoformat())
             sent.update(changed)
