@@ -10,6 +10,7 @@ the job's trials while the clients hammer the API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,12 +87,20 @@ def served(db_url, tmp_path) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)  # the worker and its measurement processes
+        except psutil.NoSuchProcess:
+            tree = []
         proc.send_signal(signal.SIGTERM)  # the server stops its worker itself
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
             proc.wait()
+        _, alive = psutil.wait_procs(tree, timeout=15)
+        for p in alive:  # a server that hung on the way out leaves them behind
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
         log.close()
 
 
