@@ -43,10 +43,11 @@ from fastapi.sse import format_sse_event
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.api.common import JobId, errors
 from service.api.deps import SettingsDep
 from service.db import API_CONNECTIONS, STREAM_THREADS, session_scope
 from service.models import FINISHED, Artifact, Job, TrialRow
-from service.schemas import JobPublic, TrialPublic
+from service.schemas import MAX_INT32, JobPublic, TrialPublic
 
 POLL_SECONDS = 0.5  # how often a stream looks at the database
 HEARTBEAT_SECONDS = 15.0  # a comment after this much silence
@@ -89,9 +90,12 @@ def _cursor(request: Request, last_event_id: int | None) -> int | None:
     header = request.headers.get("last-event-id")
     if header:
         try:
-            return max(int(header), 0)
+            cursor = int(header)
         except ValueError:
             raise HTTPException(400, f"Last-Event-ID must be a trial id, got {header!r}") from None
+        if not 0 <= cursor <= MAX_INT32:
+            raise HTTPException(400, f"Last-Event-ID must be a trial id (0 to {MAX_INT32}), got {header!r}")
+        return cursor
     return last_event_id
 
 
@@ -158,13 +162,13 @@ async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int) -> A
         await anyio.sleep(POLL_SECONDS)
 
 
-@router.get("/jobs/{job_id}/events", response_class=StreamingResponse, responses=_SSE_DOC)
+@router.get("/jobs/{job_id}/events", response_class=StreamingResponse, responses=_SSE_DOC | errors(400, 404))
 async def stream_job_events(
-    job_id: int,
+    job_id: JobId,
     request: Request,
     settings: SettingsDep,
     last_event_id: Annotated[
-        int | None, Query(ge=0, description="last trial id the client has (the Last-Event-ID header wins); 0 replays all")
+        int | None, Query(ge=0, le=MAX_INT32, description="last trial id the client has (the Last-Event-ID header wins); 0 replays all")
     ] = None,
 ) -> StreamingResponse:
     """Live job: its snapshot, then each trial as it is measured and each change, until it finishes."""
@@ -188,9 +192,11 @@ def _parse_watermark(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value).replace(tzinfo=None)
+        since = datetime.fromisoformat(value).replace(tzinfo=None)
     except ValueError:
         raise HTTPException(400, f"Last-Event-ID must be an ISO timestamp, got {value!r}") from None
+    # the stream reads LIST_OVERLAP behind the watermark: year 1 would underflow (every job is newer anyway)
+    return max(since, datetime.min + LIST_OVERLAP)
 
 
 def _changed_jobs(url: str, since: datetime | None) -> tuple[list[tuple[int, datetime]], datetime | None]:
@@ -241,7 +247,7 @@ async def _list_events(url: str, since: datetime | None) -> AsyncIterator[bytes]
         await anyio.sleep(POLL_SECONDS)
 
 
-@router.get("/events", response_class=StreamingResponse, responses=_SSE_DOC)
+@router.get("/events", response_class=StreamingResponse, responses=_SSE_DOC | errors(400))
 async def stream_jobs_events(request: Request, settings: SettingsDep) -> StreamingResponse:
     """Live jobs list: a job snapshot each time any job changes (submitted, claimed, progressed, finished)."""
     since = _parse_watermark(request.headers.get("last-event-id"))

@@ -58,6 +58,34 @@ def test_the_largest_id_and_offset_are_answered(client):
         assert r.status_code in (200, 404) and r.json().get("data", []) == [], (path, r.text)
 
 
+@pytest.mark.parametrize(("path", "headers", "status"), [
+    (f"/api/v1/jobs/{MAX_INT32 + 1}/events", {}, 422),
+    ("/api/v1/jobs/1/events", {"last-event-id": str(2**70)}, 400),
+    (f"/api/v1/jobs/1/events?last_event_id={2**64}", {}, 422),
+    ("/api/v1/jobs/1/events", {"last-event-id": "yesterday"}, 400),
+    ("/api/v1/events", {"last-event-id": "not a time"}, 400),
+])
+def test_event_stream_parameters_are_bounded(client, path, headers, status):
+    r = client.get(path, headers=headers)
+    assert r.status_code == status, r.text
+
+
+def test_the_jobs_stream_takes_the_oldest_timestamp(settings):
+    """Year 1 as Last-Event-ID: the stream reads a window behind it, which underflowed (a 500 in the stream)."""
+    import asyncio
+
+    from service.api.events import _list_events, _parse_watermark
+
+    since = _parse_watermark("0001-01-01T00:00:00")
+
+    async def first_two() -> list[bytes]:
+        stream = _list_events(settings.resolved_database_url, since)
+        return [await anext(stream), await asyncio.wait_for(anext(stream), 5)]
+
+    with pytest.raises(TimeoutError):  # no job: nothing to send, and nothing raised
+        asyncio.run(first_two())
+
+
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
 @pytest.mark.parametrize("field", ["budget", "seed", "params.m"])
 def test_non_finite_numbers_are_a_422_in_valid_json(client, literal, field):
