@@ -51,7 +51,8 @@ def _tunable(prim_func: Any) -> bool:
 def run_model_job(run: _JobRun) -> None:
     """Tune, build and store a model job (the worker checked its attempts); ends in a finished status unless the lease is lost."""
     from compiler.target import resolve_target, target_key
-    from compiler.workloads.model import build_model, import_model, load_exported_program, time_model
+    from compiler.workloads.model import build_model, import_model, time_model
+    from compiler.workloads.pt2 import load_exported_program, static_shapes
     from service.worker import LeaseLost
     from tuner import LocalMeasurer, Task, Trial, apply_config, tune
     from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
@@ -61,10 +62,15 @@ def run_model_job(run: _JobRun) -> None:
         spec, budget = dict(job.spec), job.budget
 
     target = resolve_target(spec["target"])
-    # jobs submitted before graph-level layouts have no "layout": their tasks were made without one
-    model = import_model(load_exported_program(Path(spec["model_file"])), spec.get("input_shapes"),
-                         layout=spec.get("layout", "none"), target=target,
-                         max_tensor_elements=run.settings.max_tensor_elements)
+    settings = run.settings
+    # the stored upload is loaded by the same checking loader as the API's sandbox (it evaluates nothing
+    # from the file; a file stored before it existed is checked now); jobs submitted before graph-level
+    # layouts have no "layout": their tasks were made without one
+    ep = load_exported_program(Path(spec["model_file"]), max_bytes=settings.max_upload_bytes,
+                               max_unpacked_bytes=settings.max_unpacked_bytes, max_ratio=settings.max_zip_ratio)
+    ep = static_shapes(ep, spec.get("input_shapes"), max_tensor_elements=settings.max_tensor_elements)
+    model = import_model(ep, spec.get("input_shapes"), layout=spec.get("layout", "none"), target=target,
+                         max_tensor_elements=settings.max_tensor_elements)
     tkey = target_key(spec["target"])
     seed = int(spec.get("seed", 0))
 

@@ -1,6 +1,6 @@
 """Whole models: a `torch.export` file -> Relax -> fused tasks -> a tuned Relax VM executable -> an artifact.
 
-    ep = load_exported_program(path)                   # safe: no pickle from the file is executed
+    ep = load_exported_program(path)                   # safe: nothing from the file is evaluated (pt2.py)
     model = import_model(ep)                           # legalized and fused Relax, params, tasks
     model.tasks                                        # one per distinct fused PrimFunc, with its weight
     built = build_model(model, target, {task.workload_key: scheduled_mod, ...},
@@ -27,23 +27,9 @@ tasks. Element-wise producers and consumers inside a fused task share its
 layout (FuseOps put them in the same PrimFunc); across tasks no propagation is
 done yet (see docs/design.md).
 
-Loading an upload safely. `torch.export.load` unpickles with
-`torch.load(weights_only=False)` the weights and constants saved with
-`use_pickle`, the legacy `.pt` weight files and the sample inputs when the
-restricted unpickler refuses them (`deserialize_torch_artifact` falls back),
-`pickle.loads` "opaque" constants, and loads AOTInductor shared libraries: any
-of these runs code from the file. So before torch sees the bytes,
-`load_exported_program` (1) requires a zip whose every member is one of the
-plain parts `torch.export.save` writes (JSON graph and configs, raw tensor
-bytes, version files, the sample-input file, text extra files) and refuses
-anything else by name (AOTInductor folders, legacy `.pt` weights, custom or
-opaque objects); (2) refuses a payload config that marks any tensor
-`use_pickle` (tensor subclasses); (3) opens the sample-input file with
-`torch.load(weights_only=True)`, the restricted unpickler that only rebuilds
-tensors and containers, and refuses the file if that fails; (4) checks the
-archive's declared and actual sizes against a limit (zip bombs); and (5) runs
-`torch.export.load` with `torch.load` forced to `weights_only=True` and
-`pickle.loads` refused, so a case the scan missed fails instead of executing.
+Loading an upload safely: `load_exported_program` (`compiler.workloads.pt2`, re-exported here) checks
+the archive and every string of the program's JSON that torch would evaluate, import or unpickle
+before torch sees the file, and refuses what is not plain (see that module's docstring).
 
 Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy
 are imported inside functions.
@@ -51,157 +37,28 @@ are imported inside functions.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import tarfile
 import tempfile
-import threading
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .operators import TensorSpec
+from .pt2 import DEFAULT_MAX_FILE_BYTES, ModelError, _short, load_exported_program  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
     import tvm
 
-DEFAULT_MAX_FILE_BYTES = 1 << 30  # an upload, compressed and uncompressed
 DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 28  # any input, parameter or intermediate tensor
 MODEL_ARTIFACT_FILES = ("lib.so", "params.npz", "manifest.json", "run.py")
 MODEL_MANIFEST_FORMAT = 1
 COMPLEX_OPS = ("conv", "matmul", "dense")  # fused-function name parts that mark a complex op (ALT templates)
-
-
-class ModelError(ValueError):
-    """A model that cannot be imported, with the field to blame ("file", "model", "input_shapes", "layout").
-
-    str() is "field: message", as `WorkloadError`.
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-# ---------------------------------------------------------------------------
-# Safe loading
-
-
-# Members `torch.export.save` writes, relative to the archive's root folder.
-_PLAIN_MEMBERS = (
-    r"archive_format", r"archive_version", r"byteorder", r"\.data/version", r"\.data/serialization_id",
-    r"models/[\w.-]+\.json", r"data/weights/weight_\d+", r"data/weights/[\w.-]+_weights_config\.json",
-    r"data/constants/tensor_\d+", r"data/constants/[\w.-]+_constants_config\.json",
-    r"data/sample_inputs/[\w.-]+\.pt", r"extra/[\w./-]+",
-)
-_PLAIN = re.compile("|".join(f"(?:{p})" for p in _PLAIN_MEMBERS))
-_load_lock = threading.Lock()
-
-
-def load_exported_program(
-    source: str | os.PathLike | bytes, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES
-) -> torch.export.ExportedProgram:
-    """Loads a `torch.export.save` file without executing code from it (see the module docstring).
-
-    Args:
-        source: a path or the file's bytes.
-        max_bytes: the largest accepted file, and the largest total of its unpacked members.
-
-    Raises:
-        ModelError: field "file": not a zip, not an exported program, a member
-            that could carry code (named), too big, or torch failed to read it.
-    """
-    data = Path(source).read_bytes() if not isinstance(source, bytes | bytearray) else bytes(source)
-    if len(data) > max_bytes:
-        raise ModelError("file", f"the file has {len(data)} bytes, more than the limit {max_bytes}")
-    _check_archive(data, max_bytes)
-
-    import pickle
-
-    import torch
-
-    real_load, real_loads = torch.load, pickle.loads
-
-    def weights_only_load(*args: Any, **kwargs: Any) -> Any:
-        kwargs["weights_only"] = True
-        return real_load(*args, **kwargs)
-
-    def refuse(*_args: Any, **_kwargs: Any) -> Any:
-        raise ModelError("file", "the file holds a pickled Python object; refused")
-
-    with _load_lock:  # the patches are process-wide: one load at a time
-        torch.load, pickle.loads = weights_only_load, refuse
-        try:
-            return torch.export.load(io.BytesIO(data))
-        except ModelError:
-            raise
-        except Exception as e:  # torch's reasons are many (versions, schema, bad JSON): all mean "unreadable"
-            raise ModelError("file", f"not a readable torch.export program: {type(e).__name__}: {_short(e)}") from e
-        finally:
-            torch.load, pickle.loads = real_load, real_loads
-
-
-def _check_archive(data: bytes, max_bytes: int) -> None:
-    if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise ModelError("file", "not a torch.export program (.pt2): the file is not a zip archive")
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        infos = archive.infolist()
-    except (zipfile.BadZipFile, OSError) as e:
-        raise ModelError("file", f"a damaged zip archive: {e}") from e
-    if not infos:
-        raise ModelError("file", "an empty zip archive")
-    if sum(i.file_size for i in infos) > max_bytes:
-        raise ModelError("file", f"the archive unpacks to more than {max_bytes} bytes")
-    root = infos[0].filename.split("/", 1)[0]
-    names = {}
-    for info in infos:
-        prefix, _, rest = info.filename.partition("/")
-        if info.is_dir():
-            continue
-        if prefix != root or not rest or not _PLAIN.fullmatch(rest):
-            raise ModelError("file", f"unexpected archive member {info.filename!r}: not a plain torch.export "
-                                     "program (pickled objects, compiled code and legacy formats are refused)")
-        names[rest] = info
-    if "archive_format" not in names or not any(n.startswith("models/") for n in names):
-        raise ModelError("file", "not a torch.export program (.pt2): no archive_format or models/ in the archive")
-    for rest, info in names.items():
-        if rest.endswith(("_weights_config.json", "_constants_config.json")):
-            try:
-                config = json.loads(_read(archive, info, max_bytes)).get("config", {})
-            except (ValueError, AttributeError) as e:
-                raise ModelError("file", f"{info.filename}: not a JSON payload config") from e
-            for fqn, meta in config.items():
-                if not isinstance(meta, dict) or meta.get("use_pickle") or not str(
-                        meta.get("path_name", "")).startswith(("weight_", "tensor_")):
-                    raise ModelError("file", f"{info.filename}: {fqn!r} is stored as a pickled object; refused")
-        elif rest.startswith("data/sample_inputs/"):
-            import torch
-
-            try:
-                torch.load(io.BytesIO(_read(archive, info, max_bytes)), weights_only=True)
-            except Exception as e:  # the restricted unpickler refused: it names a global it does not allow
-                raise ModelError("file", f"{info.filename}: holds more than tensors ({_short(e)}); refused") from e
-
-
-def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, max_bytes: int) -> bytes:
-    with archive.open(info) as f:
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ModelError("file", f"{info.filename} unpacks to more than {max_bytes} bytes")
-    return data
-
-
-def _short(e: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(e).split())
-    return text[:limit] + ("..." if len(text) > limit else "")
 
 
 # ---------------------------------------------------------------------------

@@ -3,12 +3,18 @@
 `POST /api/v1/models` takes multipart form data: `file` (the `torch.export.save`
 file) and `spec` (JSON: `input_shapes`, `target`, `layout`, `budget`, `seed`, `name`).
 `POST /api/v1/models/zoo` takes JSON naming a built-in model (`GET /api/v1/models/zoo`
-lists them). Both import the model before answering (safely: see
-`compiler.workloads.model`), so a bad upload is answered 422 naming the
-problem and leaves nothing behind; a good one is stored content-addressed
+lists them). Both import the model before answering, so a bad upload is answered 422
+naming the problem and leaves nothing behind; a good one is stored content-addressed
 under `<artifact dir>/models/<sha256>.pt2` and becomes a queued job of kind
 "model" with one task per distinct fused subgraph, created in the same
 transaction. A worker runs it with `service.model_worker.run_model_job`.
+
+An upload is untrusted: it is streamed to a temporary file in the models folder under
+`max_upload_bytes` (`service.api.uploads`: 413 before the body is read when `Content-Length` says so,
+else at the first byte over), then loaded and imported in a confined child process
+(`service.sandbox`) by the loader that evaluates nothing from the file
+(`compiler.workloads.pt2`); only then is it moved into the store. Zoo models are built by our own
+code and imported in-process.
 """
 
 from __future__ import annotations
@@ -17,12 +23,15 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 
+from service.api.common import errors
 from service.api.deps import SessionDep, SettingsDep, invalid
+from service.api.uploads import Upload, receive_upload
 from service.models import Job, TuningTask
 from service.schemas import JobPublic, ZooModelPublic, ZooModelsPublic
 
@@ -63,7 +72,7 @@ def _check_spec(spec: ModelJobSpec, settings: Any, loc: str) -> None:
 
 
 def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]) -> Any:
-    """The imported model, or a 422 naming the field the ModelError blames."""
+    """The imported model (in-process: for zoo models, built by our own code), or a 422 naming the field."""
     from compiler.target import resolve_target
     from compiler.workloads.model import ModelError, import_model, load_exported_program
 
@@ -71,9 +80,14 @@ def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]
         ep = load_exported_program(data, max_bytes=settings.max_upload_bytes)
         return import_model(ep, spec.input_shapes, layout=spec.layout, target=resolve_target(spec.target),
                             max_tensor_elements=settings.max_tensor_elements)
-    except ModelError as e:  # "file" and "model" blame the upload, "input_shapes" the spec field
-        where = ("body", "spec", "input_shapes") if e.field == "input_shapes" else loc
-        raise invalid(where, e.message) from None
+    except ModelError as e:
+        raise _model_error(e, loc) from None
+
+
+def _model_error(e: Any, loc: tuple[str, ...]) -> Exception:
+    """A ModelError as a 422: "file" and "model" blame the upload, "input_shapes" the spec field."""
+    where = ("body", "spec", "input_shapes") if e.field == "input_shapes" else loc
+    return invalid(where, e.message)
 
 
 def _store_upload(data: bytes, settings: Any) -> tuple[Path, str]:
@@ -111,30 +125,60 @@ def _public(session: Any, job: Job) -> JobPublic:
     return public(session, job)
 
 
-@router.post("", status_code=201, response_model=JobPublic)
-def create_model_job(
-    session: SessionDep,
-    settings: SettingsDep,
-    file: Annotated[UploadFile, File(description="a torch.export.save file (.pt2)")],
-    spec: Annotated[str, Form(description="JSON: input_shapes, target, layout, budget, seed, name")] = "{}",
-) -> JobPublic:
+_UPLOAD_BODY = {
+    "required": True,
+    "content": {"multipart/form-data": {"schema": {
+        "type": "object", "title": "ModelUpload", "required": ["file"],
+        "properties": {
+            "file": {"type": "string", "format": "binary", "contentMediaType": "application/octet-stream",
+                     "description": "a torch.export.save file (.pt2), at most `ALTUNE_MAX_UPLOAD_BYTES`"},
+            "spec": {"type": "string", "default": "{}",
+                     "description": "JSON: input_shapes, target, layout, budget, seed, name"},
+        },
+    }}},
+}
+_UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = errors(400, 403, 413) | {
+    422: {"description": "Validation Error: the spec, or the file (not a plain torch.export program, "
+                         "a string torch would evaluate, a zip bomb, an unsupported operator), named in `loc`",
+          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}},
+}
+
+
+@router.post("", status_code=201, response_model=JobPublic, responses=_UPLOAD_ERRORS,
+             openapi_extra={"requestBody": _UPLOAD_BODY})
+async def create_model_job(request: Request, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """Upload a torch.export program to tune end to end; answers at once, a worker runs it."""
+    folder = settings.resolved_artifact_dir / "models"
+    upload = await receive_upload(request, folder, max_file_bytes=settings.max_upload_bytes)
     try:
-        parsed = ModelJobSpec.model_validate(json.loads(spec))
+        return await run_in_threadpool(_create_from_upload, session, settings, upload)
+    finally:
+        upload.path.unlink(missing_ok=True)  # refused, or already moved into the store
+
+
+def _create_from_upload(session: Any, settings: Any, upload: Upload) -> JobPublic:
+    from compiler.workloads.model import ModelError
+    from service.sandbox import SandboxError, import_upload
+
+    try:
+        parsed = ModelJobSpec.model_validate(json.loads(upload.fields.get("spec", "{}")))
     except json.JSONDecodeError as e:
         raise invalid(("body", "spec"), f"not JSON: {e}") from None
     except ValidationError as e:
         first = e.errors()[0]
         raise invalid(("body", "spec", *first["loc"]), first["msg"]) from None
     _check_spec(parsed, settings, "spec")
-    limit = settings.max_upload_bytes
-    data = file.file.read(limit + 1)
-    if len(data) > limit:
-        raise invalid(("body", "file"), f"the file is larger than {limit} bytes")
-    imported = _import(data, parsed, settings, ("body", "file"))
-    path, digest = _store_upload(data, settings)
-    name = parsed.name or Path(file.filename or "model.pt2").stem or "model"
-    return _public(session, _create(session, name, parsed, imported, path, digest, {"source": "upload"}))
+    try:
+        imported = import_upload(upload.path, settings, input_shapes=parsed.input_shapes, layout=parsed.layout,
+                                 target=parsed.target)
+    except ModelError as e:
+        raise _model_error(e, ("body", "file")) from None
+    except SandboxError as e:  # the server's fault (limits too low for torch and TVM): try later
+        raise HTTPException(503, str(e)) from e
+    path = upload.path.parent / f"{upload.sha256}.pt2"
+    os.replace(upload.path, path)  # content-addressed: the same bytes again replace themselves
+    name = parsed.name or Path(upload.filename or "model.pt2").stem or "model"
+    return _public(session, _create(session, name, parsed, imported, path, upload.sha256, {"source": "upload"}))
 
 
 @router.get("/zoo", response_model=ZooModelsPublic)
@@ -153,7 +197,7 @@ def read_zoo_models() -> ZooModelsPublic:
     return ZooModelsPublic(data=data, count=len(data))
 
 
-@router.post("/zoo", status_code=201, response_model=JobPublic)
+@router.post("/zoo", status_code=201, response_model=JobPublic, responses=errors(400, 403))
 def create_zoo_job(body: ZooJobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
     """Tune a built-in model (random weights, nothing downloaded)."""
     import io
