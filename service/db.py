@@ -42,7 +42,10 @@ the admission count and not the thread count bounds the connections requests hol
 """
 STREAM_THREADS = 4
 """Threads the event streams poll on, a limiter of their own: streams never take a request's thread or connection."""
-API_CONNECTIONS = API_THREADS + STREAM_THREADS
+MODEL_SESSIONS = 2
+"""Model submissions that write their job at once; each opens its session only after the (seconds-long) import,
+so an upload never holds a request's session slot while torch and TVM work, and has connections of its own."""
+API_CONNECTIONS = API_THREADS + STREAM_THREADS + MODEL_SESSIONS
 WORKER_CONNECTIONS = 3
 """A worker's job loop and its lease heartbeat, one spare; also what any other caller of `get_engine(url)` gets."""
 

@@ -147,3 +147,12 @@ class LiveServer:
 def live_server(settings) -> Iterator[LiveServer]:
     with LiveServer(settings) as server:
         yield server
+
+
+@pytest.fixture
+def api_server(sqlite_url, tmp_path) -> Iterator[LiveServer]:
+    """The real API on a loopback port over SQLite, without a worker: submitted jobs stay queued."""
+    from service.settings import Settings
+
+    with LiveServer(Settings(database_url=sqlite_url, data_dir=tmp_path), worker=False) as server:
+        yield server

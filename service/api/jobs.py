@@ -22,7 +22,8 @@ StatusFilter = Annotated[
 ]
 
 
-def _public(session: SessionDep, job: Job) -> JobPublic:
+def job_public(session: SessionDep, job: Job) -> JobPublic:
+    """The job as the API shows it: its row, whether it has an artifact, and its trials per stage."""
     out = JobPublic.model_validate(job)
     out.has_artifact = Artifact.find_by_job(session, job.id) is not None
     out.trials_by_stage, out.last_trial_at = TrialRow.stage_summary(session, job.id)
@@ -65,7 +66,7 @@ def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsD
     job = Job(kind=body.kind, name=body.operator, spec=spec, target=body.target, budget=body.budget)
     session.add(job)
     session.flush()
-    return _public(session, job)
+    return job_public(session, job)
 
 
 @router.get("", response_model=JobsPublic)
@@ -78,13 +79,13 @@ def read_jobs(
 ) -> JobsPublic:
     """List jobs, newest first."""
     jobs, count = Job.where_filter(session, status=status, workload=workload, limit=limit, offset=offset)
-    return JobsPublic(data=[_public(session, j) for j in jobs], count=count)
+    return JobsPublic(data=[job_public(session, j) for j in jobs], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
 def read_job(job_id: JobId, session: SessionDep) -> JobPublic:
     """Status, progress and best latency of one job, with its tasks."""
-    return _public(session, _job_or_404(session, job_id))
+    return job_public(session, _job_or_404(session, job_id))
 
 
 @router.get("/{job_id}/trials", response_model=TrialsPublic, responses=errors(404))
@@ -113,7 +114,7 @@ def cancel_job(job_id: JobId, session: SessionDep) -> JobPublic:
     )
     session.execute(update(Job).where(Job.id == job_id, Job.status == "running").values(cancel_requested=True))
     session.refresh(job)
-    return _public(session, job)
+    return job_public(session, job)
 
 
 @router.get(

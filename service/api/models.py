@@ -22,53 +22,64 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from service.api.common import errors
-from service.api.deps import SessionDep, SettingsDep, invalid
+from service.api.deps import SettingsDep, invalid
+from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
 from service.api.uploads import Upload, receive_upload
 from service.models import Job, TuningTask
-from service.schemas import JobPublic, ZooModelPublic, ZooModelsPublic
+from service.schemas import MAX_INT32, JobPublic, ZooModelPublic, ZooModelsPublic
+from tuner import MAX_SEED
 
 router = APIRouter(prefix="/models", tags=["models"])
+
+
+Shape = Annotated[list[Annotated[int, Field(ge=0, le=MAX_INT32)]], Field(max_length=8)]
 
 
 class ModelJobSpec(BaseModel):
     """The JSON fields of a model upload."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     name: str | None = Field(None, max_length=64, description="a name for the job; default: the file's name")
-    input_shapes: list[list[int]] | None = Field(
-        None, description="example input shapes in call order; must match the exported program's (default: its own)"
+    input_shapes: list[Shape] | None = Field(
+        None, max_length=64,
+        description="example input shapes in call order; must match the exported program's (default: its own)"
     )
-    target: str = Field("host", description="where to tune and run: host, llvm, cuda")
+    target: str = Field("host", max_length=32, description="where to tune and run: host, llvm, cuda (only where the "
+                                                         "server has a GPU)")
     layout: Literal["blocked", "none"] = Field(
         "blocked", description="graph-level layouts: `blocked` puts every dense conv2d in N C/c H W c (block "
                                "factors for the target's vector width), weights packed at build time, the layout "
                                "carried through element-wise, pooling and reduction operators; `none` keeps NCHW")
-    budget: int = Field(64, ge=1, description="on-device measurements for the whole model")
-    seed: int = Field(0, ge=0)
+    budget: int = Field(64, ge=1, le=MAX_INT32, description="on-device measurements for the whole model (at most "
+                                                            "the server's ALTUNE_MAX_BUDGET)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search and of the check's inputs")
 
 
 class ZooJobCreate(ModelJobSpec):
     """Tune a built-in model (`compiler.workloads.zoo`): resnet18, mobilenet_v2, bert_tiny, small_cnn, ..."""
 
-    model: str = Field(description="zoo model name")
+    model: str = Field(max_length=64, description="zoo model name")
 
 
 def _check_spec(spec: ModelJobSpec, settings: Any, loc: str) -> None:
-    from compiler.target import TARGET_NAMES
+    from compiler.target import TargetError, check_available
 
     if spec.budget > settings.max_budget:
         raise invalid(("body", loc, "budget"), f"budget must be at most {settings.max_budget}, got {spec.budget}")
-    if spec.target not in TARGET_NAMES:
-        raise invalid(("body", loc, "target"), f"unknown target {spec.target!r}; known: {', '.join(TARGET_NAMES)}")
+    try:
+        check_available(spec.target)
+    except TargetError as e:
+        raise invalid(("body", loc, "target"), str(e)) from None
 
 
 def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]) -> Any:
@@ -120,9 +131,9 @@ def _create(session: Any, name: str, spec: ModelJobSpec, imported: Any, path: Pa
 
 
 def _public(session: Any, job: Job) -> JobPublic:
-    from service.api.jobs import _public as public
+    from service.api.jobs import job_public
 
-    return public(session, job)
+    return job_public(session, job)
 
 
 _UPLOAD_BODY = {
@@ -146,17 +157,17 @@ _UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = errors(400, 403, 413) | {
 
 @router.post("", status_code=201, response_model=JobPublic, responses=_UPLOAD_ERRORS,
              openapi_extra={"requestBody": _UPLOAD_BODY})
-async def create_model_job(request: Request, session: SessionDep, settings: SettingsDep) -> JobPublic:
+async def create_model_job(request: Request, settings: SettingsDep) -> JobPublic:
     """Upload a torch.export program to tune end to end; answers at once, a worker runs it."""
     folder = settings.resolved_artifact_dir / "models"
     upload = await receive_upload(request, folder, max_file_bytes=settings.max_upload_bytes)
     try:
-        return await run_in_threadpool(_create_from_upload, session, settings, upload)
+        return await run_in_threadpool(_create_from_upload, settings, upload)
     finally:
         upload.path.unlink(missing_ok=True)  # refused, or already moved into the store
 
 
-def _create_from_upload(session: Any, settings: Any, upload: Upload) -> JobPublic:
+def _create_from_upload(settings: Any, upload: Upload) -> JobPublic:
     from compiler.workloads.model import ModelError
     from service.sandbox import SandboxError, import_upload
 
@@ -178,7 +189,18 @@ def _create_from_upload(session: Any, settings: Any, upload: Upload) -> JobPubli
     path = upload.path.parent / f"{upload.sha256}.pt2"
     os.replace(upload.path, path)  # content-addressed: the same bytes again replace themselves
     name = parsed.name or Path(upload.filename or "model.pt2").stem or "model"
-    return _public(session, _create(session, name, parsed, imported, path, upload.sha256, {"source": "upload"}))
+    return _store_job(settings, name, parsed, imported, path, upload.sha256, {"source": "upload"})
+
+
+# the import takes seconds: a model submission opens its session only once it has a job to write (not as a
+# SessionDep, whose slot it would hold all along), on connections of its own (db.MODEL_SESSIONS)
+_model_sessions = threading.BoundedSemaphore(MODEL_SESSIONS)
+
+
+def _store_job(settings: Any, name: str, spec: ModelJobSpec, imported: Any, path: Path, digest: str,
+               extra: dict) -> JobPublic:
+    with _model_sessions, session_scope(settings.resolved_database_url, API_CONNECTIONS) as session:
+        return _public(session, _create(session, name, spec, imported, path, digest, extra))
 
 
 @router.get("/zoo", response_model=ZooModelsPublic)
@@ -198,7 +220,7 @@ def read_zoo_models() -> ZooModelsPublic:
 
 
 @router.post("/zoo", status_code=201, response_model=JobPublic, responses=errors(400, 403))
-def create_zoo_job(body: ZooJobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
+def create_zoo_job(body: ZooJobCreate, settings: SettingsDep) -> JobPublic:
     """Tune a built-in model (random weights, nothing downloaded)."""
     import io
 
@@ -215,5 +237,5 @@ def create_zoo_job(body: ZooJobCreate, session: SessionDep, settings: SettingsDe
     imported = _import(data, body, settings, ("body", "model"))
     path, digest = _store_upload(data, settings)
     spec = ModelJobSpec.model_validate(body.model_dump(exclude={"model"}))
-    return _public(session, _create(session, body.name or body.model, spec, imported, path, digest,
-                                    {"source": "zoo", "model": body.model}))
+    return _store_job(settings, body.name or body.model, spec, imported, path, digest,
+                      {"source": "zoo", "model": body.model})

@@ -209,22 +209,37 @@ def test_every_error_the_routes_raise_is_in_the_openapi_schema(client):
 
 
 @pytest.mark.slow
-def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(sqlite_url, tmp_path):
+def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(api_server, tmp_path):
     """A bounded `st run --checks all` over the whole API (but the endless event streams).
 
     Left out, with reasons: positive_data_acceptance (the schema cannot say which operator takes which
     parameters, nor that an upload must be a torch.export zip, so schema-valid requests are rightly 422),
     and use_after_free / ensure_resource_availability (a just-created job has no artifact until it finishes).
     """
-    from service.settings import Settings
-    from conftest import LiveServer
-
-    settings = Settings(database_url=sqlite_url, data_dir=tmp_path)
-    with LiveServer(settings, worker=False) as server:
-        cmd = [str(Path(sys.executable).parent / "st"), "run", f"{server.url}/openapi.json",
-               "--checks", "all", "--exclude-checks",
-               "positive_data_acceptance,use_after_free,ensure_resource_availability",
-               "--max-examples", "25", "--exclude-path-regex", "events$",
-               "--request-timeout", "60", "--seed", "20261125", "--no-color"]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    cmd = [str(Path(sys.executable).parent / "st"), "run", f"{api_server.url}/openapi.json",
+           "--checks", "all", "--exclude-checks", "positive_data_acceptance,use_after_free,ensure_resource_availability",
+           "--max-examples", "25", "--exclude-path-regex", "events$",
+           "--request-timeout", "60", "--seed", "20261125", "--no-color"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ('{"seed": 1180591620717411303424}', "seed"),
+    ('{"budget": NaN}', "budget"),
+    ('{"input_shapes": [[1, Infinity]]}', "input_shapes"),
+    ('{"target": "cuda"}', "target"),
+    ('{"seed": true}', "seed"),
+])
+def test_model_specs_are_bounded_like_operator_specs(client, monkeypatch, spec, field):
+    import compiler.target as target
+
+    monkeypatch.setattr(target, "cuda_arch", lambda: None)
+    r = client.post("/api/v1/models", files={"file": ("m.pt2", b"not checked: the spec is refused first")},
+                    data={"spec": spec})
+    assert r.status_code == 422, r.text
+    assert field in _strict_json(r.text)["detail"][0]["loc"], r.text
+    zoo = json.loads(spec.replace("NaN", "1.5").replace("Infinity", "2.5")) | {"model": "small_cnn"}
+    r = client.post("/api/v1/models/zoo", json=zoo)
+    assert r.status_code == 422 and field in r.json()["detail"][0]["loc"], r.text
+    assert _job_count(client) == 0
