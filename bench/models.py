@@ -188,13 +188,13 @@ def _run_vm(ex: Any, inputs: list, params: list, target: Any, time_it: bool) -> 
     import tvm
     from tvm import relax
 
-    from compiler.workloads.model import _flatten_out
+    from compiler.workloads.model import flatten_outputs
 
     dev = tvm.cpu(0)
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
     args += [tvm.runtime.tensor(p, dev) for p in params]
-    outs = _flatten_out(vm["main"](*args))
+    outs = flatten_outputs(vm["main"](*args))
     if not time_it:
         return outs, None
     timer = vm.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=50)

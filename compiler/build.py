@@ -20,6 +20,7 @@ import json
 import os
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,17 +185,19 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def extract_artifact(path: Path, dest_dir: Path) -> Path:
+def extract_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike,
+                     files: Sequence[str] = ARTIFACT_FILES) -> Path:
     """Extracts the known artifact files of `path` into `dest_dir` and returns it.
 
-    Only regular files named in `ARTIFACT_FILES` are extracted, so an archive
-    from elsewhere cannot write outside `dest_dir`.
+    Only regular files named in `files` (an operator artifact's by default; a model's are
+    `compiler.workloads.model.MODEL_ARTIFACT_FILES`) are extracted, so an archive from
+    elsewhere cannot write outside `dest_dir`.
     """
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "r:gz") as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and m.name in ARTIFACT_FILES]
-        missing = set(ARTIFACT_FILES) - {m.name for m in members}
+        members = [m for m in tar.getmembers() if m.isfile() and m.name in files]
+        missing = set(files) - {m.name for m in members}
         if missing:
             raise ValueError(f"{path}: not an altune artifact, missing {sorted(missing)}")
         for member in members:

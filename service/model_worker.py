@@ -1,6 +1,6 @@
 """Running a model job (kind "model"): import, tune every tunable task under the gradient scheduler, build, store.
 
-`service.worker` calls `run_model_job(run)` with its `_JobRun` for a job of kind
+`service.worker` calls `run_model_job(run)` with its `JobRun` for a job of kind
 "model"; the lease, heartbeat, cancel and trial recording are the worker's.
 
 1. The uploaded file (`spec["model_file"]`, content-addressed) is loaded with
@@ -21,18 +21,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import update
 
-from service.db import session_scope, utcnow
-from service.models import Artifact, Job, Schedule, TrialRow, TuningTask
+from service.db import session_scope
+from service.models import Job, Schedule, TrialRow, TuningTask
 
 if TYPE_CHECKING:
-    from service.worker import _JobRun
+    from service.worker import JobRun
 
 log = logging.getLogger("altune.model_worker")
 TRIALS_PER_ROUND = 8
@@ -48,10 +47,11 @@ def _tunable(prim_func: Any) -> bool:
     return True
 
 
-def run_model_job(run: _JobRun) -> None:
+def run_model_job(run: JobRun) -> None:
     """Tune, build and store a model job (the worker checked its attempts); ends in a finished status unless the lease is lost."""
+    from compiler.arrays import random_inputs
     from compiler.target import resolve_target, target_key
-    from compiler.workloads.model import build_model, import_model, time_model
+    from compiler.workloads.model import build_model, import_model, time_model, write_model_artifact
     from compiler.workloads.pt2 import load_exported_program, static_shapes
     from service.worker import LeaseLost
     from tuner import LocalMeasurer, Task, Trial, apply_config, tune
@@ -112,7 +112,7 @@ def run_model_job(run: _JobRun) -> None:
 
     def tune_round(i: int, n: int, start_from: list[dict] = ()) -> RoundResult:
         result = tune(tasks[i], len(prior[i]) + n, seed=seed, prior=prior[i], start_from=start_from,
-                      on_trial=lambda trial: run._record(rows[i], trial), should_stop=run.should_stop,
+                      on_trial=lambda trial: run.record_trial(rows[i], trial), should_stop=run.should_stop,
                       measurer=measurer, replay=False)
         prior[i] += result.trials
         best[i], untuned[i] = result.best, result.baseline_ms
@@ -159,7 +159,7 @@ def run_model_job(run: _JobRun) -> None:
         if b is not None and (untuned[i] is None or b.latency_ms < untuned[i]):
             schedules[task.workload_key] = apply_config(task, b.config)
     built = build_model(model, target, schedules)
-    inputs = _random_inputs(model, seed)
+    inputs = random_inputs([(tuple(x.shape), x.dtype) for x in model.inputs], seed)
     latency = time_model(built, inputs, target)
     untuned_latency = time_model(build_model(model, target), inputs, target, repeat=3)
 
@@ -170,11 +170,13 @@ def run_model_job(run: _JobRun) -> None:
         task_facts.append({"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "complex": t.complex,
                            "tuned": t.workload_key in schedules, "latency_ms": b.latency_ms if b else None,
                            "untuned_ms": untuned[i] if i is not None else None})
-    _store_artifact(run, model, built, target, latency, task_facts, spec)
+    run.settings.resolved_artifact_dir.mkdir(parents=True, exist_ok=True)
+    run.store_artifact(write_model_artifact(run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz", model,
+                                            built, target, latency_ms=latency, tasks=task_facts, spec=spec))
     for i, task in enumerate(tasks):
         b = best[i] or best_of(prior[i])
         if b is not None:  # kept even when the untuned program wins: the task need not be searched again
-            run._store_schedule(task.workload_key, tkey, b.config, b.latency_ms)
+            run.store_schedule(task.workload_key, tkey, b.config, b.latency_ms)
     with session_scope(run.url) as s:
         for i, row_id in enumerate(rows):
             s.execute(update(TuningTask).where(TuningTask.id == row_id).values(budget=len(prior[i])))
@@ -192,23 +194,3 @@ def best_of(trials: list) -> Any:
     return best_trial(trials)
 
 
-def _random_inputs(model: Any, seed: int) -> list:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return [rng.uniform(-1, 1, s.shape).astype(s.dtype) if s.dtype.startswith("float")
-            else rng.integers(0, 100, s.shape).astype(s.dtype) for s in model.inputs]
-
-
-def _store_artifact(run: _JobRun, model: Any, built: Any, target: Any, latency: float, tasks: list, spec: dict) -> None:
-    from compiler.workloads.model import write_model_artifact
-
-    dest = run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz"
-    path = Path(write_model_artifact(dest, model, built, target, latency_ms=latency, tasks=tasks, spec=spec))
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    with session_scope(run.url) as s:
-        row = Artifact.find_by_job(s, run.job_id)
-        if row is None:
-            s.add(Artifact(job_id=run.job_id, path=str(path), size=path.stat().st_size, sha256=digest))
-        else:
-            row.path, row.size, row.sha256, row.created_at = str(path), path.stat().st_size, digest, utcnow()

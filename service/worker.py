@@ -106,7 +106,7 @@ class Worker:
 
     def run_job(self, job_id: int) -> None:
         """Tune a claimed job; every outcome ends in a finished status unless the lease was lost."""
-        run = _JobRun(self, job_id)
+        run = JobRun(self, job_id)
         run.heartbeat.start()
         try:
             run.execute()
@@ -115,7 +115,7 @@ class Worker:
         except Exception as e:  # a failing job must never take the worker down
             log.exception("job %s failed", job_id)
             run.finish("failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
-        except BaseException:  # SystemExit from SIGTERM, KeyboardInterrupt: hand the job on before going
+        except (SystemExit, KeyboardInterrupt):  # SIGTERM (cli raises SystemExit), Ctrl-C: hand the job on first
             run.release()
             raise
         finally:
@@ -123,8 +123,13 @@ class Worker:
             run.heartbeat.join()
 
 
-class _JobRun:
-    """State of one job while a worker runs it: the heartbeat and the stop reason."""
+class JobRun:
+    """One job while a worker runs it: the heartbeat and the stop reason, and what a job runner writes
+    (`record_trial`, `store_schedule`, `store_artifact`, `finish`), only while this worker owns the job.
+
+    `run_job` makes one per claimed job; an operator job runs in `execute`, a model job in
+    `service.model_worker.run_model_job(run)`.
+    """
 
     def __init__(self, worker: Worker, job_id: int) -> None:
         self.worker = worker
@@ -200,7 +205,7 @@ class _JobRun:
                 **tune_options(spec),
                 prior=prior,
                 start_from=start_from,
-                on_trial=lambda trial: self._record(task_id, trial),
+                on_trial=lambda trial: self.record_trial(task_id, trial),
                 should_stop=self.should_stop,
                 measurer=measurer,
             )
@@ -220,7 +225,7 @@ class _JobRun:
             mod = apply_config(task, best.config)
             layout = layout_of_config(task, best.config)
             self._store_artifact(workload, mod, target, best.latency_ms, spec, layout)
-            self._store_schedule(workload.key, tkey, best.config, best.latency_ms)
+            self.store_schedule(workload.key, tkey, best.config, best.latency_ms)
         if self.stop_reason == "cancel":
             self.finish("cancelled")
         elif best is None:
@@ -251,7 +256,7 @@ class _JobRun:
             start_from = [known.config] if known is not None and known.config not in tried else []
             return task.id, prior, start_from
 
-    def _record(self, task_id: int, trial: Trial) -> None:
+    def record_trial(self, task_id: int, trial: Trial) -> None:
         """Write one trial the moment it is measured, with the job's and task's progress, if the lease holds."""
         if self.stop_reason == "lease":
             return
@@ -288,8 +293,12 @@ class _JobRun:
 
         dest_dir = self.settings.resolved_artifact_dir
         dest_dir.mkdir(parents=True, exist_ok=True)
-        dest = dest_dir / f"job-{self.job_id}.tar.gz"
-        path = Path(write_artifact(dest, workload, mod, target, latency_ms, spec, layout))
+        self.store_artifact(write_artifact(dest_dir / f"job-{self.job_id}.tar.gz", workload, mod, target,
+                                           latency_ms, spec, layout))
+
+    def store_artifact(self, path: str | Path) -> None:
+        """Record the job's artifact file (written under the artifact dir) with its size and sha256."""
+        path = Path(path)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         with session_scope(self.url) as s:
             row = Artifact.find_by_job(s, self.job_id)
@@ -298,7 +307,7 @@ class _JobRun:
             else:
                 row.path, row.size, row.sha256, row.created_at = str(path), path.stat().st_size, digest, utcnow()
 
-    def _store_schedule(self, workload_key: str, tkey: str, config: dict, latency_ms: float) -> None:
+    def store_schedule(self, workload_key: str, tkey: str, config: dict, latency_ms: float) -> None:
         """Keep the configuration if it beats the best known one for this workload and target (atomically)."""
         with session_scope(self.url) as s:
             Schedule.upsert_if_faster(s, workload_key, tkey, config, latency_ms, self.job_id)

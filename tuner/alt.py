@@ -66,7 +66,7 @@ from .layout_space import (
 )
 from .features import MSFeatures, knob_features
 from .measure import Measurer
-from .search import Proposal, Search, _never, _noop, pick, seat_seeds
+from .search import Proposal, Search, never, noop, pick, seat_seeds
 from .space import (
     VECTOR_LANES,
     Config,
@@ -450,7 +450,7 @@ class ALTSearch(Search):
         self.layout_actor.update()
 
     def run(self, budget: int, *, prior: Sequence[Trial] = (), start_from: Sequence[Config] = (),
-            on_trial: Callable[[Trial], None] = _noop, should_stop: Callable[[], bool] = _never,
+            on_trial: Callable[[Trial], None] = noop, should_stop: Callable[[], bool] = never,
             replay: bool = True) -> list[Trial]:
         self.joint_budget = 0 if self.fixed is not None else int(round(self.joint_fraction * budget))
         self.shared_until = self.joint_budget + (budget - self.joint_budget) // 2 if self.joint_budget else 0

@@ -103,11 +103,11 @@ def seat_seeds(picks: list[tuple[int, str]], sources: Sequence[str], seed_source
         picks[len(picks) - 1 - k] = (i, sources[i])
 
 
-def _noop(trial: Trial) -> None:
+def noop(trial: Trial) -> None:
     del trial
 
 
-def _never() -> bool:
+def never() -> bool:
     return False
 
 
@@ -136,8 +136,8 @@ class Search(abc.ABC):
         *,
         prior: Sequence[Trial] = (),
         start_from: Sequence[Config] = (),
-        on_trial: Callable[[Trial], None] = _noop,
-        should_stop: Callable[[], bool] = _never,
+        on_trial: Callable[[Trial], None] = noop,
+        should_stop: Callable[[], bool] = never,
         replay: bool = True,
     ) -> list[Trial]:
         """Measures up to `budget - len(prior)` candidates; returns the new trials in order.

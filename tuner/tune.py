@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .cost_model import CostModelKind
 from .measure import LocalMeasurer, Measurer
-from .search import SearchKind, _never, _noop, make_search
+from .search import SearchKind, never, noop, make_search
 from .space import Config, SpaceKind, loop_space, make_space
 from .task import Task, Trial, TuneResult, best_trial
 
@@ -25,8 +25,8 @@ def tune(
     seed: int = 0,
     prior: Sequence[Trial] = (),
     start_from: Sequence[Config] = (),
-    on_trial: Callable[[Trial], None] = _noop,
-    should_stop: Callable[[], bool] = _never,
+    on_trial: Callable[[Trial], None] = noop,
+    should_stop: Callable[[], bool] = never,
     measurer: Measurer | None = None,
     space: SpaceKind = "loop",
     cost_model: CostModelKind = "xgb",

@@ -47,8 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from compiler.arrays import device
+
 from .operators import TensorSpec
-from .pt2 import DEFAULT_MAX_FILE_BYTES, ModelError, _short, load_exported_program  # noqa: F401 (re-exported)
+from .pt2 import DEFAULT_MAX_FILE_BYTES, ModelError, load_exported_program, short_error  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -162,7 +164,7 @@ def import_model(
         if found:
             ops = sorted(o.strip(" '\"") for o in found.group(1).split(","))
             raise ModelError("model", f"unsupported operator(s): {', '.join(ops)}") from e
-        raise ModelError("model", f"import failed: {type(e).__name__}: {_short(e)}") from e
+        raise ModelError("model", f"import failed: {type(e).__name__}: {short_error(e)}") from e
     num_input = int(mod["main"].attrs["num_input"])
     mod, params = detach_params(mod)
     main = mod["main"]
@@ -203,7 +205,7 @@ def import_model(
         with target:  # topi's NCHWc conv2d asks for one
             fused = seq(mod)
     except Exception as e:  # an operator Relax imports but cannot legalize
-        raise ModelError("model", f"lowering failed: {type(e).__name__}: {_short(e)}") from e
+        raise ModelError("model", f"lowering failed: {type(e).__name__}: {short_error(e)}") from e
     model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs)
     model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
     return model
@@ -660,7 +662,7 @@ def build_model(
         if target.kind.name == "llvm":  # every function not tuned (marked "tirx.is_scheduled") gets a cheap one
             mod = _default_schedules(target)(mod)
         ex = relax.build(mod, target=target, relax_pipeline=lower)
-    dev = _device(target)
+    dev = device(target)
     vm = relax.VirtualMachine(ex, dev)
     transformed = vm["main_transform_params"]([tvm.runtime.tensor(p, dev) for p in model.params])
     return BuiltModel(ex, [np.ascontiguousarray(t.numpy()) for t in _flatten_tensors(transformed)])
@@ -691,17 +693,10 @@ def _lower_passes() -> list[Any]:
     ]
 
 
-def _device(target: Any) -> Any:
-    import tvm
-
-    kind = target.kind.name if hasattr(target, "kind") else str(target)
-    return tvm.cpu(0) if kind == "llvm" else tvm.device(kind, 0)
-
-
-def _flatten_out(out: Any) -> list[np.ndarray]:
+def flatten_outputs(out: Any) -> list[np.ndarray]:
     if hasattr(out, "numpy"):
         return [out.numpy()]
-    return [a for item in out for a in _flatten_out(item)]
+    return [a for item in out for a in flatten_outputs(item)]
 
 
 def run_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "llvm") -> list[np.ndarray]:
@@ -710,11 +705,11 @@ def run_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "ll
     import tvm
     from tvm import relax
 
-    dev = _device(target)
+    dev = device(target)
     vm = relax.VirtualMachine(built.ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
     args += [tvm.runtime.tensor(p, dev) for p in built.params]
-    return _flatten_out(vm["main"](*args))
+    return flatten_outputs(vm["main"](*args))
 
 
 def time_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "llvm", *,
@@ -726,7 +721,7 @@ def time_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "l
     import tvm
     from tvm import relax
 
-    dev = _device(target)
+    dev = device(target)
     vm = relax.VirtualMachine(built.ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
     args += [tvm.runtime.tensor(p, dev) for p in built.params]
@@ -873,18 +868,9 @@ def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: B
 
 def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
     """Extracts the known files of a model artifact (regular files only, no paths) into `dest_dir`."""
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "r:gz") as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and m.name in MODEL_ARTIFACT_FILES]
-        missing = set(MODEL_ARTIFACT_FILES) - {m.name for m in members}
-        if missing:
-            raise ValueError(f"{path}: not an altune model artifact, missing {sorted(missing)}")
-        for member in members:
-            source = tar.extractfile(member)
-            assert source is not None, f"{member.name} has no content"
-            (dest_dir / member.name).write_bytes(source.read())
-    return dest_dir
+    from compiler.build import extract_artifact
+
+    return extract_artifact(path, dest_dir, MODEL_ARTIFACT_FILES)
 
 
 def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:

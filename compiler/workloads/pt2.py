@@ -82,7 +82,7 @@ def _refuse(where: str, message: str) -> ModelError:
     return ModelError("file", f"{where}: {message}; refused")
 
 
-def _short(e: BaseException | str, limit: int = 300) -> str:
+def short_error(e: BaseException | str, limit: int = 300) -> str:
     text = " ".join(str(e).split())
     return text[:limit] + ("..." if len(text) > limit else "")
 
@@ -157,7 +157,7 @@ def _checked_archive(f: IO[bytes], max_unpacked: int, max_ratio: float) -> bytes
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
         if not zipfile.is_zipfile(f):
             raise ModelError("file", "not a torch.export program (.pt2): the file is not a zip archive") from e
-        raise ModelError("file", f"a damaged zip archive: {_short(e)}") from e
+        raise ModelError("file", f"a damaged zip archive: {short_error(e)}") from e
     if not infos:
         raise ModelError("file", "an empty zip archive")
     if len(infos) > MAX_MEMBERS:
@@ -173,7 +173,7 @@ def _checked_archive(f: IO[bytes], max_unpacked: int, max_ratio: float) -> bytes
             with archive.open(info) as m:
                 data = m.read()  # zipfile stops at the declared size and checks the CRC
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
-            raise ModelError("file", f"{info.filename}: unreadable ({_short(e)})") from e
+            raise ModelError("file", f"{info.filename}: unreadable ({short_error(e)})") from e
         assert len(data) == info.file_size, f"{info.filename}: {len(data)=} != {info.file_size=}"
         return data
 
@@ -242,7 +242,7 @@ def _json(data: bytes, where: str) -> Any:
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as e:
-        raise _refuse(where, f"not JSON ({_short(e, 100)})") from e
+        raise _refuse(where, f"not JSON ({short_error(e, 100)})") from e
 
 
 def _torch_load(canonical: bytes) -> torch.export.ExportedProgram:
@@ -267,7 +267,7 @@ def _torch_load(canonical: bytes) -> torch.export.ExportedProgram:
         except (ModelError, MemoryError):
             raise
         except Exception as e:  # torch's reasons are many (versions, schema, bad JSON): all mean "unreadable"
-            raise ModelError("file", f"not a readable torch.export program: {type(e).__name__}: {_short(e)}") from e
+            raise ModelError("file", f"not a readable torch.export program: {type(e).__name__}: {short_error(e)}") from e
         finally:
             torch.load, pickle.loads = real_load, real_loads
 
@@ -329,7 +329,7 @@ def _path(path: tuple) -> str:
 
 def _check_name(value: str, at: str) -> None:
     if not isinstance(value, str) or len(value) > 1024 or not _NAME.fullmatch(value):
-        raise _refuse(at, f"{_short(repr(value), 120)} is not a dotted identifier (names become Python source)")
+        raise _refuse(at, f"{short_error(repr(value), 120)} is not a dotted identifier (names become Python source)")
 
 
 def _check_range(value: Any, at: str) -> None:
@@ -337,7 +337,7 @@ def _check_range(value: Any, at: str) -> None:
         raise _refuse(at, "a range that is not {min_val, max_val}")
     for bound in value.values():
         if bound is not None and (type(bound) is not int or abs(bound) > _MAX_INT):
-            raise _refuse(at, f"range bound {_short(repr(bound), 60)} is not a 64-bit integer")
+            raise _refuse(at, f"range bound {short_error(repr(bound), 60)} is not a 64-bit integer")
 
 
 def _check_text(value: Any, at: str, limit: int = 1 << 20) -> None:
@@ -377,7 +377,7 @@ def _check_metadata(value: Any, at: str) -> None:
 def _check_device(value: Any, at: str) -> None:
     if not isinstance(value, dict) or value.get("type") not in ("cpu", "cuda", "meta") or not (
             value.get("index") is None or type(value.get("index")) is int):
-        raise _refuse(at, f"device {_short(repr(value), 80)} is not cpu, cuda or meta")
+        raise _refuse(at, f"device {short_error(repr(value), 80)} is not cpu, cuda or meta")
 
 
 def _refuse_field(what: str) -> Any:
@@ -394,7 +394,7 @@ def _check_custom_obj_values(value: Any, at: str) -> None:
 
 def _check_verifiers(value: Any, at: str) -> None:
     if not isinstance(value, list) or any(v not in _VERIFIERS for v in value):
-        raise _refuse(at, f"verifiers {_short(repr(value), 80)}: only ATEN and TRAINING programs are accepted")
+        raise _refuse(at, f"verifiers {short_error(repr(value), 80)}: only ATEN and TRAINING programs are accepted")
 
 
 _FIELDS = {
@@ -442,11 +442,11 @@ _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 def _parse(text: Any, at: str, what: str) -> ast.expr:
     if not isinstance(text, str) or len(text) > MAX_EXPRESSION_CHARS or not text.isascii() or not text.isprintable():
-        raise _refuse(at, f"{what} {_short(repr(text), 120)} is not short printable ASCII")
+        raise _refuse(at, f"{what} {short_error(repr(text), 120)} is not short printable ASCII")
     try:
         return ast.parse(text, mode="eval").body  # parsing runs nothing
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        raise _refuse(at, f"{what} {_short(repr(text), 120)} does not parse") from e
+        raise _refuse(at, f"{what} {short_error(repr(text), 120)} does not parse") from e
 
 
 def check_sym_expr(text: Any, at: str = "expr_str") -> None:
@@ -458,7 +458,7 @@ def check_sym_expr(text: Any, at: str = "expr_str") -> None:
     what = "symbolic expression (expr_str)"
     bad = _sym_expr_error(_parse(text, at, what))
     if bad:
-        raise _refuse(at, f"{what} {_short(repr(text), 120)} is not plain arithmetic on shape symbols ({bad})")
+        raise _refuse(at, f"{what} {short_error(repr(text), 120)} is not plain arithmetic on shape symbols ({bad})")
 
 
 def _literal_int(node: ast.expr) -> int | None:
@@ -483,7 +483,7 @@ def _sym_expr_error(node: ast.expr) -> str | None:
                 continue
             if type(n.value) is float and math.isfinite(n.value):
                 continue
-            return f"literal {_short(repr(n.value), 40)}"
+            return f"literal {short_error(repr(n.value), 40)}"
         if isinstance(n, ast.Name):
             if not (_SYMBOL.fullmatch(n.id) or n.id in _SYMPY_NAMES):
                 return f"name {n.id!r}"
@@ -519,7 +519,7 @@ def _sym_expr_error(node: ast.expr) -> str | None:
             stack += n.args
         else:
             what = f"call of {ast.unparse(n.func)!r}" if isinstance(n, ast.Call) else type(n).__name__
-            return _short(what, 80)
+            return short_error(what, 80)
     return None
 
 
@@ -535,7 +535,7 @@ def check_guard(text: Any, at: str = "guards_code") -> None:
     what = "guards_code entry"
     bad = _guard_error(_parse(text, at, what))
     if bad:
-        raise _refuse(at, f"{what} {_short(repr(text), 120)} is not a shape guard ({bad})")
+        raise _refuse(at, f"{what} {short_error(repr(text), 120)} is not a shape guard ({bad})")
 
 
 def _is_input(node: ast.expr) -> bool:
@@ -574,7 +574,7 @@ def _guard_error(node: ast.expr) -> str | None:
         if isinstance(n, ast.Constant):
             if type(n.value) in (int, bool) and abs(n.value) <= _MAX_INT:
                 continue
-            return f"literal {_short(repr(n.value), 40)}"
+            return f"literal {short_error(repr(n.value), 40)}"
         if isinstance(n, ast.BoolOp):
             stack += n.values
         elif isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not | ast.USub | ast.UAdd):
@@ -587,7 +587,7 @@ def _guard_error(node: ast.expr) -> str | None:
                 return "a power whose exponent is not a literal up to 64"
             stack += [n.left, n.right]
         else:
-            return _short(f"{type(n).__name__} {ast.unparse(n)!r}", 100)
+            return short_error(f"{type(n).__name__} {ast.unparse(n)!r}", 100)
     return None
 
 
@@ -614,8 +614,8 @@ def check_target(target: Any, at: str = "target") -> None:
     if isinstance(target, str) and target in _sym_op_names():
         return
     if isinstance(target, str) and target.startswith("torch.ops.higher_order."):
-        raise _refuse(at, f"higher-order operator {_short(target, 80)!r} is not supported")
-    raise _refuse(at, f"node target {_short(repr(target), 120)} is not an aten operator "
+        raise _refuse(at, f"higher-order operator {short_error(target, 80)!r} is not supported")
+    raise _refuse(at, f"node target {short_error(repr(target), 120)} is not an aten operator "
                       "(targets are resolved by name; only torch.ops.aten.<op>.<overload> is accepted)")
 
 
@@ -644,7 +644,7 @@ def check_treespec(text: Any, at: str = "in_spec") -> None:
                 raise _refuse(at, "a pytree leaf with a context or children")
             continue
         if typ not in _TREESPEC_TYPES:
-            raise _refuse(at, f"pytree type {_short(repr(typ), 80)} (only tuple, list, dict, OrderedDict and "
+            raise _refuse(at, f"pytree type {short_error(repr(typ), 80)} (only tuple, list, dict, OrderedDict and "
                               "namedtuple; others import modules by name)")
         if not isinstance(context, str):
             raise _refuse(at, f"a {typ} context that is not a string")
@@ -754,11 +754,11 @@ def check_sample_inputs(data: bytes, where: str = _SAMPLE_INPUTS) -> None:
         for op, arg, _pos in pickletools.genops(code):
             if op.name in _PICKLE_OPS or (op.name == "GLOBAL" and not _PICKLE_GLOBALS.fullmatch(str(arg))):
                 raise _refuse(where, f"holds more than tensors (the pickle asks for {op.name} "
-                                     f"{_short(repr(arg), 80)})")
+                                     f"{short_error(repr(arg), 80)})")
     except ModelError:
         raise
     except Exception as e:  # a damaged zip or pickle: refused the same way
-        raise _refuse(where, f"holds more than tensors or is damaged ({_short(e, 100)})") from e
+        raise _refuse(where, f"holds more than tensors or is damaged ({short_error(e, 100)})") from e
 
 
 # ---------------------------------------------------------------------------
@@ -790,7 +790,7 @@ def check_graph(ep: torch.export.ExportedProgram) -> None:
                  and target._schema.name.split("::")[-1] not in _DENIED_OPS)
                 or (not isinstance(target, torch._ops.OperatorBase) and target in allowed))
             if not ok:
-                raise _refuse("the loaded graph", f"node {node.name!r} is a {node.op} of {_short(repr(target), 80)}, "
+                raise _refuse("the loaded graph", f"node {node.name!r} is a {node.op} of {short_error(repr(target), 80)}, "
                                                   "not an aten operator")
     for name, value in (*ep.state_dict.items(), *ep.constants.items()):
         if not isinstance(value, torch.Tensor) or type(value) not in (torch.Tensor, torch.nn.Parameter):
@@ -839,4 +839,4 @@ def static_shapes(ep: torch.export.ExportedProgram, input_shapes: list[list[int]
         return torch.export.export(ep.module(), args)
     except Exception as e:  # a guard or a dimension's range refused the shapes, or the graph cannot be traced
         raise ModelError("input_shapes", f"the program's dynamic dimensions cannot take {shapes}: "
-                                         f"{type(e).__name__}: {_short(e)}") from e
+                                         f"{type(e).__name__}: {short_error(e)}") from e
