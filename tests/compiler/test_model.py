@@ -53,7 +53,7 @@ def test_tasks_are_deduplicated_and_weighted(imported, saved):
     cnn = imported["small_cnn"]
     assert [s.shape for s in cnn.inputs] == [(1, 3, 16, 16)] and [s.shape for s in cnn.outputs] == [(1, 10)]
     assert cnn.param_names[:2] == ["conv1.weight", "conv1.bias"]
-    calls = M._call_counts(cnn.mod["main"])
+    calls = M.call_counts(cnn.mod["main"])
     assert sum(t.weight for t in cnn.tasks) == sum(calls.values())
     assert len({t.workload_key for t in cnn.tasks}) == len(cnn.tasks)
     # conv2 and conv3 (+bias, relu) are one task called twice
@@ -66,7 +66,7 @@ def test_tasks_are_deduplicated_and_weighted(imported, saved):
     assert [t.workload_key for t in again.tasks] == [t.workload_key for t in cnn.tasks]
     # the transformer block: every call_tir belongs to one task, the projections are complex tasks
     tf = imported["small_transformer"]
-    assert sum(t.weight for t in tf.tasks) == sum(M._call_counts(tf.mod["main"]).values())
+    assert sum(t.weight for t in tf.tasks) == sum(M.call_counts(tf.mod["main"]).values())
     assert any(t.complex and "matmul" in t.name for t in tf.tasks)
 
 

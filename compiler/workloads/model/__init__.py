@@ -1,0 +1,122 @@
+"""Whole models: a `torch.export` file -> Relax -> fused tasks -> a tuned Relax VM executable -> an artifact.
+
+    ep = load_exported_program(path)                   # safe: nothing from the file is evaluated (pt2.py)
+    model = import_model(ep)                           # legalized and fused Relax, params, tasks
+    model.tasks                                        # one per distinct fused PrimFunc, with its weight
+    built = build_model(model, target, {task.workload_key: scheduled_mod, ...},
+                        layouts={task.workload_key: TaskLayout(func_in_new_layouts, index_maps)})
+    outs = run_model(built, inputs)                    # numpy in, numpy out
+    write_model_artifact(dest, model, built, target, ...)  # lib.so, params.npz, manifest.json, run.py
+
+Import: `relax.frontend.torch.from_exported_program(keep_params_as_input=True)`
+(parameters stay arguments of "main", after the user inputs, so they ship
+beside the library and are never baked into it), then `DecomposeOpsForInference`,
+`LegalizeOps`, `AnnotateTIROpPattern`, `FoldConstant`, `FuseOps`, `FuseTIR`: the
+fused PrimFuncs are what gets tuned. Tasks are deduplicated by the structural
+hash of the PrimFunc (its name left out), and weighted by how many `call_tir`s
+of "main" call one of its copies.
+
+Build: scheduled PrimFuncs replace every copy of their task's function. A task
+given a `TaskLayout` (its function rewritten for other buffer layouts) is swapped
+in by `relax.transform.AlterOpImpl`, which wraps the call in `layout_transform`s;
+`LiftTransformParams` then moves every parameter-only computation -- the weight
+layout transforms, bias reshapes, batch-norm constants -- into
+`main_transform_params`, which `build_model` runs once, so the parameters ship
+already transformed; transforms of activations stay as conversions between
+tasks. Element-wise producers and consumers inside a fused task share its
+layout (FuseOps put them in the same PrimFunc); across tasks no propagation is
+done yet (see docs/design.md).
+
+The package, one module a step: `..pt2` (loading an upload safely), `importer` (import_model,
+ImportedModel), `layouts` (the graph-level layout policy), `tasks` (ModelTask, extract_tasks), `build`
+(build_model, run_model, time_model), `artifact` (the downloadable artifact). This module re-exports
+what the rest of altune uses.
+
+Loading an upload safely: `load_exported_program` (`compiler.workloads.pt2`, re-exported here) checks
+the archive and every string of the program's JSON that torch would evaluate, import or unpickle
+before torch sees the file, and refuses what is not plain (see that module's docstring).
+
+Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy
+are imported inside functions.
+"""
+
+from ..pt2 import DEFAULT_MAX_FILE_BYTES, ModelError, load_exported_program
+from .artifact import (
+    MODEL_ARTIFACT_FILES,
+    MODEL_MANIFEST_FORMAT,
+    RUN_PY,
+    extract_model_artifact,
+    make_model_manifest,
+    torch_outputs,
+    write_model_artifact,
+)
+from .build import (
+    BuiltModel,
+    TaskLayout,
+    alter_layouts,
+    apply_schedules,
+    build_model,
+    default_cpu_schedule,
+    flatten_outputs,
+    run_model,
+    time_model,
+)
+from .importer import ImportedModel, import_model
+from .layouts import (
+    MODEL_LAYOUTS,
+    blocked_conv_layouts,
+    conv_blocks,
+    depthwise_conv2d_nchwc,
+    legalize_conv2d,
+    vector_lanes,
+)
+from .tasks import (
+    COMPLEX_OPS,
+    DEFAULT_MAX_TENSOR_ELEMENTS,
+    ModelTask,
+    call_counts,
+    extract_tasks,
+    flatten_sinfo,
+    func_args,
+    structural_key,
+    tensor_spec,
+)
+
+__all__ = [
+    "BuiltModel",
+    "COMPLEX_OPS",
+    "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_MAX_TENSOR_ELEMENTS",
+    "ImportedModel",
+    "MODEL_ARTIFACT_FILES",
+    "MODEL_LAYOUTS",
+    "MODEL_MANIFEST_FORMAT",
+    "ModelError",
+    "ModelTask",
+    "RUN_PY",
+    "TaskLayout",
+    "alter_layouts",
+    "apply_schedules",
+    "blocked_conv_layouts",
+    "build_model",
+    "call_counts",
+    "conv_blocks",
+    "default_cpu_schedule",
+    "depthwise_conv2d_nchwc",
+    "extract_model_artifact",
+    "extract_tasks",
+    "flatten_outputs",
+    "flatten_sinfo",
+    "func_args",
+    "import_model",
+    "legalize_conv2d",
+    "load_exported_program",
+    "make_model_manifest",
+    "run_model",
+    "structural_key",
+    "tensor_spec",
+    "time_model",
+    "torch_outputs",
+    "vector_lanes",
+    "write_model_artifact",
+]

@@ -1,0 +1,188 @@
+"""The model artifact: lib.so, params.npz, manifest.json and a run.py that needs only TVM's runtime.
+
+Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from compiler.arrays import device
+
+from ..operators import TensorSpec
+
+from .build import BuiltModel
+from .importer import ImportedModel
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    import tvm
+
+
+MODEL_ARTIFACT_FILES = ("lib.so", "params.npz", "manifest.json", "run.py")
+
+
+MODEL_MANIFEST_FORMAT = 1
+
+
+RUN_PY = '''"""Loads and runs this altune model artifact with TVM's runtime (no altune needed).
+
+    python run.py                      # random inputs, prints output shapes
+    python run.py inputs.npz out.npz   # inputs named as in manifest.json, outputs output0, output1, ...
+
+From Python: `from run import load; run = load("."); outputs = run(*numpy_inputs)`.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+# TVM's runtime runs one thread per two x86 cores unless told; the latencies in manifest.json used every core.
+os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                             else os.cpu_count() or 1))
+
+import numpy as np  # noqa: E402
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
+
+
+def load(folder="."):
+    """A function numpy inputs -> list of numpy outputs, for the artifact unpacked in `folder`."""
+    folder = Path(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    dev = tvm.device(manifest["device"], 0)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(folder / "lib.so")), dev)
+    with np.load(folder / "params.npz", allow_pickle=False) as npz:
+        params = [tvm.runtime.tensor(npz[p["key"]], dev) for p in manifest["params"]]
+
+    def flatten(out):
+        return [out.numpy()] if hasattr(out, "numpy") else [a for o in out for a in flatten(o)]
+
+    def run(*inputs):
+        assert len(inputs) == len(manifest["inputs"]), f"{len(inputs)} inputs, expected {len(manifest['inputs'])}"
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a, dtype=s["dtype"]), dev)
+                for a, s in zip(inputs, manifest["inputs"])]
+        return flatten(vm["main"](*args, *params))
+
+    run.manifest = manifest
+    return run
+
+
+def main(argv):
+    run = load(Path(__file__).resolve().parent)
+    specs = run.manifest["inputs"]
+    if argv:
+        with np.load(argv[0], allow_pickle=False) as npz:
+            inputs = [npz[s["name"]] for s in specs]
+    else:
+        rng = np.random.default_rng(0)
+        inputs = [rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]) if s["dtype"].startswith("float")
+                  else rng.integers(0, 100, s["shape"]).astype(s["dtype"]) for s in specs]
+    outputs = run(*inputs)
+    for i, out in enumerate(outputs):
+        print(f"output{i}: shape {list(out.shape)} {out.dtype}")
+    if len(argv) > 1:
+        np.savez(argv[1], **{f"output{i}": o for i, o in enumerate(outputs)})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+'''
+
+
+def make_model_manifest(model: ImportedModel, built: BuiltModel, target: Any, *, latency_ms: float | None = None,
+                        tasks: Sequence[dict] = (), spec: dict | None = None) -> dict:
+    """manifest.json of a model artifact: inputs, outputs, params (npz keys in call order), tasks."""
+    import tvm
+
+    def tensor(s: TensorSpec) -> dict:
+        return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
+
+    kind = target.kind.name if hasattr(target, "kind") else str(target)
+    return {
+        "format": MODEL_MANIFEST_FORMAT,
+        "kind": "model",
+        "function": "main",
+        "call": 'vm["main"](*inputs, *params)',
+        "usage": "python run.py [inputs.npz [outputs.npz]]; or from run import load; outputs = load('.')(*inputs)",
+        "inputs": [tensor(s) for s in model.inputs],
+        "outputs": [tensor(s) for s in model.outputs],
+        # the parameters "main" takes: the model's, transformed at build time (packed layouts), in call order
+        "params": [{"key": f"p{i}", "shape": list(a.shape), "dtype": str(a.dtype)}
+                   for i, a in enumerate(built.params)],
+        "model_params": [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype)}
+                         for n, a in zip(model.param_names, model.params)],
+        "tasks": list(tasks) or [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight,
+                                  "complex": t.complex} for t in model.tasks],
+        "target": str(target),
+        "device": "cpu" if kind == "llvm" else kind,
+        "latency_ms": latency_ms,
+        "spec": spec or {},
+        "tvm_version": tvm.__version__,
+    }
+
+
+def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: BuiltModel, target: Any, *,
+                         latency_ms: float | None = None, tasks: Sequence[dict] = (),
+                         spec: dict | None = None) -> Path:
+    """Writes the model artifact (.tar.gz, atomically): lib.so, params.npz, manifest.json, run.py.
+
+    Args:
+        dest: the .tar.gz path (parents created, an existing file replaced).
+        model: the imported model.
+        built: `build_model`'s result (its library and transformed parameters are written).
+        target: the target it was built for.
+        latency_ms: measured end-to-end latency, if any.
+        tasks: per-task facts for the manifest (name, key, weight, latency...); the model's tasks when empty.
+        spec: the job spec, recorded as given.
+    """
+    import numpy as np
+
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    manifest = make_model_manifest(model, built, target, latency_ms=latency_ms, tasks=tasks, spec=spec)
+    with tempfile.TemporaryDirectory(prefix="altune-model-") as tmp:
+        folder = Path(tmp)
+        built.ex.export_library(str(folder / "lib.so"))
+        np.savez(folder / "params.npz", **{f"p{i}": a for i, a in enumerate(built.params)})
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (folder / "run.py").write_text(RUN_PY)
+        partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+        try:
+            with tarfile.open(partial, "w:gz") as tar:
+                for name in MODEL_ARTIFACT_FILES:
+                    tar.add(folder / name, arcname=name)
+            os.replace(partial, dest)
+        finally:
+            partial.unlink(missing_ok=True)
+    return dest
+
+
+def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
+    """Extracts the known files of a model artifact (regular files only, no paths) into `dest_dir`."""
+    from compiler.build import extract_artifact
+
+    return extract_artifact(path, dest_dir, MODEL_ARTIFACT_FILES)
+
+
+def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
+    """A torch module's outputs on numpy or torch inputs, flattened, as numpy (the reference)."""
+    import numpy as np
+    import torch
+
+    def flatten(out: Any) -> list[np.ndarray]:
+        if isinstance(out, torch.Tensor):
+            return [out.detach().numpy()]
+        return [a for o in out for a in flatten(o)]
+
+    tensors = [torch.from_numpy(np.asarray(a)) if not isinstance(a, torch.Tensor) else a for a in inputs]
+    with torch.no_grad():
+        return flatten(module(*tensors))

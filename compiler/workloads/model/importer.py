@@ -1,0 +1,199 @@
+"""Import: a loaded `torch.export` program -> legalized and fused Relax with its parameters and tasks.
+
+Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+
+from ..operators import TensorSpec
+from ..pt2 import ModelError, short_error
+
+from .layouts import MODEL_LAYOUTS, blocked_conv_layouts, legalize_conv2d, vector_lanes
+from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    import tvm
+
+
+@dataclass(eq=False)
+class ImportedModel:
+    """A model as Relax, fused and legalized, with its parameters and tasks.
+
+    Attributes:
+        mod: the IRModule: "main" (Relax; inputs, then parameters) and the fused PrimFuncs.
+        params: parameter arrays in "main"'s order after the inputs.
+        param_names: their names ("conv1.weight").
+        inputs: the user inputs ("x", shapes, dtypes).
+        outputs: the outputs in flattened order.
+        tasks: one per distinct fused PrimFunc, by descending weight then name.
+    """
+
+    mod: tvm.IRModule
+    params: list[np.ndarray]
+    param_names: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    tasks: list[ModelTask] = field(default_factory=list)
+
+
+def import_model(
+    ep: torch.export.ExportedProgram,
+    input_shapes: Sequence[Sequence[int]] | None = None,
+    *,
+    layout: str = "none",
+    target: tvm.target.Target | str | None = None,
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+) -> ImportedModel:
+    """torch.export program -> fused Relax, parameters and tasks.
+
+    Args:
+        ep: the exported program (static shapes).
+        input_shapes: the user's input shapes, checked against the program's; None: the program's.
+        layout: "none" (the operators' own layouts, NCHW) or "blocked" (graph-level layouts: every
+            dense and depthwise conv2d in `N C/c H W c` with weights `O/o I/i KH KW i o`, the block factors from
+            `conv_blocks`, propagated by `relax.transform.ConvertLayout`; see `MODEL_LAYOUTS`).
+        target: what the block factors are chosen for (its vector width); None: "llvm" defaults.
+        max_tensor_elements: largest accepted input, parameter or intermediate tensor.
+
+    Raises:
+        ModelError: "model" for unsupported operators (named) or a failed import;
+            "input_shapes" for shapes that differ from the program's, dynamic
+            shapes, or a tensor over `max_tensor_elements`.
+    """
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend import detach_params
+    from tvm.relax.frontend.torch import from_exported_program
+
+    user_inputs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    program_shapes = []
+    for spec in user_inputs:
+        val = placeholders[spec.arg.name].meta.get("val")
+        shape = tuple(getattr(val, "shape", ()))
+        if not all(isinstance(d, int) for d in shape):
+            raise ModelError("input_shapes", f"input {spec.arg.name!r} has a dynamic shape {tuple(map(str, shape))}; "
+                                             "export with static shapes")
+        program_shapes.append(tuple(int(d) for d in shape))
+    if input_shapes is not None:
+        given = [tuple(int(d) for d in s) for s in input_shapes]
+        if given != program_shapes:
+            raise ModelError("input_shapes", f"the program was exported for input shapes {program_shapes}, "
+                                             f"got {given}; export it again with these shapes")
+
+    try:
+        mod = from_exported_program(ep, keep_params_as_input=True)
+    except (AssertionError, ValueError, NotImplementedError, KeyError, TypeError) as e:
+        found = re.search(r"Unsupported function types \[(.*?)\]", str(e))
+        if found:
+            ops = sorted(o.strip(" '\"") for o in found.group(1).split(","))
+            raise ModelError("model", f"unsupported operator(s): {', '.join(ops)}") from e
+        raise ModelError("model", f"import failed: {type(e).__name__}: {short_error(e)}") from e
+    num_input = int(mod["main"].attrs["num_input"])
+    mod, params = detach_params(mod)
+    main = mod["main"]
+    param_vars = list(main.params[num_input:])
+    param_arrays = [p.numpy() for p in params.get("main", [])]
+    assert len(param_arrays) == len(param_vars), f"{len(param_arrays)=} != {len(param_vars)=}"
+    # the importer names "main"'s parameters after the fx placeholders ("p_conv1_weight")
+    names_by_var = {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.target}
+    param_names = [names_by_var.get(v.name, v.name) for v in param_vars]
+    inputs = [tensor_spec(v.name, v.ty) for v in main.params[:num_input]]
+    outputs = [tensor_spec(f"output{i}", si) for i, si in enumerate(flatten_sinfo(main.ret_ty))]
+    for spec in [*inputs, *(TensorSpec(n, tuple(a.shape), str(a.dtype)) for n, a in
+                            zip(param_names, param_arrays))]:
+        if spec.size > max_tensor_elements:
+            raise ModelError("input_shapes", f"tensor {spec.name} {'x'.join(map(str, spec.shape))} has "
+                                             f"{spec.size} elements, more than the limit {max_tensor_elements}")
+
+    if layout not in MODEL_LAYOUTS:
+        raise ModelError("layout", f"unknown layout {layout!r}; one of {', '.join(MODEL_LAYOUTS)}")
+    target = tvm.target.Target(target or "llvm") if not isinstance(target, tvm.target.Target) else target
+    passes = [relax.transform.DecomposeOpsForInference()]
+    if layout == "blocked":
+        passes += [_clip_as_min_max(),
+                   relax.transform.ConvertLayout({}, blocked_conv_layouts(vector_lanes(target, "float32")))]
+    # exp, erf, tanh and softmax as TVM's polynomial versions (`topi.fast_*`: float32-accurate, and unlike
+    # the libm calls LLVM makes of the plain ones, they vectorize); after ConvertLayout, which they would stop
+    passes += [_gelu_as_erf(), relax.transform.FastMathTransform()]
+    seq = tvm.transform.Sequential([
+        *passes,
+        relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d}),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ])
+    try:
+        with target:  # topi's NCHWc conv2d asks for one
+            fused = seq(mod)
+    except Exception as e:  # an operator Relax imports but cannot legalize
+        raise ModelError("model", f"lowering failed: {type(e).__name__}: {short_error(e)}") from e
+    model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs)
+    model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
+    return model
+
+
+def _clip_as_min_max() -> Any:
+    """A pass: `clip(x, lo, hi)` -> `minimum(maximum(x, lo), hi)` (ReLU6). ConvertLayout has no layout
+    rule for clip and would convert the blocked tensor back to NCHW around every ReLU6 (MobileNet-V2:
+    70 conversions); the element-wise maximum and minimum with a scalar carry the layout through."""
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x, lo, hi = wildcard(), wildcard(), wildcard()
+    pattern = is_op("relax.clip")(x, lo, hi)
+
+    def rewrite(expr: Any, matches: Any) -> Any:
+        dtype = expr.ty.dtype
+        bounds = [getattr(matches[v], "value", None) for v in (lo, hi)]  # IntImm / FloatImm
+        if not all(isinstance(b, int | float) for b in bounds):
+            return expr
+        low, high = (relax.const(float(b), dtype) for b in bounds)
+        return relax.op.minimum(relax.op.maximum(matches[x], low), high)
+
+    @relax.transform.function_pass(opt_level=0, name="ClipAsMinMax")
+    def clip_as_min_max(func: Any, _mod: Any, _ctx: Any) -> Any:
+        return rewrite_call(pattern, rewrite, func)
+
+    return clip_as_min_max
+
+
+def _gelu_as_erf() -> Any:
+    """A pass: `gelu(x)` -> `x * (0.5 + 0.5 * erf(x / sqrt(2)))` and `gelu_tanh(x)` -> its tanh formula, in
+    Relax element-wise ops, so `relax.transform.FastMathTransform` (which knows `erf` and `tanh`, not
+    gelu) gives them its vectorizable polynomial `erf` / `tanh`."""
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    x = wildcard()
+    exact, tanh = is_op("relax.nn.gelu")(x), is_op("relax.nn.gelu_tanh")(x)
+
+    def rewrite(expr: Any, matches: Any) -> Any:
+        v, dtype = matches[x], str(expr.ty.dtype)
+        if not dtype.startswith("float"):
+            return expr
+        c = lambda value: relax.const(value, dtype)  # noqa: E731
+        if expr.op.name == "relax.nn.gelu":
+            inner = relax.op.erf(relax.op.multiply(v, c(0.7071067811865476)))
+        else:  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+            cube = relax.op.multiply(relax.op.multiply(v, v), v)
+            inner = relax.op.tanh(relax.op.multiply(
+                relax.op.add(v, relax.op.multiply(cube, c(0.044715))), c(0.7978845608028654)))
+        return relax.op.multiply(v, relax.op.add(c(0.5), relax.op.multiply(inner, c(0.5))))
+
+    @relax.transform.function_pass(opt_level=0, name="GeluAsErf")
+    def gelu_as_erf(func: Any, _mod: Any, _ctx: Any) -> Any:
+        return rewrite_call(exact | tanh, rewrite, func)
+
+    return gelu_as_erf
