@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from compiler.arrays import arg_specs, check_close, device, random_inputs
+from tuner.measure import one_line
 
 if TYPE_CHECKING:
     import numpy as np
@@ -366,7 +367,7 @@ def _metaschedule_in(
                 num_tuning_cores=cores,
             )
     except Exception as e:  # a crash in the baseline is a result to report, not ours to raise
-        return Baseline(None, time.perf_counter() - start, error=f"MetaSchedule failed: {_one_line(e)}",
+        return Baseline(None, time.perf_counter() - start, error=f"MetaSchedule failed: {one_line(e)}",
                         work_dir=str(run_dir))
     tune_s = time.perf_counter() - start
     trials = len(database.get_all_tuning_records())
@@ -381,18 +382,13 @@ def _metaschedule_in(
             expected = reference_output(prim_func, target, inputs)
         out, ms_latency = run_and_time(best, prim_func, target, inputs)
     except Exception as e:
-        return Baseline(None, tune_s, best, f"MetaSchedule's best program failed to run: {_one_line(e)}",
+        return Baseline(None, tune_s, best, f"MetaSchedule's best program failed to run: {one_line(e)}",
                         trials, work_dir=str(run_dir))
     mismatch = check_close(out, expected)
     if mismatch is not None:
         return Baseline(None, tune_s, best, f"MetaSchedule's best program is wrong: {mismatch}", trials,
                         correct=False, work_dir=str(run_dir))
     return Baseline(ms_latency, tune_s, best, None, trials, correct=True, work_dir=str(run_dir))
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[-1] if text else ''}"
 
 
 # ---------------------------------------------------------------------------

@@ -106,7 +106,8 @@ def untransformed_module(prim_func: tvm.tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": prim_func.with_attr("global_symbol", "main")})
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """"ErrorType: the last non-empty line of its message" (TVM's errors end with the reason), at most 500 chars."""
     lines = [line for line in str(e).strip().splitlines() if line.strip()]
     return f"{type(e).__name__}: {lines[-1].strip() if lines else ''}"[:500]
 
@@ -293,7 +294,7 @@ class LocalMeasurer(Measurer):
                              f"abort or exit) while {'building or running' if kind == 'run' else 'building'} "
                              "this candidate; worker restarted"}
         except Exception as e:  # an exception raised in the child: build error, runtime error
-            return {"error": f"{'build or run' if kind == 'run' else 'build'} failed: {_one_line(e)}"}
+            return {"error": f"{'build or run' if kind == 'run' else 'build'} failed: {one_line(e)}"}
 
     def _call(self, timeout_s: float, *args: Any) -> dict:
         """Runs `_child_run(*args)` in the measuring process; failures come back as {"error": ...}."""
@@ -321,7 +322,7 @@ class LocalMeasurer(Measurer):
             try:
                 mod_json = tvm.ir.save_json(c.mod)
             except Exception as e:  # noqa: BLE001 - measure_one reports it
-                self._built[id(c.mod)] = (c.mod, {"error": f"cannot serialize the module: {_one_line(e)}"})
+                self._built[id(c.mod)] = (c.mod, {"error": f"cannot serialize the module: {one_line(e)}"})
                 continue
             futures.append((c, path, pool.submit(_child_build, mod_json, dict(task.target.export()), path,
                                                  self.child_hook, dict(c.config))))
@@ -413,7 +414,7 @@ class LocalMeasurer(Measurer):
             try:
                 mod_json = tvm.ir.save_json(candidate.mod)
             except Exception as e:
-                return {"error": f"cannot serialize the module: {_one_line(e)}"}
+                return {"error": f"cannot serialize the module: {one_line(e)}"}
         result = self._call(
             self.timeout_s, mod_json, built.get("lib"), arg_specs(candidate.mod["main"])[-1],
             dict(task.target.export()), prepared.inputs_path, prepared.expected_path, False, self.repeat,
