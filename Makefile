@@ -18,7 +18,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	sh scripts/install-chromium.sh
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 bench-smoke: $(STAMP)
 	$(PY) -m bench.ops --suite smoke

@@ -64,10 +64,11 @@ class Load:
 
 
 @pytest.fixture
-def served(db_url, tmp_path) -> Iterator[str]:
+def served(sqlite_url, tmp_path) -> Iterator[str]:
     """`altune serve` with one worker on a loopback port, its own process tree: the URL to reach it."""
     port = free_port()
     # a build that hangs (it happens, and costs 60 s by default) must not hold back the first trials for long
+    db_url = sqlite_url  # the embedded default; the same pool and thread budget holds on PostgreSQL (docs/design.md)
     env = os.environ | {"ALTUNE_DATABASE_URL": db_url, "ALTUNE_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT),
                         "ALTUNE_MEASURE_TIMEOUT": "10"}
     log = (tmp_path / "serve.log").open("w")

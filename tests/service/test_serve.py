@@ -72,9 +72,18 @@ def _server_tree(proc: subprocess.Popen, workers: int) -> list[psutil.Process]:
         time.sleep(0.2)
 
 
+def _running(p: psutil.Process) -> bool:
+    """Still running: not gone, and not a zombie (dead, waiting only for its parent to reap it)."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _assert_all_gone(procs: list[psutil.Process], timeout: float = 30) -> None:
-    gone, alive = psutil.wait_procs(procs, timeout=timeout)
-    assert not alive, f"left running: {[(p.pid, ' '.join(p.cmdline())) for p in alive]}"
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    alive = [p for p in alive if _running(p)]
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
 
 
 @pytest.fixture
@@ -154,7 +163,7 @@ def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how
     r = httpx.post(f"{url}/api/v1/jobs", json=BIG_DENSE, timeout=10)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    _wait_job(url, job_id, ("running",), trials=2)  # a worker is measuring: it has measurement processes
+    _wait_job(url, job_id, ("running",), trials=1)  # a worker is measuring: it has measurement processes
     tree = _server_tree(proc, workers=2)
     assert len(tree) > 3, f"expected the server, 2 workers and measurement processes: {tree}"
 
@@ -167,7 +176,7 @@ def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how
     with session_scope(f"sqlite:///{tmp_path / 'data' / 'altune.db'}") as s:
         job = s.get(Job, job_id)
         kept = len(TrialRow.where_task(s, job.tasks[0].id))
-        assert job.status == "running" and kept == job.trials_done >= 2
+        assert job.status == "running" and kept == job.trials_done >= 1
         if how != signal.SIGKILL:  # a graceful stop hands the job on at once; a crash leaves it to the lease
             assert job.lease_expires_at < utcnow()
 
@@ -176,7 +185,7 @@ def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how
 def test_serve_resumes_a_job_its_previous_run_was_stopped_in(serve):
     proc, url = serve()
     _wait_up(url, proc)
-    job_id = httpx.post(f"{url}/api/v1/jobs", json=DENSE | {"budget": 12}, timeout=10).json()["id"]
+    job_id = httpx.post(f"{url}/api/v1/jobs", json=DENSE | {"budget": 6}, timeout=10).json()["id"]
     before = _wait_job(url, job_id, ("running",), trials=2)["trials_done"]
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
@@ -185,6 +194,6 @@ def test_serve_resumes_a_job_its_previous_run_was_stopped_in(serve):
     _wait_up(url, proc)
     job = _wait_job(url, job_id, ("succeeded", "failed"), timeout=300)
     assert job["status"] == "succeeded", job["error"]
-    assert job["trials_done"] == 12 and job["attempts"] == 2 and before >= 2
+    assert job["trials_done"] == 6 and job["attempts"] == 2 and before >= 2
     trials = httpx.get(f"{url}/api/v1/jobs/{job_id}/trials", params={"limit": 100}, timeout=10).json()
-    assert sorted(t["index"] for t in trials["data"]) == list(range(12))  # nothing lost, nothing measured twice
+    assert sorted(t["index"] for t in trials["data"]) == list(range(6))  # nothing lost, nothing measured twice

@@ -42,6 +42,14 @@ def _save(ep) -> bytes:
     return buf.getvalue()
 
 
+@pytest.fixture
+def settings(sqlite_url, tmp_path):
+    """SQLite only: what these tests check happens before the database (storing a job is test_models.py's)."""
+    from service.settings import Settings
+
+    return Settings(database_url=sqlite_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2)
+
+
 @pytest.fixture(scope="module")
 def program() -> bytes:
     """A genuine program with a dynamic batch (2..64, exported at 5): its sizes are `expr_str`s."""
