@@ -67,11 +67,26 @@ def cmd_worker(args: argparse.Namespace) -> None:
     # SIGTERM (from `altune serve`, a process manager, or the kernel when the server dies) stops the worker:
     # the job in hand is released for the next worker, which resumes it from its trials
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    worker.run_forever()
+    try:
+        worker.run_forever()
+    finally:  # the job in hand was released (or finished) on the way out
+        _stop_own_group()
 
 
 def _exit_on_signal(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
+
+
+def _stop_own_group() -> None:
+    """A stopping worker's last step: end its process group (itself and its measurement processes).
+
+    Under `altune serve` the worker leads a process group of its own; when the server crashed, nobody else
+    stops that group. A worker started by hand shares its shell's group, which is left alone.
+    """
+    if os.getpgrp() == os.getpid():
+        # SIGKILL, this process included: the job is released and every trial committed, and a measurement
+        # process (or a thread waiting on one at interpreter exit) must not keep the worker alive
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -92,9 +107,12 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _stop_workers(workers: list[subprocess.Popen], grace: float = 10.0) -> None:
-    """SIGTERM each worker's process group (the worker and its measurement processes), then SIGKILL stragglers."""
-    for w in workers:
-        _signal_group(w, signal.SIGTERM)
+    """SIGTERM each worker (it hands its job back, then ends its process group), then SIGKILL what is left."""
+    for w in workers:  # the worker alone: it releases its job, then ends its group (`_stop_own_group`)
+        try:
+            w.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + grace
     for w in workers:
         try:

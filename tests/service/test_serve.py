@@ -83,7 +83,7 @@ def _running(p: psutil.Process) -> bool:
 def _assert_all_gone(procs: list[psutil.Process], timeout: float = 30) -> None:
     _, alive = psutil.wait_procs(procs, timeout=timeout)
     alive = [p for p in alive if _running(p)]
-    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert not alive, f"left running: {[(p.pid, p.ppid(), p.cmdline()[-3:]) for p in alive]}"
 
 
 @pytest.fixture
@@ -163,9 +163,11 @@ def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how
     r = httpx.post(f"{url}/api/v1/jobs", json=BIG_DENSE, timeout=10)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    _wait_job(url, job_id, ("running",), trials=1)  # a worker is measuring: it has measurement processes
-    tree = _server_tree(proc, workers=2)
-    assert len(tree) > 3, f"expected the server, 2 workers and measurement processes: {tree}"
+    _wait_job(url, job_id, ("running",))
+    deadline = time.monotonic() + 120
+    while len(tree := _server_tree(proc, workers=2)) <= 3:  # a worker is measuring: it has measurement processes
+        assert time.monotonic() < deadline, f"expected the server, 2 workers and measurement processes: {tree}"
+        time.sleep(0.3)
 
     proc.send_signal(how)
     _assert_all_gone(tree)
@@ -176,7 +178,7 @@ def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how
     with session_scope(f"sqlite:///{tmp_path / 'data' / 'altune.db'}") as s:
         job = s.get(Job, job_id)
         kept = len(TrialRow.where_task(s, job.tasks[0].id))
-        assert job.status == "running" and kept == job.trials_done >= 1
+        assert job.status == "running" and kept == job.trials_done
         if how != signal.SIGKILL:  # a graceful stop hands the job on at once; a crash leaves it to the lease
             assert job.lease_expires_at < utcnow()
 
