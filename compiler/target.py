@@ -4,6 +4,11 @@ Without `mcpu` LLVM emits generic x86-64 code (no AVX-512), roughly 5x slower on
 a tuned matmul here, so "host" and "llvm" always carry the detected CPU and core
 count. Detection runs once per process.
 
+LLVM names the CPU from its family and model, so a virtual machine that hides
+some of its vector units (a Zen 4 without AVX-512 here) still gets "znver4" and code
+that dies with SIGILL: `host_mattr` turns off every vector feature of that CPU
+which the kernel does not report (`/proc/cpuinfo`), and the target carries it.
+
 TVM's CPU thread pool halves the logical core count on x86 (it assumes
 hyper-threading), so on a 2-core machine without SMT it ran every parallel loop
 on one thread: `use_all_cores` (called when `compiler` is imported) sets
@@ -28,6 +33,33 @@ def host_cpu() -> str:
     from tvm.target import codegen
 
     return str(codegen.llvm_get_system_cpu())
+
+
+# LLVM feature names that /proc/cpuinfo reports under another name
+_CPUINFO_NAMES = {"bmi1": "bmi", "sha_ni": "sha", "pclmulqdq": "pclmul", "sse4_1": "sse4.1", "sse4_2": "sse4.2"}
+_CHECKED = ("avx", "fma", "f16c", "gfni", "vaes", "vpclmulqdq", "amx", "sha", "bmi", "sse4")  # prefixes
+
+
+@functools.cache
+def host_mattr() -> tuple[str, ...]:
+    """"-feature" for each vector feature LLVM assumes of `host_cpu` that this machine does not have.
+
+    Empty where the kernel's flags cannot be read (not Linux): LLVM's CPU model is then trusted.
+    """
+    import tvm
+    from tvm.target import codegen
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return ()
+    if flags is None:
+        return ()
+    present = {_CPUINFO_NAMES.get(flag, flag.replace("_", "")) for flag in flags}
+    assumed = codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()}))
+    return tuple(f"-{feature}" for feature in sorted(assumed)
+                 if feature.startswith(_CHECKED) and feature not in present)
 
 
 @functools.cache
@@ -87,7 +119,10 @@ def _check(name: str) -> None:
 
 
 def _llvm_config() -> dict:
-    return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": host_cores()}
+    config = {"kind": "llvm", "mcpu": host_cpu(), "num-cores": host_cores()}
+    if host_mattr():
+        config["mattr"] = list(host_mattr())
+    return config
 
 
 def resolve_target(name: str) -> tvm.target.Target:
@@ -130,13 +165,15 @@ def target_key(name: str) -> str:
         name: a name in `TARGET_NAMES`.
 
     Returns:
-        e.g. "llvm -mcpu=znver4 -num-cores=2" or "cuda -arch=sm_90".
+        e.g. "llvm -mcpu=znver4 -num-cores=2", "llvm -mcpu=znver4 -mattr=-avx512f,... -num-cores=2"
+        (a CPU without some of its model's vector units) or "cuda -arch=sm_90".
 
     Raises:
         ValueError: for a name not in `TARGET_NAMES`.
     """
     _check(name)
     if name in ("host", "llvm"):
-        return f"llvm -mcpu={host_cpu()} -num-cores={host_cores()}"
+        mattr = f" -mattr={','.join(host_mattr())}" if host_mattr() else ""
+        return f"llvm -mcpu={host_cpu()}{mattr} -num-cores={host_cores()}"
     arch = cuda_arch()
     return "cuda" if arch is None else f"cuda -arch={arch}"

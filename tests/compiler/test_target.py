@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from compiler.target import TARGET_NAMES, resolve_target, target_key
+from compiler.target import TARGET_NAMES, host_mattr, resolve_target, target_key
 
 
 @pytest.mark.parametrize("name", ["host", "llvm"])
@@ -20,7 +20,22 @@ def test_host_target_has_cpu_and_cores(name):
 def test_target_key_is_stable_and_names_the_cpu():
     target = resolve_target("host")
     key = target_key("host")
-    assert key == target_key("llvm") == f"llvm -mcpu={target.attrs['mcpu']} -num-cores={target.attrs['num-cores']}"
+    mattr = f" -mattr={','.join(target.attrs['mattr'])}" if "mattr" in target.attrs else ""
+    assert key == target_key("llvm") == (f"llvm -mcpu={target.attrs['mcpu']}{mattr} "
+                                         f"-num-cores={target.attrs['num-cores']}")
+
+
+def test_features_the_kernel_does_not_report_are_turned_off():
+    """LLVM names the CPU by family and model; a VM may hide some of its vector units (SIGILL if used)."""
+    from tvm.target import codegen
+
+    with open("/proc/cpuinfo") as f:
+        flags = {w.replace("_", "") for line in f if line.startswith("flags") for w in line.split(":", 1)[1].split()}
+    target = resolve_target("host")
+    assert list(target.attrs.get("mattr", [])) == list(host_mattr())
+    enabled = codegen.llvm_get_cpu_features(target)
+    for feature in ("avx512f", "avx512vnni", "avx512bf16", "avx2", "fma", "avxvnni"):
+        assert (feature in enabled) == (feature in flags), (feature, sorted(enabled))
 
 
 def test_cuda_target_resolves_without_a_gpu():
