@@ -22,7 +22,7 @@ import tarfile
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import tvm
@@ -38,19 +38,81 @@ PACKED_CALL_USAGE = (
 )
 
 
-def build(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
+Pipeline = Literal["licm", "default", "hoist-expression"]
+PIPELINES: tuple[Pipeline, ...] = ("licm", "default", "hoist-expression")
+
+
+def tir_pipeline(pipeline: Pipeline = "licm") -> str:
+    """The name TVM knows a TIR pipeline of ours by (registered in this process on first use).
+
+    - "licm": TVM's default pipeline, then our loop-invariant code motion (`compiler.passes.licm`);
+      what every build of ours uses unless a job turns it off;
+    - "default": TVM's default pipeline alone;
+    - "hoist-expression": TVM's default pipeline, then TVM's own `HoistExpression` with every kind of
+      conditional and let binding enabled (the comparison `python -m bench.licm` makes).
+    """
+    from tvm.tirx import compilation_pipeline
+
+    if pipeline == "default":
+        return "default"
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown TIR pipeline: {pipeline!r} (one of {', '.join(PIPELINES)})")
+    name = f"altune-{pipeline}"
+    if name not in compilation_pipeline.PIPELINE_MAP:
+        compilation_pipeline.register_tir_pipeline(name, lambda: _then(_last_pass(pipeline)))
+    return name
+
+
+def _last_pass(pipeline: Pipeline) -> tvm.transform.Pass:
+    import tvm
+
+    if pipeline == "licm":
+        from .passes.licm import licm_pass
+
+        return licm_pass()
+    from tvm.s_tir import transform
+    from tvm.tirx.transform import HoistedConditionals, HoistedLetBindings
+
+    hoist = transform.HoistExpression()
+    config = {"s_tir.HoistExpression": {"hoisted_conditionals": HoistedConditionals.All.value,
+                                        "hoisted_let_bindings": HoistedLetBindings.All.value}}
+
+    @tvm.transform.module_pass(opt_level=0, name="altune.HoistExpressionAll")
+    def _hoist(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        with tvm.transform.PassContext(config=config):
+            return hoist(mod)
+
+    return _hoist
+
+
+def _then(last: tvm.transform.Pass) -> tuple:
+    """TVM's default TIR pipeline (its passes, its finalization), with `last` after its last pass."""
+    import tvm
+    from tvm.tirx import compilation_pipeline
+
+    default, finalize_host, finalize_device = compilation_pipeline.get_default_tir_pipeline(tvm.target.Target("llvm"))
+    return tvm.transform.Sequential([default, last]), finalize_host, finalize_device
+
+
+def compile_module(mod: tvm.IRModule, target: tvm.target.Target, pipeline: Pipeline = "licm") -> Any:
+    """`tvm.compile` through one of our TIR pipelines (`tir_pipeline`): every build of ours goes here."""
+    import tvm
+
+    return tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(pipeline))
+
+
+def build(mod: tvm.IRModule, target: tvm.target.Target, pipeline: Pipeline = "licm") -> tvm.runtime.Module:
     """Compiles a (scheduled) TIR module.
 
     Args:
         mod: an IRModule whose "main" is a PrimFunc.
         target: the TVM target (see `compiler.target.resolve_target`).
+        pipeline: the TIR pipeline (`tir_pipeline`): with our LICM by default.
 
     Returns:
         A runnable runtime module: `lib["main"](*args)` and `lib.time_evaluator`.
     """
-    import tvm
-
-    return tvm.compile(mod, target=target).jit()
+    return compile_module(mod, target, pipeline).jit()
 
 
 def _as_target(target: Any) -> tvm.target.Target:
@@ -140,6 +202,7 @@ def write_artifact(
     latency_ms: float | None,
     spec: dict,
     layout: Any = None,
+    pipeline: Pipeline = "licm",
 ) -> Path:
     """Builds `mod` and writes the deployable artifact.
 
@@ -154,6 +217,7 @@ def write_artifact(
         layout: the `compiler.layout.LayoutProgram` (keep_interface) `mod` was scheduled
             from, when the program runs in tuned layouts: `mod` then also holds
             "pack_constants", and the manifest says how to call both.
+        pipeline: the TIR pipeline it is built with (`tir_pipeline`).
 
     Returns:
         `dest`.
@@ -161,7 +225,7 @@ def write_artifact(
     target = _as_target(target)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    lib = build(mod, target)
+    lib = build(mod, target, pipeline)
     manifest = make_manifest(workload, target, latency_ms, spec, layout)
     with tempfile.TemporaryDirectory(prefix="altune-artifact-") as tmp:
         lib_path = Path(tmp) / "lib.so"

@@ -14,7 +14,7 @@ from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairw
 from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
 from .search import Proposal, Search, XGBSearch, make_search
 from .space import InvalidConfig, Knob, LoopSpace, ScheduleFailed, SearchSpace, config_key, make_space
-from .task import MAX_SEED, Task, Trial, TuneResult, task_from_spec, tune_options
+from .task import MAX_SEED, Task, Trial, TuneResult, build_pipeline, task_from_spec, tune_options
 from .tune import apply_config, tune
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "TuneResult",
     "task_from_spec",
     "tune_options",
+    "build_pipeline",
     "XGBModel",
     "XGBSearch",
     "apply_config",

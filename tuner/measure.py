@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from compiler.arrays import ATOL, RTOL, arg_specs, check_close, device, random_inputs
+from compiler.build import Pipeline, compile_module
 
 from .space import Config
 
@@ -127,15 +128,15 @@ def _child_arrays(path: str) -> Any:
     return _CHILD_CACHE[path]
 
 
-def _child_build(mod_json: str, target_config: dict, lib_path: str, hook: Callable[[dict], None] | None,
-                 config: dict) -> float:
+def _child_build(mod_json: str, target_config: dict, pipeline: Pipeline, lib_path: str,
+                 hook: Callable[[dict], None] | None, config: dict) -> float:
     """Compiles the module into the shared library `lib_path`; returns the build time in s."""
     import tvm
 
     if hook is not None:
         hook(config)
     start = time.perf_counter()
-    tvm.compile(tvm.ir.load_json(mod_json), target=tvm.target.Target(target_config)).export_library(lib_path)
+    compile_module(tvm.ir.load_json(mod_json), tvm.target.Target(target_config), pipeline).export_library(lib_path)
     return time.perf_counter() - start
 
 
@@ -144,6 +145,7 @@ def _child_run(
     lib_path: str | None,
     output_spec: tuple[tuple[int, ...], str],
     target_config: dict,
+    pipeline: Pipeline,
     inputs_path: str,
     expected_path: str | None,
     write_expected: bool,
@@ -167,7 +169,7 @@ def _child_run(
         if hook is not None:
             hook(config)
         start = time.perf_counter()
-        lib = tvm.compile(tvm.ir.load_json(mod_json), target=target).jit()
+        lib = compile_module(tvm.ir.load_json(mod_json), target, pipeline).jit()
         build_s = time.perf_counter() - start
     dev = device(target)
     out_shape, out_dtype = output_spec
@@ -219,6 +221,7 @@ class LocalMeasurer(Measurer):
         max_process_uses: int | None = 64,
         build_workers: int | None = None,
         child_hook: Callable[[dict], None] | None = None,
+        pipeline: Pipeline = "licm",
     ):
         """
         Args:
@@ -235,6 +238,9 @@ class LocalMeasurer(Measurer):
             child_hook: called with the config in the child before building (for
                 tests: a hook that exits or sleeps simulates a crash or a hang).
                 Pickled with cloudpickle.
+            pipeline: the TIR pipeline candidates are built with (`compiler.build.tir_pipeline`:
+                our LICM by default). The untransformed reference is always built with TVM's
+                default pipeline, so a pass of ours that computed wrong would fail the check.
         """
         from compiler.target import host_cores
 
@@ -245,6 +251,7 @@ class LocalMeasurer(Measurer):
         self.max_process_uses = max_process_uses
         self.build_workers = build_workers if build_workers is not None else host_cores()
         self.child_hook = child_hook
+        self.pipeline = pipeline
         self._pools: dict[str, Any] = {}  # "run": the one measuring process; "build": the builders
         self._prepared: dict[int, tuple[Task, _Prepared]] = {}
         self._built: dict[int, tuple[tvm.IRModule, dict]] = {}  # id(mod) -> (mod, the build's outcome)
@@ -324,7 +331,7 @@ class LocalMeasurer(Measurer):
             except Exception as e:  # noqa: BLE001 - measure_one reports it
                 self._built[id(c.mod)] = (c.mod, {"error": f"cannot serialize the module: {one_line(e)}"})
                 continue
-            futures.append((c, path, pool.submit(_child_build, mod_json, dict(task.target.export()), path,
+            futures.append((c, path, pool.submit(_child_build, mod_json, dict(task.target.export()), self.pipeline, path,
                                                  self.child_hook, dict(c.config))))
         stuck: list = []
         for c, path, future in futures:
@@ -371,7 +378,7 @@ class LocalMeasurer(Measurer):
         prepared = _Prepared(tmp, inputs_path, expected_path)
         mod_json = tvm.ir.save_json(untransformed_module(task.prim_func))
         result = self._call(
-            4 * self.timeout_s, mod_json, None, arg_specs(task.prim_func)[-1], dict(task.target.export()),
+            4 * self.timeout_s, mod_json, None, arg_specs(task.prim_func)[-1], dict(task.target.export()), "default",
             inputs_path, expected_path, task.expected is None, self.repeat, self.min_repeat_ms, self.rtol,
             self.atol, None, {},
         )
@@ -417,7 +424,7 @@ class LocalMeasurer(Measurer):
                 return {"error": f"cannot serialize the module: {one_line(e)}"}
         result = self._call(
             self.timeout_s, mod_json, built.get("lib"), arg_specs(candidate.mod["main"])[-1],
-            dict(task.target.export()), prepared.inputs_path, prepared.expected_path, False, self.repeat,
+            dict(task.target.export()), self.pipeline, prepared.inputs_path, prepared.expected_path, False, self.repeat,
             self.min_repeat_ms, self.rtol, self.atol, self.child_hook, dict(candidate.config),
         )
         return {**result, "build_s": built.get("build_s", 0.0) + result.get("build_s", 0.0)}

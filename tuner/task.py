@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     import numpy as np
     import tvm
 
+    from compiler.build import Pipeline
+
 # The largest search seed: torch.manual_seed, numpy's generators and XGBoost's `seed` all take it
 MAX_SEED = 2**31 - 1
 
@@ -64,6 +66,11 @@ def task_from_spec(spec: Mapping[str, Any], *, max_tensor_elements: int | None =
                              spec.get("epilogue", "none"), **limit)
     return Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func,
                 target=resolve_target(spec.get("target", "host")), workload=workload)
+
+
+def build_pipeline(spec: Mapping[str, Any]) -> Pipeline:
+    """The TIR pipeline a job spec asks for: our LICM unless `"licm": false` (`compiler.build.tir_pipeline`)."""
+    return "licm" if spec.get("licm", True) else "default"
 
 
 def tune_options(spec: Mapping[str, Any]) -> dict[str, Any]:

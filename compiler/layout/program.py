@@ -166,7 +166,9 @@ class LayoutProgram:
         import numpy as np
         import tvm
 
-        lib = tvm.compile(tvm.IRModule({"main": self.prim_func}), target)
+        from compiler.build import compile_module
+
+        lib = compile_module(tvm.IRModule({"main": self.prim_func}), tvm.target.Target(target))
         args = [tvm.runtime.tensor(a) for a in self.pack_inputs(inputs)]
         out = tvm.runtime.tensor(np.zeros(self.args[-1].shape, self.args[-1].dtype))
         lib["main"](*args, out)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from compiler.arrays import device
+from compiler.build import Pipeline, tir_pipeline
 
 from .importer import ImportedModel
 from .layouts import vector_lanes
@@ -197,7 +198,7 @@ def alter_layouts(model: ImportedModel, mod: tvm.IRModule, schedules: Mapping[st
 
 def build_model(
     model: ImportedModel, target: tvm.target.Target, schedules: Mapping[str, Any] | None = None,
-    layouts: Mapping[str, TaskLayout] | None = None,
+    layouts: Mapping[str, TaskLayout] | None = None, pipeline: Pipeline = "licm",
 ) -> BuiltModel:
     """Compiles the model with the given task schedules and layouts (untuned PrimFuncs elsewhere).
 
@@ -207,6 +208,7 @@ def build_model(
         schedules: workload key -> scheduled IRModule/PrimFunc (e.g. `tuner.apply_config`'s result).
         layouts: workload key -> the task in other buffer layouts; weights are transformed here,
             once, activations by conversions between the tasks.
+        pipeline: the TIR pipeline of every function (`compiler.build.tir_pipeline`; our LICM by default).
 
     Returns:
         The executable and its (build-time transformed) parameters.
@@ -227,7 +229,7 @@ def build_model(
     with target:
         if target.kind.name == "llvm":  # every function not tuned (marked "tirx.is_scheduled") gets a cheap one
             mod = _default_schedules(target)(mod)
-        ex = relax.build(mod, target=target, relax_pipeline=lower)
+        ex = relax.build(mod, target=target, relax_pipeline=lower, tir_pipeline=tir_pipeline(pipeline))
     dev = device(target)
     vm = relax.VirtualMachine(ex, dev)
     transformed = vm["main_transform_params"]([tvm.runtime.tensor(p, dev) for p in model.params])
