@@ -1,4 +1,4 @@
-"""The `altune` command: serve, worker, submit, tune, db upgrade.
+"""The `altune` command: serve, worker, submit, tune, token, db upgrade.
 
 Heavy modules (TVM, torch, uvicorn) are imported inside the commands so that
 `altune --help` answers at once.
@@ -46,7 +46,7 @@ def _spec_from_args(args: argparse.Namespace) -> dict:
         raise SystemExit("give a spec file or --operator with --param NAME=VALUE ...")
     return {"kind": "operator", "operator": args.operator, "params": _parse_params(args.param),
             "dtype": args.dtype, "epilogue": args.epilogue, "target": args.target, "budget": args.budget,
-            "seed": args.seed, "layout_levels": args.layout_levels}
+            "seed": args.seed, "layout_levels": args.layout_levels, "licm": args.licm}
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> None:
@@ -130,14 +130,12 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
-    from service.api import create_app
+def _migrated(settings: Settings) -> str:
+    """The database URL, migrated first if it is the embedded SQLite file; exits naming the fix otherwise."""
     from service.db import SchemaOutdatedError, StorageError, check_schema, is_embedded, upgrade
 
-    settings = _settings(args)
     url = settings.resolved_database_url
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # a line per migration step says nothing to a user
     try:
         if is_embedded(url):  # the embedded default: create and migrate the file, nothing to run first
             upgrade(url)
@@ -146,6 +144,39 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise SystemExit(str(e)) from None
     except StorageError as e:
         raise SystemExit(str(e)) from None
+    return url
+
+
+def first_token(url: str) -> str | None:
+    """On a database without tokens: create an admin token named "first-admin" and return it (else None)."""
+    from service.db import session_scope
+    from service.models import Token
+    from service.tokens import create_token
+
+    with session_scope(url) as session:
+        if Token.any_exists(session):
+            return None
+        return create_token(session, "admin", "first-admin")[1]
+
+
+def _access_line(settings: Settings, base: str, token: str | None) -> str:
+    """What `altune serve` prints about who may use it."""
+    anonymous = {"none": "", "read": "; ALTUNE_ANONYMOUS=read: reads need no token",
+                 "all": "; ALTUNE_ANONYMOUS=all: reads and writes need no token"}[settings.anonymous]
+    if token is not None:
+        return (f"altune: first start, an admin token was created (shown once, only its hash is stored): "
+                f"open {base}?token={token}{anonymous}")
+    return f"altune: tokens required (make one: altune token create --scope write){anonymous}"
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from service.api import create_app
+
+    settings = _settings(args)
+    url = _migrated(settings)
+    token = first_token(url)
     # uvicorn handles SIGTERM itself, then re-raises it once it has shut down: without a handler of ours the
     # default action would end this process before the `finally` below stops the workers
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -156,19 +187,68 @@ def cmd_serve(args: argparse.Namespace) -> None:
                          preexec_fn=lambda: _die_with_parent(parent))
         for _ in range(args.workers)
     ]
-    print(f"altune: API on http://{settings.host}:{settings.port}/ (docs at /docs), "
-          f"{args.workers} worker(s), database {url}", flush=True)
+    base = f"http://{settings.host}:{settings.port}/"
+    print(f"altune: API on {base} (docs at /docs), {args.workers} worker(s), database {url}", flush=True)
+    print(_access_line(settings, base, token), flush=True)
     try:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
     finally:
         _stop_workers(workers)
 
 
+def cmd_token_create(args: argparse.Namespace) -> None:
+    from service.db import session_scope
+    from service.tokens import create_token
+
+    url = _migrated(_settings(args))
+    limits = {k: getattr(args, k) for k in ("max_queued", "max_running", "max_trials_per_day",
+                                            "max_upload_bytes_per_day")}
+    try:
+        with session_scope(url) as session:
+            row, token = create_token(session, args.scope, args.name, **limits)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    print(f"token {row.id} ({row.name}, scope {row.scope}) created; it is shown this once, keep it:", file=sys.stderr)
+    print(token)
+
+
+def cmd_token_list(args: argparse.Namespace) -> None:
+    from service.db import session_scope
+    from service.models import Token
+    from service.tokens import LIMITS
+
+    url = _migrated(_settings(args))
+    with session_scope(url) as session:
+        rows = Token.where_all(session)
+    print(f"{'id':>4}  {'name':<20} {'scope':<6} {'created (UTC)':<20} {'revoked (UTC)':<20} limits (default: -)")
+    for r in rows:
+        limits = " ".join(f"{k.removeprefix('max_')}={getattr(r, k) if getattr(r, k) is not None else '-'}"
+                          for k in LIMITS)
+        revoked = r.revoked_at.isoformat(" ", "seconds") if r.revoked_at else "-"
+        print(f"{r.id:>4}  {r.name:<20} {r.scope:<6} {r.created_at.isoformat(' ', 'seconds'):<20} {revoked:<20} "
+              f"{limits}")
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> None:
+    from service.db import session_scope
+    from service.tokens import revoke_token
+
+    url = _migrated(_settings(args))
+    try:
+        with session_scope(url) as session:
+            row = revoke_token(session, args.token)
+    except KeyError as e:
+        raise SystemExit(e.args[0]) from None
+    print(f"token {row.id} ({row.name}) revoked")
+
+
 def cmd_submit(args: argparse.Namespace) -> None:
     import httpx
 
     spec = _spec_from_args(args)
-    with httpx.Client(base_url=args.server, timeout=30) as client:
+    token = args.token or os.environ.get("ALTUNE_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=args.server, timeout=30, headers=headers) as client:
         r = client.post("/api/v1/jobs", json=spec)
         if r.status_code != 201:
             raise SystemExit(f"rejected ({r.status_code}): {json.dumps(r.json().get('detail'), indent=1)}")
@@ -204,7 +284,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
         raise SystemExit(f"invalid job: {e.errors()}") from None
 
     from compiler.build import write_artifact
-    from tuner import LocalMeasurer, apply_config, layout_of_config, task_from_spec, tune, tune_options
+    from tuner import LocalMeasurer, apply_config, build_pipeline, layout_of_config, task_from_spec, tune, tune_options
 
     task = task_from_spec(spec, max_tensor_elements=settings.max_tensor_elements)
     started = time.perf_counter()
@@ -218,7 +298,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
                                          "latency_ms": trial.latency_ms, "error": trial.error}) + "\n")
             trials_out.flush()
 
-    measurer = LocalMeasurer(timeout_s=settings.measure_timeout)
+    measurer = LocalMeasurer(timeout_s=settings.measure_timeout, pipeline=build_pipeline(spec))
     try:
         result = tune(task, spec["budget"], **tune_options(spec), on_trial=show, measurer=measurer)
     finally:
@@ -231,7 +311,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
           f"in {time.perf_counter() - started:.0f} s; config {json.dumps(result.best.config)}")
     if args.out:
         write_artifact(Path(args.out), task.workload, apply_config(task, result.best.config), task.target,
-                       result.best.latency_ms, spec, layout_of_config(task, result.best.config))
+                       result.best.latency_ms, spec, layout_of_config(task, result.best.config), build_pipeline(spec))
         print(f"artifact written to {args.out}")
 
 
@@ -246,6 +326,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layout-levels", type=int, default=1, choices=[1, 2],
                    help="ALT's layout templates: 1 (one-level tiling) or 2 (two-level, a larger space)")
+    p.add_argument("--no-licm", dest="licm", action="store_false",
+                   help="build without our loop-invariant code motion (TVM's default TIR pipeline)")
     p.add_argument("--out", help="where to write the artifact (.tar.gz)")
 
 
@@ -268,12 +350,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(p)
     p.add_argument("--server", default="http://127.0.0.1:8000")
     p.add_argument("--wait", action="store_true", help="wait for the job and print its progress")
+    p.add_argument("--token", help="a write token (default: $ALTUNE_TOKEN)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("tune", help="tune an operator locally, without a server (the same search as a job)")
     _add_spec_args(p)
     p.add_argument("--trials", help="write every measured trial here as JSON lines (index, config, stage, latency)")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("token", help="API tokens: create, list, revoke")
+    tsub = p.add_subparsers(dest="token_command", required=True)
+    t = tsub.add_parser("create", help="make a token; it is printed once, only its hash is stored")
+    t.add_argument("--scope", required=True, choices=["read", "write", "admin"],
+                   help="read: GET everything; write: also submit, cancel, upload, delete its own jobs; "
+                        "admin: also cancel and delete anyone's")
+    t.add_argument("--name", help="a name to list and revoke it by (default: token-<id>)")
+    for limit, what in (("max-queued", "jobs queued at once"), ("max-running", "jobs running at once"),
+                        ("max-trials-per-day", "trials (job budgets) submitted per UTC day"),
+                        ("max-upload-bytes-per-day", "bytes of model uploads per UTC day")):
+        t.add_argument(f"--{limit}", type=int, help=f"{what} (default: ALTUNE_TOKEN_{limit.upper().replace('-', '_')})")
+    t.set_defaults(func=cmd_token_create)
+    tsub.add_parser("list", help="every token: id, name, scope, created, revoked, limits").set_defaults(
+        func=cmd_token_list)
+    t = tsub.add_parser("revoke", help="revoke a token (it answers 401 from then on)")
+    t.add_argument("token", help="the token's id or name")
+    t.set_defaults(func=cmd_token_revoke)
 
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", required=True)

@@ -45,7 +45,9 @@ STREAM_THREADS = 4
 MODEL_SESSIONS = 2
 """Model submissions that write their job at once; each opens its session only after the (seconds-long) import,
 so an upload never holds a request's session slot while torch and TVM work, and has connections of its own."""
-API_CONNECTIONS = API_THREADS + STREAM_THREADS + MODEL_SESSIONS
+AUTH_SESSIONS = 2
+"""Token lookups (and quota checks before an upload is read) at once, on threads and connections of their own."""
+API_CONNECTIONS = API_THREADS + STREAM_THREADS + MODEL_SESSIONS + AUTH_SESSIONS
 WORKER_CONNECTIONS = 3
 """A worker's job loop and its lease heartbeat, one spare; also what any other caller of `get_engine(url)` gets."""
 

@@ -54,7 +54,7 @@ def run_model_job(run: JobRun) -> None:
     from compiler.workloads.model import build_model, import_model, time_model, write_model_artifact
     from compiler.workloads.pt2 import load_exported_program, static_shapes
     from service.worker import LeaseLost
-    from tuner import LocalMeasurer, Task, Trial, apply_config, tune
+    from tuner import LocalMeasurer, Task, Trial, apply_config, build_pipeline, tune
     from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
 
     with session_scope(run.url) as s:
@@ -108,7 +108,8 @@ def run_model_job(run: JobRun) -> None:
             with session_scope(run.url) as s:
                 s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=estimate))
 
-    measurer = LocalMeasurer(timeout_s=run.settings.measure_timeout)
+    pipeline = build_pipeline(spec)
+    measurer = LocalMeasurer(timeout_s=run.settings.measure_timeout, pipeline=pipeline)
 
     def tune_round(i: int, n: int, start_from: list[dict] = ()) -> RoundResult:
         result = tune(tasks[i], len(prior[i]) + n, seed=seed, prior=prior[i], start_from=start_from,
@@ -158,10 +159,10 @@ def run_model_job(run: JobRun) -> None:
         b = best[i] if best[i] is not None else best_of(prior[i])
         if b is not None and (untuned[i] is None or b.latency_ms < untuned[i]):
             schedules[task.workload_key] = apply_config(task, b.config)
-    built = build_model(model, target, schedules)
+    built = build_model(model, target, schedules, pipeline=pipeline)
     inputs = random_inputs([(tuple(x.shape), x.dtype) for x in model.inputs], seed)
     latency = time_model(built, inputs, target)
-    untuned_latency = time_model(build_model(model, target), inputs, target, repeat=3)
+    untuned_latency = time_model(build_model(model, target, pipeline=pipeline), inputs, target, repeat=3)
 
     task_facts = []
     for t in model.tasks:

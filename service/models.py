@@ -1,4 +1,4 @@
-"""ORM models: jobs, tasks, trials, schedules, artifacts.
+"""ORM models: jobs, tasks, trials, schedules, artifacts, API tokens.
 
 Query helpers live on the classes with fixed verbs: `find_by_*` returns None,
 `find_or_raise_by_*` raises KeyError, `where_*` returns a list. They take the
@@ -7,15 +7,20 @@ session as their first argument.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, func, select
+from sqlalchemy import (
+    JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, func,
+    select,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from service.db import utcnow
 
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+SCOPES = ("read", "write", "admin")  # each implies the ones before it
 FINISHED = ("succeeded", "failed", "cancelled")
 
 
@@ -46,6 +51,10 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow, index=True)
+    owner_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tokens.id", ondelete="SET NULL", name="fk_jobs_owner_id_tokens"), index=True)
+    upload_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # the model file uploaded with it (quota)
+    takeovers: Mapped[int] = mapped_column(default=0)  # claims of the job from a worker whose lease had expired
 
     tasks: Mapped[list[TuningTask]] = relationship(back_populates="job", order_by="TuningTask.id")
 
@@ -63,10 +72,15 @@ class Job(Base):
     @classmethod
     def where_filter(
         cls, session: Session, *, status: str | None = None, workload: str | None = None, limit: int = 50,
-        offset: int = 0,
+        offset: int = 0, owner: Owner | None = None,
     ) -> tuple[list[Job], int]:
-        """A page of jobs, newest first, in a status and/or with a task of a workload key, and their count."""
+        """A page of jobs, newest first, in a status and/or with a task of a workload key, and their count.
+
+        `owner`: only the jobs of this owner (`Owner(None)`: those submitted anonymously).
+        """
         query = select(cls)
+        if owner is not None:
+            query = query.where(cls.owned_by(owner.token_id))
         if status:
             query = query.where(cls.status == status)
         if workload:
@@ -74,6 +88,56 @@ class Job(Base):
         count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
         rows = session.scalars(query.order_by(cls.id.desc()).limit(limit).offset(offset)).all()
         return list(rows), count
+
+    @classmethod
+    def owned_by(cls, token_id: int | None) -> ColumnElement[bool]:
+        """The condition "submitted with this token" (None: anonymously, or before tokens existed)."""
+        return cls.owner_id.is_(None) if token_id is None else cls.owner_id == token_id
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose jobs: a token's id, or None for the anonymous ones."""
+
+    token_id: int | None
+
+
+class Token(Base):
+    """An API token: only its SHA-256 is stored; scope and per-token limits (None: the server's default)."""
+
+    __tablename__ = "tokens"
+    __table_args__ = (UniqueConstraint("name", name="uq_tokens_name"),
+                      UniqueConstraint("token_hash", name="uq_tokens_token_hash"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    scope: Mapped[str] = mapped_column(String(8))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime)
+    max_queued: Mapped[int | None]
+    max_running: Mapped[int | None]
+    max_trials_per_day: Mapped[int | None]
+    max_upload_bytes_per_day: Mapped[int | None] = mapped_column(BigInteger)
+
+    @classmethod
+    def find_by_hash(cls, session: Session, token_hash: str) -> Token | None:
+        return session.scalar(select(cls).where(cls.token_hash == token_hash))
+
+    @classmethod
+    def find_by_id_or_name(cls, session: Session, ref: str) -> Token | None:
+        """The token with this id (all digits) or name."""
+        if ref.isdigit():
+            return session.get(cls, int(ref))
+        return session.scalar(select(cls).where(cls.name == ref))
+
+    @classmethod
+    def where_all(cls, session: Session) -> list[Token]:
+        return list(session.scalars(select(cls).order_by(cls.id)).all())
+
+    @classmethod
+    def any_exists(cls, session: Session) -> bool:
+        return session.scalar(select(cls.id).limit(1)) is not None
 
 
 class TuningTask(Base):

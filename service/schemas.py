@@ -66,6 +66,9 @@ class OperatorJobCreate(BaseModel):
                        "output tiling, N H/(ht' ht) W/(wt' wt) O/(ot' ot) ht' wt' ot' ht wt ot: a larger space "
                        "that pays off only with a larger budget)"
     )
+    licm: bool = Field(True, description="build every candidate and the artifact with our loop-invariant code "
+                                         "motion (normalize index and condition arithmetic, hoist what pays); "
+                                         "false: TVM's default TIR pipeline")
 
 
 class TaskPublic(BaseModel):
@@ -99,6 +102,8 @@ class JobPublic(BaseModel):
     error: str | None = Field(description="why the job failed, if it did")
     cancel_requested: bool
     attempts: int = Field(description="how many times a worker claimed this job")
+    owner_id: int | None = Field(None, description="id of the token that submitted it (None: anonymously); only "
+                                                   "it or an admin token may cancel or delete the job")
     worker_id: str | None = Field(None, description="the worker that holds (or last held) the job")
     lease_expires_at: UTCDateTime | None = Field(
         None, description="while running: when the worker's lease runs out unless renewed (past = worker lost)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +36,18 @@ class Settings(BaseSettings):
     allowed_origins: list[str] = Field(
         [], description="web origins besides the server's own that may submit, cancel and upload from a browser "
                         "(JSON list, e.g. [\"https://dash.example.com\"]); others get 403")
+
+    anonymous: Literal["none", "read", "all"] = Field(
+        "none", description="what a request without a token may do: nothing (`none`), read (`read`), or read and "
+                            "write (`all`); a token it does send is always checked")
+    jobs_visible: Literal["all", "own"] = Field(
+        "all", description="which jobs a token reads: `all`, or only its `own` (an admin token reads all)")
+    token_max_queued: int = Field(100, ge=0, description="default per token: its jobs waiting in the queue at once")
+    token_max_running: int = Field(4, ge=0, description="default per token: its jobs the workers run at once")
+    token_max_trials_per_day: int = Field(
+        200_000, ge=0, description="default per token: the budgets (trials) of the jobs it submits per UTC day")
+    token_max_upload_bytes_per_day: int = Field(
+        8 << 30, ge=0, description="default per token: bytes of model files it uploads per UTC day")
 
     @property
     def resolved_database_url(self) -> str:

@@ -20,10 +20,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy.orm import aliased
 
 from service.db import session_scope, utcnow
-from service.models import Artifact, Job, Schedule, TrialRow, TuningTask
+from service.models import Artifact, Job, Schedule, Token, TrialRow, TuningTask
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,6 +39,21 @@ class LeaseLost(RuntimeError):
 
 def _claimable(now):
     return or_(Job.status == "queued", and_(Job.status == "running", Job.lease_expires_at < now))
+
+
+def _owner_may_start(now, default_running: int):
+    """A queued job whose owner runs fewer jobs than its `max_running` (an anonymous job always may).
+
+    A job taken over from a dead worker counted already. Two workers claiming two jobs of one owner at the same
+    moment may both pass: the limit is a scheduling rule, not a lock.
+    """
+    other = aliased(Job)
+    running = (select(func.count()).select_from(other)
+               .where(other.owner_id == Job.owner_id, other.status == "running", other.lease_expires_at >= now)
+               .scalar_subquery())
+    limit = (select(func.coalesce(Token.max_running, default_running)).where(Token.id == Job.owner_id)
+             .scalar_subquery())
+    return or_(Job.owner_id.is_(None), Job.status == "running", running < limit)
 
 
 class Worker:
@@ -56,7 +72,9 @@ class Worker:
         now = utcnow()
         with session_scope(self.url) as s:
             job_id = s.scalar(
-                select(Job.id).where(_claimable(now)).order_by(Job.id).limit(1).with_for_update(skip_locked=True)
+                select(Job.id)
+                .where(_claimable(now), _owner_may_start(now, self.settings.token_max_running))
+                .order_by(Job.id).limit(1).with_for_update(skip_locked=True)
             )
             if job_id is None:
                 return None
@@ -68,6 +86,8 @@ class Worker:
                     worker_id=self.worker_id,
                     lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),
                     attempts=Job.attempts + 1,
+                    # the job was running under another worker whose lease expired (the /metrics takeovers)
+                    takeovers=Job.takeovers + case((Job.status == "running", 1), else_=0),
                     started_at=func.coalesce(Job.started_at, now),
                 )
             ).rowcount
@@ -179,7 +199,7 @@ class JobRun:
 
     def execute(self) -> None:
         from compiler.target import target_key
-        from tuner import LocalMeasurer, task_from_spec, tune, tune_options
+        from tuner import LocalMeasurer, build_pipeline, task_from_spec, tune, tune_options
 
         with session_scope(self.url) as s:
             job = Job.find_or_raise_by_id(s, self.job_id)
@@ -197,7 +217,7 @@ class JobRun:
         workload, target, tkey = task.workload, task.target, target_key(spec["target"])
         task_id, prior, start_from = self._prepare(workload.key, tkey, budget)
 
-        measurer = LocalMeasurer(timeout_s=self.settings.measure_timeout)
+        measurer = LocalMeasurer(timeout_s=self.settings.measure_timeout, pipeline=build_pipeline(spec))
         try:
             result = tune(
                 task,
@@ -290,11 +310,12 @@ class JobRun:
 
     def _store_artifact(self, workload, mod, target, latency_ms: float | None, spec: dict, layout=None) -> None:
         from compiler.build import write_artifact
+        from tuner import build_pipeline
 
         dest_dir = self.settings.resolved_artifact_dir
         dest_dir.mkdir(parents=True, exist_ok=True)
         self.store_artifact(write_artifact(dest_dir / f"job-{self.job_id}.tar.gz", workload, mod, target,
-                                           latency_ms, spec, layout))
+                                           latency_ms, spec, layout, build_pipeline(spec)))
 
     def store_artifact(self, path: str | Path) -> None:
         """Record the job's artifact file (written under the artifact dir) with its size and sha256."""

@@ -91,13 +91,34 @@ def settings(db_url, tmp_path):
     return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2)
 
 
+def make_token(url: str, scope: str = "admin", name: str | None = None, **limits: int | None) -> str:
+    """A new token in the database at `url` (as `altune token create` makes it): the token itself."""
+    from service.db import session_scope
+    from service.tokens import create_token
+
+    with session_scope(url) as session:
+        return create_token(session, scope, name, **limits)[1]  # type: ignore[arg-type]
+
+
+def open_to_all(settings):
+    """The settings with ALTUNE_ANONYMOUS=all: for servers whose tests are about tuning, streaming or the dashboard
+    and reach the API from many places (httpx, a browser) without a token; the token tests run with auth on."""
+    return settings.model_copy(update={"anonymous": "all"})
+
+
 @pytest.fixture
-def client(settings):
+def admin_token(settings) -> str:
+    return make_token(settings.resolved_database_url, "admin", "test-admin")
+
+
+@pytest.fixture
+def client(settings, admin_token):
+    """The app in-process with auth on (the default), sending an admin token with every request."""
     from fastapi.testclient import TestClient
 
     from service.api import create_app
 
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {admin_token}"}) as c:
         yield c
 
 
@@ -145,14 +166,17 @@ class LiveServer:
 
 @pytest.fixture
 def live_server(settings) -> Iterator[LiveServer]:
-    with LiveServer(settings) as server:
+    """The real API and a worker, open to anonymous reads and writes (`open_to_all`)."""
+    with LiveServer(open_to_all(settings)) as server:
         yield server
 
 
 @pytest.fixture
 def api_server(sqlite_url, tmp_path) -> Iterator[LiveServer]:
-    """The real API on a loopback port over SQLite, without a worker: submitted jobs stay queued."""
+    """The real API on a loopback port over SQLite, without a worker: submitted jobs stay queued. Auth is on:
+    `api_server.token` is an admin token."""
     from service.settings import Settings
 
     with LiveServer(Settings(database_url=sqlite_url, data_dir=tmp_path), worker=False) as server:
+        server.token = make_token(sqlite_url, "admin", "test-admin")
         yield server

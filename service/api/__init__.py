@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from service.api import deps, events, jobs, models, operators, schedules, web
+from service.api.auth import require_read
 from service.api.common import SameOriginWrites, errors, http_error, validation_error
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
@@ -27,7 +28,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings or get_settings()
 
-    api = APIRouter(prefix="/api/v1", responses=errors(503))
+    # every route under /api/v1 needs a read token (or ALTUNE_ANONYMOUS); writes ask for more themselves
+    api = APIRouter(prefix="/api/v1", responses=errors(401, 503), dependencies=[Depends(require_read)])
     api.include_router(jobs.router)
     api.include_router(schedules.router)
     api.include_router(models.router)

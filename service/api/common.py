@@ -6,11 +6,14 @@ Bounds: a path or query integer outside what its column holds never reaches the 
 
 Cross-origin writes: the API sends no CORS headers, so a page elsewhere cannot read its answers, but a
 browser still sends a "simple" cross-origin POST (a form, a multipart upload) and the server would act on
-it: any web page open in a user's browser could submit or cancel jobs on a server at 127.0.0.1. Until the
-API has tokens, every state-changing request that a browser marks as coming from another origin (its
-`Origin` header, or `Sec-Fetch-Site: cross-site`) is refused with 403; clients that are not browsers
-(curl, the CLI, httpx) send neither header and are unaffected. `ALTUNE_ALLOWED_ORIGINS` lists origins
-that may write anyway (a dashboard served elsewhere).
+it. Tokens close most of that door: a write needs `Authorization: Bearer`, which a page of another origin
+cannot add without a CORS preflight the server never grants, and the dashboard's cookie is taken on GET only
+(`api/auth.py`). The door stays open where writes need no token (`ALTUNE_ANONYMOUS=all`): any web page open
+in a user's browser could then submit or cancel jobs on a server at 127.0.0.1. So every state-changing
+request that a browser marks as coming from another origin (its `Origin` header, or `Sec-Fetch-Site:
+cross-site`) is still refused with 403, with or without a token; clients that are not browsers (curl, the
+CLI, httpx) send neither header and are unaffected. `ALTUNE_ALLOWED_ORIGINS` lists origins that may write
+anyway (a dashboard served elsewhere, which then needs a token as any client does).
 """
 
 from __future__ import annotations
@@ -36,10 +39,14 @@ Offset = Annotated[int, Query(ge=0, le=MAX_INT64, description="rows to skip")]
 
 _ERROR_DOCS: dict[int, str] = {
     400: "a body that cannot be parsed (not UTF-8, not JSON, a broken multipart form) or a malformed header",
-    403: "a write from a web page of another origin (see `ALTUNE_ALLOWED_ORIGINS`)",
+    401: "no token, or an unknown or revoked one (`Authorization: Bearer <token>`; `altune token create`)",
+    403: "the token's scope is too low, the job is another token's, or a write came from a web page of another "
+         "origin (see `ALTUNE_ALLOWED_ORIGINS`)",
     404: "no such job, or it has nothing of the kind asked for",
     409: "the job has already finished",
     413: "the upload is larger than the server takes (`ALTUNE_MAX_UPLOAD_BYTES`)",
+    429: "over the token's quota (jobs queued, trials or upload bytes per UTC day): the message names the limit "
+         "and when it frees, `Retry-After` the seconds until then",
     503: "the database cannot be reached or refused the request",
 }
 

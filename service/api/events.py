@@ -40,13 +40,14 @@ from anyio.lowlevel import RunVar
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from fastapi.sse import format_sse_event
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
 
+from service.api.auth import ReadCaller, visible_owner
 from service.api.common import JobId, errors
 from service.api.deps import SettingsDep
 from service.db import API_CONNECTIONS, STREAM_THREADS, session_scope
-from service.models import FINISHED, Artifact, Job, TrialRow
+from service.models import FINISHED, Artifact, Job, Owner, TrialRow
 from service.schemas import MAX_INT32, JobPublic, TrialPublic
 
 POLL_SECONDS = 0.5  # how often a stream looks at the database
@@ -102,11 +103,11 @@ def _cursor(request: Request, last_event_id: int | None) -> int | None:
 # -- one job -------------------------------------------------------------------------------------------------
 
 
-def _read_job(url: str, job_id: int) -> tuple[JobPublic, int] | None:
-    """The job's snapshot and its largest trial id (0 when none), or None when there is no such job."""
+def _read_job(url: str, job_id: int, owner: Owner | None) -> tuple[JobPublic, int] | None:
+    """The job's snapshot and its largest trial id (0 when none), or None when there is no such job (of `owner`'s)."""
     with session_scope(url, API_CONNECTIONS) as s:
         job = Job.find_by_id(s, job_id)
-        if job is None:
+        if job is None or (owner is not None and job.owner_id != owner.token_id):
             return None
         last = s.scalar(select(func.max(TrialRow.id)).where(TrialRow.job_id == job_id)) or 0
         return _snapshot(s, job), last
@@ -167,6 +168,7 @@ async def stream_job_events(
     job_id: JobId,
     request: Request,
     settings: SettingsDep,
+    caller: ReadCaller,
     last_event_id: Annotated[
         int | None, Query(ge=0, le=MAX_INT32, description="last trial id the client has (the Last-Event-ID header wins); 0 replays all")
     ] = None,
@@ -174,7 +176,7 @@ async def stream_job_events(
     """Live job: its snapshot, then each trial as it is measured and each change, until it finishes."""
     url = settings.resolved_database_url
     cursor = _cursor(request, last_event_id)
-    state = await _in_thread(_read_job, url, job_id)
+    state = await _in_thread(_read_job, url, job_id, visible_owner(caller, settings))
     if state is None:
         raise HTTPException(404, f"job {job_id} not found")
     first, last_trial = state
@@ -199,16 +201,19 @@ def _parse_watermark(value: str | None) -> datetime | None:
     return max(since, datetime.min + LIST_OVERLAP)
 
 
-def _changed_jobs(url: str, since: datetime | None) -> tuple[list[tuple[int, datetime]], datetime | None]:
-    """(id, updated_at) of the jobs updated after `since`, oldest change first, and the newest updated_at."""
+def _changed_jobs(url: str, since: datetime | None, owner: Owner | None) -> tuple[list[tuple[int, datetime]],
+                                                                                 datetime | None]:
+    """(id, updated_at) of the jobs (of `owner`'s) updated after `since`, oldest change first, and the newest
+    updated_at."""
+    mine = Job.owned_by(owner.token_id) if owner is not None else true()
     with session_scope(url, API_CONNECTIONS) as s:
         if since is None:
-            newest = s.scalar(select(func.max(Job.updated_at)))
+            newest = s.scalar(select(func.max(Job.updated_at)).where(mine))
             if newest is None:
                 return [], None
             since = newest
         rows = s.execute(
-            select(Job.id, Job.updated_at).where(Job.updated_at > since - LIST_OVERLAP).order_by(Job.updated_at)
+            select(Job.id, Job.updated_at).where(mine, Job.updated_at > since - LIST_OVERLAP).order_by(Job.updated_at)
         ).all()
         return [(r.id, r.updated_at) for r in rows], max((r.updated_at for r in rows), default=since)
 
@@ -220,17 +225,17 @@ def _read_snapshots(url: str, ids: list[int]) -> list[JobPublic]:
         return [by_id[i] for i in ids if i in by_id]
 
 
-async def _list_events(url: str, since: datetime | None) -> AsyncIterator[bytes]:
+async def _list_events(url: str, since: datetime | None, owner: Owner | None) -> AsyncIterator[bytes]:
     yield format_sse_event(comment="jobs", retry=RETRY_MS)
     sent: dict[int, datetime] = {}  # job id -> the updated_at last sent, within the overlap window
     watermark = since
     if since is None:
         # a first connection starts from now: what is already there, the client reads from GET /jobs
-        rows, watermark = await _in_thread(_changed_jobs, url, None)
+        rows, watermark = await _in_thread(_changed_jobs, url, None, owner)
         sent = dict(rows)
     last_write = monotonic()
     while True:
-        rows, newest = await _in_thread(_changed_jobs, url, watermark)
+        rows, newest = await _in_thread(_changed_jobs, url, watermark, owner)
         changed = [(i, at) for i, at in rows if sent.get(i) != at]
         if changed:
             snapshots = await _in_thread(_read_snapshots, url, [i for i, _ in changed])
@@ -248,8 +253,8 @@ async def _list_events(url: str, since: datetime | None) -> AsyncIterator[bytes]
 
 
 @router.get("/events", response_class=StreamingResponse, responses=_SSE_DOC | errors(400))
-async def stream_jobs_events(request: Request, settings: SettingsDep) -> StreamingResponse:
+async def stream_jobs_events(request: Request, settings: SettingsDep, caller: ReadCaller) -> StreamingResponse:
     """Live jobs list: a job snapshot each time any job changes (submitted, claimed, progressed, finished)."""
     since = _parse_watermark(request.headers.get("last-event-id"))
-    return StreamingResponse(_list_events(settings.resolved_database_url, since), media_type="text/event-stream",
-                             headers=_HEADERS)
+    return StreamingResponse(_list_events(settings.resolved_database_url, since, visible_owner(caller, settings)),
+                             media_type="text/event-stream", headers=_HEADERS)

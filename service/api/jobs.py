@@ -7,12 +7,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse
-from sqlalchemy import update
+from sqlalchemy import delete, update
 
+from service.api.auth import ReadCaller, WriteCaller, too_many, visible_owner
 from service.api.common import JobId, Offset, errors
 from service.api.deps import SessionDep, SettingsDep, invalid
 from service.db import utcnow
 from service.models import FINISHED, Artifact, Job, TrialRow
+from service.quotas import QuotaExceeded, check_new_job
+from service.settings import Settings
+from service.tokens import Caller
 from service.schemas import JobPublic, JobsPublic, OperatorJobCreate, TrialsPublic
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -30,11 +34,29 @@ def job_public(session: SessionDep, job: Job) -> JobPublic:
     return out
 
 
-def _job_or_404(session: SessionDep, job_id: int) -> Job:
+def job_or_404(session: SessionDep, job_id: int, caller: Caller, settings: Settings) -> Job:
+    """The job, if it exists and the caller may read it (`ALTUNE_JOBS_VISIBLE=own`: its own); else 404."""
+    job = Job.find_by_id(session, job_id)
+    owner = visible_owner(caller, settings)
+    if job is None or (owner is not None and job.owner_id != owner.token_id):
+        raise HTTPException(404, f"job {job_id} not found")
+    return job
+
+
+def add_job(session: SessionDep, caller: Caller, settings: Settings, job: Job) -> Job:
+    """Write a new job of the caller's, within its quota.
+
+    Raises:
+        HTTPException: 429 naming the limit passed and when it frees (the transaction rolls back).
+    """
+    job.owner_id = caller.token_id
+    session.add(job)
+    session.flush()
     try:
-        return Job.find_or_raise_by_id(session, job_id)
-    except KeyError:
-        raise HTTPException(404, f"job {job_id} not found") from None
+        check_new_job(session, caller, settings)
+    except QuotaExceeded as e:
+        raise too_many(e) from None
+    return job
 
 
 def validate_operator_job(body: OperatorJobCreate, settings: SettingsDep) -> dict:
@@ -59,52 +81,61 @@ def validate_operator_job(body: OperatorJobCreate, settings: SettingsDep) -> dic
     return body.model_dump() | {"params": params}
 
 
-@router.post("", status_code=201, response_model=JobPublic, responses=errors(400, 403))
-def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsDep) -> JobPublic:
+@router.post("", status_code=201, response_model=JobPublic, responses=errors(400, 403, 429))
+def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsDep, caller: WriteCaller) -> JobPublic:
     """Submit an operator to tune; answers at once, a worker runs it."""
     spec = validate_operator_job(body, settings)
     job = Job(kind=body.kind, name=body.operator, spec=spec, target=body.target, budget=body.budget)
-    session.add(job)
-    session.flush()
-    return job_public(session, job)
+    return job_public(session, add_job(session, caller, settings, job))
 
 
 @router.get("", response_model=JobsPublic)
 def read_jobs(
     session: SessionDep,
+    settings: SettingsDep,
+    caller: ReadCaller,
     status: StatusFilter = None,
     workload: Annotated[str | None, Query(description="only jobs with a task of this workload key")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Offset = 0,
 ) -> JobsPublic:
-    """List jobs, newest first."""
-    jobs, count = Job.where_filter(session, status=status, workload=workload, limit=limit, offset=offset)
+    """List jobs, newest first (with `ALTUNE_JOBS_VISIBLE=own`, only the caller's)."""
+    jobs, count = Job.where_filter(session, status=status, workload=workload, limit=limit, offset=offset,
+                                   owner=visible_owner(caller, settings))
     return JobsPublic(data=[job_public(session, j) for j in jobs], count=count)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
-def read_job(job_id: JobId, session: SessionDep) -> JobPublic:
+def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep, caller: ReadCaller) -> JobPublic:
     """Status, progress and best latency of one job, with its tasks."""
-    return job_public(session, _job_or_404(session, job_id))
+    return job_public(session, job_or_404(session, job_id, caller, settings))
 
 
 @router.get("/{job_id}/trials", response_model=TrialsPublic, responses=errors(404))
 def read_trials(
     job_id: JobId,
     session: SessionDep,
+    settings: SettingsDep,
+    caller: ReadCaller,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
 ) -> TrialsPublic:
     """Page through every measured trial of a job, in measurement order."""
-    _job_or_404(session, job_id)
+    job_or_404(session, job_id, caller, settings)
     rows, count = TrialRow.where_job(session, job_id, limit, offset)
     return TrialsPublic(data=rows, count=count)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=errors(403, 404, 409))
-def cancel_job(job_id: JobId, session: SessionDep) -> JobPublic:
-    """Stop a job; what was measured is kept. A queued job is cancelled at once, a running one within seconds."""
-    job = _job_or_404(session, job_id)
+def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, caller: WriteCaller) -> JobPublic:
+    """Stop a job; what was measured is kept. A queued job is cancelled at once, a running one within seconds.
+
+    Only the token that submitted the job, or an admin token, may cancel it.
+    """
+    job = job_or_404(session, job_id, caller, settings)
+    if not caller.may_change(job.owner_id):
+        raise HTTPException(403, f"job {job_id} belongs to another token; only its owner or an admin token "
+                                 "may cancel it")
     if job.status in FINISHED:
         raise HTTPException(409, f"job {job_id} is already {job.status}")
     # one conditional statement, so a worker claiming the job at this moment cannot be missed
@@ -123,10 +154,31 @@ def cancel_job(job_id: JobId, session: SessionDep) -> JobPublic:
     responses={200: {"content": {"application/gzip": {}}, "description": "tar.gz: lib.so, manifest.json, schedule.py"}}
     | errors(404),
 )
-def read_artifact(job_id: JobId, session: SessionDep) -> FileResponse:
+def read_artifact(job_id: JobId, session: SessionDep, settings: SettingsDep, caller: ReadCaller) -> FileResponse:
     """Download the compiled artifact: library, manifest and TVMScript of the best schedule."""
-    job = _job_or_404(session, job_id)
+    job = job_or_404(session, job_id, caller, settings)
     artifact = Artifact.find_by_job(session, job_id)
     if artifact is None or not Path(artifact.path).is_file():
         raise HTTPException(404, f"job {job_id} has no artifact (status {job.status})")
     return FileResponse(artifact.path, media_type="application/gzip", filename=f"altune-job-{job_id}.tar.gz")
+
+
+@router.delete("/{job_id}", status_code=204, responses=errors(403, 404, 409))
+def delete_job(job_id: JobId, session: SessionDep, settings: SettingsDep, caller: WriteCaller) -> None:
+    """Delete a finished job with its tasks, trials and artifact (its best schedules stay known).
+
+    Only the token that submitted the job, or an admin token, may delete it; a job still queued or running is
+    cancelled first.
+    """
+    job = job_or_404(session, job_id, caller, settings)
+    if not caller.may_change(job.owner_id):
+        raise HTTPException(403, f"job {job_id} belongs to another token; only its owner or an admin token "
+                                 "may delete it")
+    if job.status not in FINISHED:
+        raise HTTPException(409, f"job {job_id} is {job.status}: cancel it first")
+    artifact = Artifact.find_by_job(session, job_id)
+    path = Path(artifact.path) if artifact is not None else None
+    # tasks, trials and the artifact's row go with it (ON DELETE CASCADE); schedules keep their configuration
+    session.execute(delete(Job).where(Job.id == job_id, Job.status.in_(FINISHED)))
+    if path is not None:
+        path.unlink(missing_ok=True)

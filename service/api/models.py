@@ -30,11 +30,14 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from service.api.auth import WriteCaller, in_auth_thread, too_many
 from service.api.common import errors
 from service.api.deps import SettingsDep, invalid
 from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
 from service.api.uploads import Upload, receive_upload
 from service.models import Job, TuningTask
+from service.quotas import QuotaExceeded, check_new_job, check_upload
+from service.tokens import Caller
 from service.schemas import MAX_INT32, JobPublic, ZooModelPublic, ZooModelsPublic
 from tuner import MAX_SEED
 
@@ -63,6 +66,8 @@ class ModelJobSpec(BaseModel):
     budget: int = Field(64, ge=1, le=MAX_INT32, description="on-device measurements for the whole model (at most "
                                                             "the server's ALTUNE_MAX_BUDGET)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search and of the check's inputs")
+    licm: bool = Field(True, description="build every task and the model with our loop-invariant code motion; "
+                                         "false: TVM's default TIR pipeline")
 
 
 class ZooJobCreate(ModelJobSpec):
@@ -114,12 +119,13 @@ def _store_upload(data: bytes, settings: Any) -> tuple[Path, str]:
 
 
 def _create(session: Any, name: str, spec: ModelJobSpec, imported: Any, path: Path, digest: str,
-            extra: dict) -> Job:
+            extra: dict, caller: Caller, upload_bytes: int) -> Job:
     record = spec.model_dump() | extra | {
         "kind": "model", "name": name, "model_file": str(path), "sha256": digest,
         "input_shapes": [list(s.shape) for s in imported.inputs],
     }
-    job = Job(kind="model", name=name[:64], spec=record, target=spec.target, budget=spec.budget)
+    job = Job(kind="model", name=name[:64], spec=record, target=spec.target, budget=spec.budget,
+              owner_id=caller.token_id, upload_bytes=upload_bytes)
     session.add(job)
     session.flush()
     for index, task in enumerate(imported.tasks):
@@ -148,7 +154,7 @@ _UPLOAD_BODY = {
         },
     }}},
 }
-_UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = errors(400, 403, 413) | {
+_UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = errors(400, 403, 413, 429) | {
     422: {"description": "Validation Error: the spec, or the file (not a plain torch.export program, "
                          "a string torch would evaluate, a zip bomb, an unsupported operator), named in `loc`",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}},
@@ -157,17 +163,27 @@ _UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = errors(400, 403, 413) | {
 
 @router.post("", status_code=201, response_model=JobPublic, responses=_UPLOAD_ERRORS,
              openapi_extra={"requestBody": _UPLOAD_BODY})
-async def create_model_job(request: Request, settings: SettingsDep) -> JobPublic:
+async def create_model_job(request: Request, settings: SettingsDep, caller: WriteCaller) -> JobPublic:
     """Upload a torch.export program to tune end to end; answers at once, a worker runs it."""
+    declared = request.headers.get("content-length", "")
+    try:  # over the daily upload quota by the declared size: refused before a byte of the body is read
+        await in_auth_thread(_check_upload, settings, caller, int(declared) if declared.isdigit() else 0)
+    except QuotaExceeded as e:
+        raise too_many(e) from None
     folder = settings.resolved_artifact_dir / "models"
     upload = await receive_upload(request, folder, max_file_bytes=settings.max_upload_bytes)
     try:
-        return await run_in_threadpool(_create_from_upload, settings, upload)
+        return await run_in_threadpool(_create_from_upload, settings, upload, caller)
     finally:
         upload.path.unlink(missing_ok=True)  # refused, or already moved into the store
 
 
-def _create_from_upload(settings: Any, upload: Upload) -> JobPublic:
+def _check_upload(settings: Any, caller: Caller, incoming: int) -> None:
+    with session_scope(settings.resolved_database_url, API_CONNECTIONS) as session:
+        check_upload(session, caller, settings, incoming)
+
+
+def _create_from_upload(settings: Any, upload: Upload, caller: Caller) -> JobPublic:
     from compiler.workloads.model import ModelError
     from service.sandbox import SandboxError, import_upload
 
@@ -187,9 +203,16 @@ def _create_from_upload(settings: Any, upload: Upload) -> JobPublic:
     except SandboxError as e:  # the server's fault (limits too low for torch and TVM): try later
         raise HTTPException(503, str(e)) from e
     path = upload.path.parent / f"{upload.sha256}.pt2"
+    stored = path.exists()
     os.replace(upload.path, path)  # content-addressed: the same bytes again replace themselves
     name = parsed.name or Path(upload.filename or "model.pt2").stem or "model"
-    return _store_job(settings, name, parsed, imported, path, upload.sha256, {"source": "upload"})
+    try:
+        return _store_job(settings, name, parsed, imported, path, upload.sha256, {"source": "upload"}, caller,
+                          upload.size)
+    except BaseException:  # over quota, or the database failed: a refused upload leaves nothing behind
+        if not stored:
+            path.unlink(missing_ok=True)
+        raise
 
 
 # the import takes seconds: a model submission opens its session only once it has a job to write (not as a
@@ -198,9 +221,15 @@ _model_sessions = threading.BoundedSemaphore(MODEL_SESSIONS)
 
 
 def _store_job(settings: Any, name: str, spec: ModelJobSpec, imported: Any, path: Path, digest: str,
-               extra: dict) -> JobPublic:
+               extra: dict, caller: Caller, upload_bytes: int = 0) -> JobPublic:
+    """Write the job and its tasks, within the caller's quota (else 429, and nothing is written)."""
     with _model_sessions, session_scope(settings.resolved_database_url, API_CONNECTIONS) as session:
-        return _public(session, _create(session, name, spec, imported, path, digest, extra))
+        job = _create(session, name, spec, imported, path, digest, extra, caller, upload_bytes)
+        try:
+            check_new_job(session, caller, settings)
+        except QuotaExceeded as e:
+            raise too_many(e) from None
+        return _public(session, job)
 
 
 @router.get("/zoo", response_model=ZooModelsPublic)
@@ -219,8 +248,8 @@ def read_zoo_models() -> ZooModelsPublic:
     return ZooModelsPublic(data=data, count=len(data))
 
 
-@router.post("/zoo", status_code=201, response_model=JobPublic, responses=errors(400, 403))
-def create_zoo_job(body: ZooJobCreate, settings: SettingsDep) -> JobPublic:
+@router.post("/zoo", status_code=201, response_model=JobPublic, responses=errors(400, 403, 429))
+def create_zoo_job(body: ZooJobCreate, settings: SettingsDep, caller: WriteCaller) -> JobPublic:
     """Tune a built-in model (random weights, nothing downloaded)."""
     import io
 
@@ -238,4 +267,4 @@ def create_zoo_job(body: ZooJobCreate, settings: SettingsDep) -> JobPublic:
     path, digest = _store_upload(data, settings)
     spec = ModelJobSpec.model_validate(body.model_dump(exclude={"model"}))
     return _store_job(settings, body.name or body.model, spec, imported, path, digest,
-                      {"source": "zoo", "model": body.model})
+                      {"source": "zoo", "model": body.model}, caller)

@@ -79,7 +79,7 @@ def test_the_jobs_stream_takes_the_oldest_timestamp(settings):
     since = _parse_watermark("0001-01-01T00:00:00")
 
     async def first_two() -> list[bytes]:
-        stream = _list_events(settings.resolved_database_url, since)
+        stream = _list_events(settings.resolved_database_url, since, None)
         return [await anext(stream), await asyncio.wait_for(anext(stream), 5)]
 
     with pytest.raises(TimeoutError):  # no job: nothing to send, and nothing raised
@@ -173,13 +173,13 @@ def test_same_origin_and_non_browser_writes_pass(client):
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
-def test_allowed_origins_may_write(settings):
+def test_allowed_origins_may_write(settings, admin_token):
     from fastapi.testclient import TestClient
 
     from service.api import create_app
 
     settings.allowed_origins = ["https://dash.example.com"]
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {admin_token}"}) as client:
         ok = client.post("/api/v1/jobs", json=DENSE, headers={"origin": "https://dash.example.com"})
         assert ok.status_code == 201
         assert client.post("/api/v1/jobs", json=DENSE, headers={"origin": "https://evil.example"}).status_code == 403
@@ -219,7 +219,8 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(api_serve
     cmd = [str(Path(sys.executable).parent / "st"), "run", f"{api_server.url}/openapi.json",
            "--checks", "all", "--exclude-checks", "positive_data_acceptance,use_after_free,ensure_resource_availability",
            "--max-examples", "25", "--exclude-path-regex", "events$",
-           "--request-timeout", "60", "--seed", "20261125", "--no-color"]
+           "--request-timeout", "60", "--seed", "20261125", "--no-color",
+           "--header", f"Authorization: Bearer {api_server.token}"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
 

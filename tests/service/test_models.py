@@ -21,13 +21,9 @@ from service.models import Job, Schedule, TrialRow  # noqa: E402
 
 
 @pytest.fixture
-def api(settings):
-    from fastapi.testclient import TestClient
-
-    import service.api
-
-    with TestClient(service.api.create_app(settings)) as c:
-        yield c
+def api(client):
+    """The app in-process, with an admin token (tests/conftest.py)."""
+    return client
 
 
 def _pt2(name: str) -> bytes:

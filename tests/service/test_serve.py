@@ -7,6 +7,7 @@ server must stop its workers and their measurement processes with it, however th
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,10 +49,22 @@ def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     raise AssertionError(f"no answer from {url}/healthz in {timeout} s")
 
 
-def _wait_job(url: str, job_id: int, until: tuple[str, ...], timeout: float = 300, trials: int = 0) -> dict:
+def _printed_token(proc: subprocess.Popen) -> str:
+    """The token in the dashboard URL `altune serve` prints on its first start (printed before it answers)."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if match := re.search(r"\?token=(alt_[\w-]+)", line):
+            return match.group(1)
+        assert len(seen) < 200, f"no token URL in the server's first lines: {''.join(seen)}"
+    raise AssertionError(f"the server's output ended without a token URL: {''.join(seen)}")
+
+
+def _wait_job(url: str, job_id: int, until: tuple[str, ...], timeout: float = 300, trials: int = 0,
+              headers: dict | None = None) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        job = httpx.get(f"{url}/api/v1/jobs/{job_id}", timeout=10).json()
+        job = httpx.get(f"{url}/api/v1/jobs/{job_id}", timeout=10, headers=headers).json()
         if job["status"] in until and job["trials_done"] >= trials:
             return job
         assert time.monotonic() < deadline, f"job {job_id} not {until} with {trials} trials in {timeout} s: {job}"
@@ -120,14 +133,18 @@ def test_make_run_in_a_fresh_clone_serves_and_finishes_a_job(fresh_clone):
         _wait_up(url, proc)
         tree = _server_tree(proc, workers=1)
         assert (fresh_clone / "var" / "altune.db").is_file()
-        page = httpx.get(f"{url}/", timeout=10)
+        token = _printed_token(proc)  # the first start made an admin token and printed the URL that carries it
+        page = httpx.get(f"{url}/?token={token}", timeout=10)
         assert page.status_code == 200 and "altune" in page.text
-        r = httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=10)
+        assert httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=10).status_code == 401, "tokens are on"
+        auth = {"Authorization": f"Bearer {token}"}
+        r = httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=10, headers=auth)
         assert r.status_code == 201, r.text
-        job = _wait_job(url, r.json()["id"], ("succeeded", "failed", "cancelled"))
+        job = _wait_job(url, r.json()["id"], ("succeeded", "failed", "cancelled"), headers=auth)
         assert job["status"] == "succeeded", job["error"]
         assert job["trials_done"] == DENSE["budget"] and job["has_artifact"]
-        assert httpx.get(f"{url}/api/v1/jobs/{job['id']}/artifact", timeout=10).content[:2] == b"\x1f\x8b"
+        artifact = httpx.get(f"{url}/api/v1/jobs/{job['id']}/artifact", timeout=10, params={"token": token})
+        assert artifact.content[:2] == b"\x1f\x8b"
         tree[0].send_signal(signal.SIGTERM)  # the server; make ends with it
         _assert_all_gone(tree)
         assert proc.wait(30) is not None
@@ -144,7 +161,7 @@ def serve(tmp_path) -> Iterator:
     def start() -> tuple[subprocess.Popen, str]:
         port = free_port()
         proc = subprocess.Popen([str(VENV / "bin" / "altune"), "serve", "--workers", "2"], cwd=tmp_path,
-                                env=_env(port, ALTUNE_DATA_DIR=str(tmp_path / "data")),
+                                env=_env(port, ALTUNE_DATA_DIR=str(tmp_path / "data"), ALTUNE_ANONYMOUS="all"),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         procs.append(proc)
         return proc, f"http://127.0.0.1:{port}"

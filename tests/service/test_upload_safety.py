@@ -293,13 +293,13 @@ def test_zip_bomb_is_refused_before_inflating(client, settings, bomb):
 
 
 @pytest.fixture
-def small_client(settings):
+def small_client(settings, admin_token):
     from fastapi.testclient import TestClient
 
     from service.api import create_app
 
     small = settings.model_copy(update={"max_upload_bytes": 64 << 10, "max_unpacked_bytes": 1 << 20})
-    with TestClient(create_app(small)) as c:
+    with TestClient(create_app(small), headers={"Authorization": f"Bearer {admin_token}"}) as c:
         yield c
 
 

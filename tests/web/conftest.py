@@ -63,7 +63,8 @@ def fast_events(monkeypatch):
 
 @pytest.fixture
 def api_server(settings, fast_events) -> Iterator[ApiServer]:
-    with ApiServer(settings) as server:
+    """Open to anonymous reads and writes (the dashboard's token is tested by test_dashboard_keeps_the_token)."""
+    with ApiServer(settings.model_copy(update={"anonymous": "all"})) as server:
         yield server
 
 

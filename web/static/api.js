@@ -11,6 +11,57 @@ export class ApiError extends Error {
   }
 }
 
+// -- the token ---------------------------------------------------------------------------------------------
+// `altune serve` prints a URL with `?token=...` (as Jupyter does). The token is kept for this browser session
+// (sessionStorage), taken out of the address bar, sent as `Authorization: Bearer` with every request, and set
+// as a cookie for what cannot carry a header: the event streams and download links (the server takes the
+// cookie on GET only).
+
+const TOKEN_KEY = 'altune_token';
+
+function useToken(value) {
+  sessionStorage.setItem(TOKEN_KEY, value);
+  document.cookie = `${TOKEN_KEY}=${value}; path=/; SameSite=Strict`;
+}
+
+function adoptToken() {
+  const url = new URL(location.href);
+  const given = url.searchParams.get('token');
+  if (given) {
+    url.searchParams.delete('token');
+    history.replaceState(history.state, '', url.pathname + url.search + url.hash);
+  }
+  const token = given || sessionStorage.getItem(TOKEN_KEY);
+  if (token) useToken(token);
+  return token;
+}
+
+const token = adoptToken();
+
+/** A 401: say what the server wants and offer a field to paste a token into. */
+function askForToken(detail) {
+  const el = document.getElementById('banner');
+  if (!el || el.querySelector('#token-form')) return;
+  el.hidden = false;
+  el.replaceChildren();
+  const form = document.createElement('form');
+  form.id = 'token-form';
+  const text = document.createElement('p');
+  text.textContent = `This server needs a token: ${detail} Open the URL \`altune serve\` printed, or paste one here.`;
+  const input = Object.assign(document.createElement('input'), {id: 'token-input', type: 'password',
+    autocomplete: 'off', placeholder: 'alt_...'});
+  input.setAttribute('aria-label', 'API token');
+  const button = Object.assign(document.createElement('button'), {type: 'submit', textContent: 'Use token'});
+  form.append(text, input, button);
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    if (!input.value.trim()) return;
+    useToken(input.value.trim());
+    location.reload();
+  });
+  el.append(form);
+}
+
 // -- connectivity ------------------------------------------------------------------------------------------
 
 let down = false;
@@ -81,12 +132,14 @@ export async function checkHealth() {
  */
 export async function request(path, {method = 'GET', body, signal} = {}) {
   const json = body !== undefined && !(body instanceof FormData);
+  const headers = json ? {'Content-Type': 'application/json'} : {};
+  if (token) headers.Authorization = `Bearer ${token}`;
   let res;
   try {
     res = await fetch(path.startsWith('/') ? path : `${API}/${path}`, {
       method,
       signal,
-      headers: json ? {'Content-Type': 'application/json'} : {},
+      headers,
       body: json ? JSON.stringify(body) : body,
     });
   } catch (e) {
@@ -107,6 +160,7 @@ export async function request(path, {method = 'GET', body, signal} = {}) {
   }
   const type = res.headers.get('content-type') || '';
   const data = type.includes('json') ? await res.json() : null;
+  if (res.status === 401) askForToken(data && typeof data.detail === 'string' ? data.detail : 'HTTP 401.');
   if (!res.ok) throw new ApiError(res.status, data && data.detail !== undefined ? data.detail : `HTTP ${res.status}`);
   return data;
 }

@@ -1,0 +1,107 @@
+"""Per-token quotas: jobs queued and running at once, trials (job budgets) and upload bytes per UTC day.
+
+A token's own limit wins; where it has none (None), the server's default (`ALTUNE_TOKEN_MAX_*`) applies.
+Anonymous requests (`ALTUNE_ANONYMOUS`) share one allowance with the defaults.
+
+Submissions are checked after the new job is written, in its transaction, with the token's row locked
+(`SELECT ... FOR UPDATE` on PostgreSQL; SQLite has one writer at a time already): two submissions of one
+token at once cannot both pass on the last free place. The running limit is the workers' (`Worker.claim`
+skips a queued job whose owner runs as many as it may); it is not a refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.db import utcnow
+from service.models import Job, Token
+from service.settings import Settings
+from service.tokens import Caller
+
+QUEUE_RETRY_SECONDS = 30  # Retry-After for a full queue: the time a place frees is unknown; poll this often
+
+
+@dataclass(frozen=True)
+class QuotaExceeded(Exception):
+    """A request over a token's limit; `message` says which, how much is used, and when it frees up."""
+
+    limit: str
+    message: str
+    retry_after: int
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def limit_of(caller: Caller, name: str, settings: Settings) -> int:
+    """The caller's limit `name` ("max_queued", ...): its token's own, or the server's default."""
+    own = caller.limits.get(name)
+    return own if own is not None else getattr(settings, f"token_{name}")
+
+
+def day_bounds(now: datetime) -> tuple[datetime, datetime]:
+    """The UTC day `now` is in: its start and the next (when the daily quotas reset)."""
+    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return start, start + timedelta(days=1)
+
+
+def _who(caller: Caller) -> str:
+    return "anonymous requests" if caller.token_id is None else f"token {caller.name!r}"
+
+
+def _daily(caller: Caller, limit: str, used: int, cap: int, unit: str, now: datetime) -> QuotaExceeded:
+    _, reset = day_bounds(now)
+    return QuotaExceeded(
+        limit, f"quota exceeded: {_who(caller)} may submit {cap} {unit} per UTC day ({limit}), this request would "
+               f"make {used}; it resets at {reset.isoformat()}Z", max(1, int((reset - now).total_seconds()) + 1))
+
+
+def uploaded_today(session: Session, token_id: int | None, now: datetime) -> int:
+    start, _ = day_bounds(now)
+    return session.scalar(select(func.coalesce(func.sum(Job.upload_bytes), 0))
+                          .where(Job.owned_by(token_id), Job.created_at >= start)) or 0
+
+
+def check_upload(session: Session, caller: Caller, settings: Settings, incoming: int) -> None:
+    """Before an upload is received: refuse it when `incoming` more bytes would pass the daily upload limit.
+
+    Raises:
+        QuotaExceeded: naming `max_upload_bytes_per_day` and when it resets.
+    """
+    now = utcnow()
+    cap = limit_of(caller, "max_upload_bytes_per_day", settings)
+    used = uploaded_today(session, caller.token_id, now) + incoming
+    if used > cap:
+        raise _daily(caller, "max_upload_bytes_per_day", used, cap, "bytes of uploads", now)
+
+
+def check_new_job(session: Session, caller: Caller, settings: Settings) -> None:
+    """After the caller's new job is flushed (its `owner_id`, `budget`, `upload_bytes` set): is it within quota?
+
+    Raises:
+        QuotaExceeded: the first limit passed (queued jobs, trials per day, upload bytes per day); the
+            caller's transaction must roll back (the session scope does).
+    """
+    if caller.token_id is not None:  # one submission of this token at a time from here to its commit
+        session.execute(select(Token.id).where(Token.id == caller.token_id).with_for_update())
+    now = utcnow()
+    mine = Job.owned_by(caller.token_id)
+    cap = limit_of(caller, "max_queued", settings)
+    queued = session.scalar(select(func.count()).select_from(Job).where(mine, Job.status == "queued")) or 0
+    if queued > cap:
+        raise QuotaExceeded("max_queued", f"quota exceeded: {_who(caller)} may have {cap} jobs queued at once "
+                                          f"(max_queued) and has {queued - 1}; a place frees when one of them starts "
+                                          f"or is cancelled", QUEUE_RETRY_SECONDS)
+    start, _ = day_bounds(now)
+    cap = limit_of(caller, "max_trials_per_day", settings)
+    trials = session.scalar(select(func.coalesce(func.sum(Job.budget), 0)).where(mine, Job.created_at >= start)) or 0
+    if trials > cap:
+        raise _daily(caller, "max_trials_per_day", trials, cap, "trials (job budgets)", now)
+    cap = limit_of(caller, "max_upload_bytes_per_day", settings)
+    uploaded = uploaded_today(session, caller.token_id, now)
+    if uploaded > cap:
+        raise _daily(caller, "max_upload_bytes_per_day", uploaded, cap, "bytes of uploads", now)
