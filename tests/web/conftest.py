@@ -68,6 +68,19 @@ def api_server(settings, fast_events) -> Iterator[ApiServer]:
         yield server
 
 
+@pytest.fixture
+def auth_api_server(settings, fast_events) -> Iterator[ApiServer]:
+    """Auth on (the default): `auth_api_server.token` is an admin token."""
+    from service.db import session_scope
+    from service.tokens import create_token
+
+    with session_scope(settings.resolved_database_url) as session:
+        _, token = create_token(session, "admin", "browser")
+    with ApiServer(settings) as server:
+        server.token = token
+        yield server
+
+
 # -- a stand-in tuner with a steady pace and both stages ---------------------------------------------------------------------
 
 FAKE_TRIAL_SECONDS = 0.35

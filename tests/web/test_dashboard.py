@@ -19,6 +19,7 @@ from service.db import session_scope, utcnow
 from service.models import Job, TrialRow, TuningTask
 
 TINY = {"m": "32", "n": "32", "k": "32"}
+TINY_INT = {k: int(v) for k, v in TINY.items()}
 
 
 @pytest.fixture
@@ -349,3 +350,36 @@ def test_submit_model_from_zoo_and_bad_upload(api_server, page, screenshots):
     page.wait_for_selector("#m-source-upload")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390 + 1, f"no horizontal scrolling of the submit page on a phone: {width}px"
+
+
+
+def test_dashboard_keeps_the_token_for_the_session(auth_api_server, page, screenshots):
+    """Auth on: the URL `altune serve` prints carries the token; the page keeps it for the session (out of the
+    address bar), sends it with its requests and, as a cookie, with its event streams; without one it asks."""
+    base, token = auth_api_server.url, auth_api_server.token
+    job = httpx.post(f"{base}/api/v1/jobs", json={"kind": "operator", "operator": "dense", "params": TINY_INT,
+                                                  "target": "host", "budget": 4},
+                     headers={"Authorization": f"Bearer {token}"}).json()
+    page.goto(f"{base}/?token={token}")
+    page.locator(f"tr[data-job-id='{job['id']}']").wait_for()
+    assert "token" not in page.url and page.evaluate("sessionStorage.getItem('altune_token')") == token
+    page.goto(f"{base}/jobs/{job['id']}")  # a new page load: the token comes from sessionStorage
+    page.locator("#job-progress-text").wait_for()
+    with session_scope(auth_api_server.settings.resolved_database_url) as s:
+        s.get(Job, job["id"]).status = "running"  # the job's stream (EventSource, the cookie) shows the change
+    page.wait_for_selector(".head-status >> text=running")
+    screenshots(page, "job-with-token")
+
+    fresh = page.context.browser.new_context()
+    try:
+        other = fresh.new_page()
+        other.goto(base)
+        form = other.locator("#token-form")
+        form.wait_for()
+        assert "altune token create" in form.inner_text()
+        screenshots(other, "token-asked")
+        other.fill("#token-input", token)
+        other.click("#token-form button")
+        other.locator(f"tr[data-job-id='{job['id']}']").wait_for()
+    finally:
+        fresh.close()

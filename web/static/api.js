@@ -47,7 +47,7 @@ function askForToken(detail) {
   const form = document.createElement('form');
   form.id = 'token-form';
   const text = document.createElement('p');
-  text.textContent = `This server needs a token: ${detail} Open the URL \`altune serve\` printed, or paste one here.`;
+  text.textContent = `This server needs a token. ${detail}. Open the URL \`altune serve\` printed, or paste a token:`;
   const input = Object.assign(document.createElement('input'), {id: 'token-input', type: 'password',
     autocomplete: 'off', placeholder: 'alt_...'});
   input.setAttribute('aria-label', 'API token');
@@ -223,6 +223,8 @@ export function subscribe(path, handlers, {resumeParam = 'last_event_id'} = {}) 
       if (handlers.error) handlers.error();
       checkHealth();
       if (source.readyState === EventSource.CLOSED) {
+        // refused for good: an EventSource does not tell why; a plain request does (a 401 asks for a token)
+        request('operators').catch(() => {});
         clearTimeout(retry);
         retry = setTimeout(() => { if (!closed) open(); }, 3000);
       }
