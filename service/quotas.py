@@ -11,7 +11,6 @@ skips a queued job whose owner runs as many as it may); it is not a refusal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
@@ -25,16 +24,15 @@ from service.tokens import Caller
 QUEUE_RETRY_SECONDS = 30  # Retry-After for a full queue: the time a place frees is unknown; poll this often
 
 
-@dataclass(frozen=True)
 class QuotaExceeded(Exception):
-    """A request over a token's limit; `message` says which, how much is used, and when it frees up."""
+    """A request over a token's limit: `limit` names it, `message` says how much is used and when it frees up,
+    `retry_after` is the seconds until then."""
 
-    limit: str
-    message: str
-    retry_after: int
-
-    def __str__(self) -> str:
-        return self.message
+    def __init__(self, limit: str, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.message = message
+        self.retry_after = retry_after
 
 
 def limit_of(caller: Caller, name: str, settings: Settings) -> int:
