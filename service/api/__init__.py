@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
-from service.api import deps, events, jobs, models, operators, schedules, web
+from service.api import deps, events, jobs, metrics, models, operators, schedules, web
 from service.api.auth import require_read
 from service.api.common import SameOriginWrites, errors, http_error, validation_error
 from service.api.deps import SettingsDep
@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(operators.router)
     api.include_router(events.router)
     app.include_router(api)
+    app.include_router(metrics.router)
     app.include_router(web.router)
     web.mount_static(app)
 
