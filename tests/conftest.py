@@ -91,7 +91,7 @@ def settings(db_url, tmp_path):
     return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2)
 
 
-def make_token(url: str, scope: str = "admin", name: str | None = None, **limits: int | None) -> str:
+def new_token(url: str, scope: str = "admin", name: str | None = None, **limits: int | None) -> str:
     """A new token in the database at `url` (as `altune token create` makes it): the token itself."""
     from service.db import session_scope
     from service.tokens import create_token
@@ -107,8 +107,15 @@ def open_to_all(settings):
 
 
 @pytest.fixture
+def make_token():
+    """`make_token(url, scope, name, **limits)`: a new token (a fixture: `from conftest import` may find
+    tests/web/conftest.py first)."""
+    return new_token
+
+
+@pytest.fixture
 def admin_token(settings) -> str:
-    return make_token(settings.resolved_database_url, "admin", "test-admin")
+    return new_token(settings.resolved_database_url, "admin", "test-admin")
 
 
 @pytest.fixture
@@ -178,5 +185,5 @@ def api_server(sqlite_url, tmp_path) -> Iterator[LiveServer]:
     from service.settings import Settings
 
     with LiveServer(Settings(database_url=sqlite_url, data_dir=tmp_path), worker=False) as server:
-        server.token = make_token(sqlite_url, "admin", "test-admin")
+        server.token = new_token(sqlite_url, "admin", "test-admin")
         yield server

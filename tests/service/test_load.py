@@ -70,7 +70,9 @@ def served(sqlite_url, tmp_path) -> Iterator[str]:
     # a build that hangs (it happens, and costs 60 s by default) must not hold back the first trials for long
     db_url = sqlite_url  # the embedded default; the same pool and thread budget holds on PostgreSQL (docs/design.md)
     env = os.environ | {"ALTUNE_DATABASE_URL": db_url, "ALTUNE_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT),
-                        "ALTUNE_MEASURE_TIMEOUT": "10", "ALTUNE_ANONYMOUS": "all"}
+                        "ALTUNE_MEASURE_TIMEOUT": "10",
+                        # the clients submit a job every tenth round: hundreds, over the default queue quota
+                        "ALTUNE_ANONYMOUS": "all", "ALTUNE_TOKEN_MAX_QUEUED": "100000"}
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "1"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

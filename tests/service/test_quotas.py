@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from conftest import make_token
 from sqlalchemy import func, select
 
 from service.db import session_scope, utcnow
@@ -37,7 +36,7 @@ def _jobs_of(url: str, name: str) -> int:
         return s.scalar(select(func.count()).select_from(Job).where(Job.owner_id == owner))
 
 
-def test_queued_jobs_over_the_limit_are_429_and_not_written(app, settings):
+def test_queued_jobs_over_the_limit_are_429_and_not_written(app, settings, make_token):
     url = settings.resolved_database_url
     token = make_token(url, "write", "busy", max_queued=2)
     for _ in range(2):
@@ -54,7 +53,7 @@ def test_queued_jobs_over_the_limit_are_429_and_not_written(app, settings):
     assert app.post("/api/v1/jobs", json=DENSE, headers=bearer(token)).status_code == 201
 
 
-def test_trials_per_day_over_the_limit_are_429_until_the_utc_day_ends(app, settings):
+def test_trials_per_day_over_the_limit_are_429_until_the_utc_day_ends(app, settings, make_token):
     url = settings.resolved_database_url
     token = make_token(url, "write", "daily", max_trials_per_day=100)
     assert app.post("/api/v1/jobs", json=DENSE, headers=bearer(token)).status_code == 201
@@ -84,7 +83,7 @@ def test_defaults_come_from_settings_and_apply_to_anonymous_requests(settings):
         assert r.status_code == 429 and "anonymous requests may have 1 jobs queued" in r.json()["detail"]
 
 
-def test_upload_over_the_daily_bytes_is_429_before_it_is_read(sqlite_url, tmp_path):
+def test_upload_over_the_daily_bytes_is_429_before_it_is_read(sqlite_url, tmp_path, make_token):
     from fastapi.testclient import TestClient
 
     from service.api import create_app
@@ -101,7 +100,7 @@ def test_upload_over_the_daily_bytes_is_429_before_it_is_read(sqlite_url, tmp_pa
         (settings.resolved_artifact_dir / "models").iterdir()), "nothing of the refused upload on disk"
 
 
-def test_workers_leave_jobs_over_the_running_limit_queued(settings):
+def test_workers_leave_jobs_over_the_running_limit_queued(settings, make_token):
     from service.worker import Worker
 
     url = settings.resolved_database_url

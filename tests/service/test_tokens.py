@@ -9,7 +9,6 @@ import hashlib
 from collections.abc import Iterator
 
 import pytest
-from conftest import make_token
 from sqlalchemy import select
 
 from service.db import session_scope
@@ -86,7 +85,7 @@ def test_no_token_is_401_saying_how_to_get_one(app):
     assert app.get("/openapi.json").status_code == 200
 
 
-def test_scopes_nest_and_only_the_owner_or_an_admin_cancels(app, sqlite_url):
+def test_scopes_nest_and_only_the_owner_or_an_admin_cancels(app, sqlite_url, make_token):
     read, alice, bob = (make_token(sqlite_url, s, n) for s, n in [("read", "r"), ("write", "alice"),
                                                                   ("write", "bob")])
     admin = make_token(sqlite_url, "admin", "root")
@@ -109,7 +108,7 @@ def test_scopes_nest_and_only_the_owner_or_an_admin_cancels(app, sqlite_url):
     assert app.post(f"/api/v1/jobs/{other['id']}/cancel", headers=bearer(admin)).json()["status"] == "cancelled"
 
 
-def test_delete_needs_the_owner_or_an_admin_and_a_finished_job(app, sqlite_url):
+def test_delete_needs_the_owner_or_an_admin_and_a_finished_job(app, sqlite_url, make_token):
     alice, bob = make_token(sqlite_url, "write", "alice"), make_token(sqlite_url, "write", "bob")
     job_id = app.post("/api/v1/jobs", json=DENSE, headers=bearer(alice)).json()["id"]
     r = app.delete(f"/api/v1/jobs/{job_id}", headers=bearer(alice))
@@ -122,7 +121,7 @@ def test_delete_needs_the_owner_or_an_admin_and_a_finished_job(app, sqlite_url):
     assert app.get(f"/api/v1/jobs/{job_id}", headers=bearer(alice)).status_code == 404
 
 
-def test_revoked_and_unknown_tokens_are_401(app, sqlite_url):
+def test_revoked_and_unknown_tokens_are_401(app, sqlite_url, make_token):
     from service.tokens import revoke_token
 
     token = make_token(sqlite_url, "admin", "soon-gone")
@@ -134,7 +133,7 @@ def test_revoked_and_unknown_tokens_are_401(app, sqlite_url):
         assert r.status_code == 401 and "unknown or revoked" in r.json()["detail"]
 
 
-def test_query_token_and_cookie_are_taken_on_get_only(app, sqlite_url):
+def test_query_token_and_cookie_are_taken_on_get_only(app, sqlite_url, make_token):
     token = make_token(sqlite_url, "write", "browser")
     assert app.get("/api/v1/jobs", params={"token": token}).status_code == 200
     app.cookies.set("altune_token", token)
@@ -146,7 +145,7 @@ def test_query_token_and_cookie_are_taken_on_get_only(app, sqlite_url):
     assert r.status_code == 401 and "GET only" in r.json()["detail"]
 
 
-def test_event_stream_takes_the_token_in_the_query(app, sqlite_url):
+def test_event_stream_takes_the_token_in_the_query(app, sqlite_url, make_token):
     token = make_token(sqlite_url, "write", "streamer")
     job_id = app.post("/api/v1/jobs", json=DENSE, headers=bearer(token)).json()["id"]
     _finish(sqlite_url, job_id, "cancelled")  # a finished job's stream ends after its snapshot
@@ -171,7 +170,7 @@ def test_anonymous_access_is_opened_explicitly(auth_settings, sqlite_url, anonym
         assert app.get("/api/v1/jobs", headers=bearer("alt_wrong")).status_code == 401, "a token sent is checked"
 
 
-def test_own_visibility_hides_other_tokens_jobs(auth_settings, sqlite_url):
+def test_own_visibility_hides_other_tokens_jobs(auth_settings, sqlite_url, make_token):
     from fastapi.testclient import TestClient
 
     from service.api import create_app
