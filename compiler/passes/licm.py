@@ -37,6 +37,7 @@ Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,99 +82,125 @@ def licm(func: tvm.tirx.PrimFunc, threshold: int = HOIST_THRESHOLD,
 
 def cost(e: Any) -> int:
     """The paper's cost: 0 for names and constants, else its operator's cost plus its operands'."""
-    import tvm
-
-    kind = type(e).__name__
-    if isinstance(e, tvm.ir.TensorLoad):
+    shape = _shape(e)
+    if shape in ("var", "const", "leaf", "load"):
         return 0
-    if isinstance(e, tvm.ir.Call):
-        return CALL_COST + sum(cost(a) for a in e.args)
-    children = _children(e)
-    if not children:
-        return 0
-    return OPERATOR_COST.get(kind, 1) + sum(cost(c) for c in children)
+    own = CALL_COST if shape == "call" else OPERATOR_COST.get(type(e).__name__, 1)
+    return own + sum(cost(c) for c in _children(e))
 
 
 # ---------------------------------------------------------------------------
 # Expressions: their operands, rebuilding them, and what they are
 
 
-def _children(e: Any) -> list[Any]:
-    import tvm
-    from tvm import tirx
-    from tvm.ir.prim import expr as prim
+_SHAPES: dict[type, str] = {}  # expression class -> how its operands are held (found once per class)
 
-    if isinstance(e, (prim.BinaryOpExpr, prim.CmpExpr, tirx.And, tirx.Or)):
+
+def _shape(e: Any) -> str:
+    """"var", "const", "binary" (a, b), "unary" (a), "select", "cast", "ramp", "broadcast", "call", "load" or "leaf"."""
+    cls = type(e)
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        import tvm
+        from tvm import tirx
+        from tvm.ir.prim import expr as prim
+
+        shape = ("var" if issubclass(cls, tvm.ir.Var) else
+                 "const" if issubclass(cls, (tirx.IntImm, tirx.FloatImm)) else
+                 "binary" if issubclass(cls, (prim.BinaryOpExpr, prim.CmpExpr, tirx.And, tirx.Or)) else
+                 "unary" if issubclass(cls, (tirx.Not, tirx.BitwiseNot)) else
+                 "select" if issubclass(cls, tirx.Select) else
+                 "cast" if issubclass(cls, tirx.Cast) else
+                 "ramp" if issubclass(cls, tirx.Ramp) else
+                 "broadcast" if issubclass(cls, tirx.Broadcast) else
+                 "call" if issubclass(cls, tvm.ir.Call) else
+                 "load" if issubclass(cls, tvm.ir.TensorLoad) else "leaf")
+        _SHAPES[cls] = shape
+    return shape
+
+
+def _children(e: Any) -> list[Any]:
+    shape = _shape(e)
+    if shape == "binary":
         return [e.a, e.b]
-    if isinstance(e, (tirx.Not, tirx.BitwiseNot)):
+    if shape in ("var", "const", "leaf"):
+        return []
+    if shape in ("unary",):
         return [e.a]
-    if isinstance(e, tirx.Select):
+    if shape in ("cast", "broadcast"):
+        return [e.value]
+    if shape == "select":
         return [e.condition, e.true_value, e.false_value]
-    if isinstance(e, tirx.Cast):
-        return [e.value]
-    if isinstance(e, tirx.Ramp):
+    if shape == "ramp":
         return [e.base, e.stride]
-    if isinstance(e, tirx.Broadcast):
-        return [e.value]
-    if isinstance(e, (tvm.ir.Call, tvm.ir.TensorLoad)):
-        return list(e.args if isinstance(e, tvm.ir.Call) else e.indices)
-    return []
+    return list(e.args if shape == "call" else e.indices)
 
 
 def _rebuild(e: Any, children: list[Any]) -> Any:
     """`e` with new operands (the same object where none changed)."""
-    import tvm
-    from tvm import tirx
-
     old = _children(e)
     if all(a.same_as(b) for a, b in zip(old, children, strict=True)):
         return e
-    if isinstance(e, (tirx.Not, tirx.BitwiseNot)):
+    import tvm
+    from tvm import tirx
+
+    shape = _shape(e)
+    if shape == "binary":
+        return type(e)(*children)
+    if shape == "unary":
         return type(e)(children[0])
-    if isinstance(e, tirx.Select):
+    if shape == "select":
         return tirx.Select(*children)
-    if isinstance(e, tirx.Cast):
+    if shape == "cast":
         return tirx.Cast(_dtype(e), children[0])
-    if isinstance(e, tirx.Ramp):
+    if shape == "ramp":
         return tirx.Ramp(children[0], children[1], e.lanes)
-    if isinstance(e, tirx.Broadcast):
+    if shape == "broadcast":
         return tirx.Broadcast(children[0], e.lanes)
-    if isinstance(e, tvm.ir.Call):
+    if shape == "call":
         return tvm.ir.Call(e.op, children, e.attrs, e.ty_args, ret_ty=e.ty)
-    if isinstance(e, tvm.ir.TensorLoad):
-        return tirx.BufferLoad(e.source, children)
-    return type(e)(*children)
+    assert shape == "load", f"cannot rebuild a {type(e).__name__}"
+    return tirx.BufferLoad(e.source, children)
 
 
 def _dtype(e: Any) -> str:
     return str(e.ty.dtype) if hasattr(e.ty, "dtype") else str(e.ty)
 
 
-def _scalar(e: Any) -> bool:
+@functools.cache
+def _dtype_kind(dtype: str) -> str:
+    """"int" (integers, booleans), "float", or "other" (vectors, handles) for a scalar dtype string."""
     import tvm
 
+    t = tvm.DataType(dtype)
+    if t.lanes != 1:
+        return "other"
+    if t.type_code in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT, tvm.DataTypeCode.BOOL):
+        return "int"
+    return "float" if t.type_code == tvm.DataTypeCode.FLOAT else "other"
+
+
+def _scalar(e: Any) -> bool:
     ty = getattr(e, "ty", None)
-    if ty is None or not hasattr(ty, "dtype"):
-        return False
-    dtype = tvm.DataType(str(ty.dtype))
-    return dtype.lanes == 1 and dtype.type_code in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT,
-                                                     tvm.DataTypeCode.FLOAT, tvm.DataTypeCode.BOOL)
+    return ty is not None and hasattr(ty, "dtype") and _dtype_kind(str(ty.dtype)) != "other"
 
 
 def _integer_or_bool(e: Any) -> bool:
+    ty = getattr(e, "ty", None)
+    return ty is not None and hasattr(ty, "dtype") and _dtype_kind(str(ty.dtype)) == "int"
+
+
+def _op_name(call: Any) -> str:
     import tvm
 
-    if not _scalar(e):
-        return False
-    return tvm.DataType(_dtype(e)).type_code in (tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT,
-                                                 tvm.DataTypeCode.BOOL)
+    return call.op.name if isinstance(call.op, tvm.ir.Op) else ""
 
 
 def _is_leaf(e: Any) -> bool:
-    import tvm
+    return _shape(e) in ("var", "const", "leaf", "load")
 
-    return isinstance(e, (tvm.ir.Var, tvm.tirx.IntImm, tvm.tirx.FloatImm)) or not _children(e) and not isinstance(
-        e, tvm.ir.Call)
+
+_PURE_OPS: dict[str, bool] = {}
 
 
 def _pure_call(e: Any) -> bool:
@@ -182,8 +209,11 @@ def _pure_call(e: Any) -> bool:
     op = e.op
     if not isinstance(op, tvm.ir.Op):
         return False
-    effect = op.get_attr("TCallEffectKind")
-    return effect is not None and int(effect) in PURE_EFFECTS
+    pure = _PURE_OPS.get(op.name)
+    if pure is None:
+        effect = op.get_attr("TCallEffectKind")
+        pure = _PURE_OPS[op.name] = effect is not None and int(effect) in PURE_EFFECTS
+    return pure
 
 
 def _kind(e: Any) -> str:
@@ -211,6 +241,7 @@ class _Motion:
         self.ranks: dict[int, int] = {}  # Var.id_ -> rank (loop variables: their depth; names: their value's)
         self.levels: list[_Level] = []
         self.count = 0
+        self._ranks_of: dict[int, tuple[Any, int]] = {}  # expression address -> (expression, rank)
 
     @property
     def depth(self) -> int:
@@ -219,21 +250,22 @@ class _Motion:
     # -- ranks ----------------------------------------------------------------------
 
     def rank(self, e: Any) -> int:
-        import tvm
-
-        if isinstance(e, tvm.ir.Var):
+        shape = _shape(e)
+        if shape == "var":
             return self.ranks.get(e.id_, 0)
-        if isinstance(e, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        if shape == "const":
             return 0
-        if isinstance(e, tvm.ir.TensorLoad) or isinstance(e, tvm.ir.Call) and not _pure_call(e):
-            return VARIES  # a store in the loop may change what a load reads
-        kind = _kind(e)
-        if kind in ("Div", "Mod", "FloorDiv", "FloorMod") and not isinstance(e.b, tvm.tirx.IntImm):
-            return VARIES  # a guard in the loop may be what keeps its divisor from 0
-        children = _children(e)
-        if not children and not isinstance(e, tvm.ir.Call):
-            return VARIES  # a load, a Let, a Shuffle: left where it is
-        return max((self.rank(c) for c in children), default=0)
+        if shape in ("load", "leaf") or shape == "call" and not _pure_call(e):
+            return VARIES  # a store in the loop may change what a load reads; a Let, a Shuffle stay
+        known = self._ranks_of.get(e.id_)
+        if known is not None:
+            return known[1]
+        if type(e).__name__ in ("Div", "Mod", "FloorDiv", "FloorMod") and _shape(e.b) != "const":
+            rank = VARIES  # a guard in the loop may be what keeps its divisor from 0
+        else:
+            rank = max((self.rank(c) for c in _children(e)), default=0)
+        self._ranks_of[e.id_] = (e, rank)  # e kept alive: its address is the key
+        return rank
 
     # -- normalization (Alg. 2) --------------------------------------------------------
 
@@ -264,12 +296,10 @@ class _Motion:
 
     @staticmethod
     def _conditional(e: Any) -> tuple[Any, Any, Any]:
-        import tvm
-        from tvm import tirx
-
-        if isinstance(e, tirx.Select):
+        shape = _shape(e)
+        if shape == "select":
             return e.condition, e.true_value, e.false_value
-        if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name.endswith(".if_then_else"):
+        if shape == "call" and _op_name(e).endswith(".if_then_else"):
             return e.args[0], e.args[1], e.args[2]
         return None, None, None
 
