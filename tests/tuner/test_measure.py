@@ -122,3 +122,15 @@ def test_a_batch_built_ahead_is_measured_like_one_built_alone(setup):
     assert os.listdir(measurer._lib_dir.name) == []
     alone = measurer.measure_one(task, good)  # not built ahead: built in the measuring process
     assert alone.error is None and alone.build_s > 0
+
+
+def test_candidates_are_built_with_the_pipeline_the_spec_asks_for(setup):
+    """Every other test here builds with our LICM (the default); `"licm": false` is TVM's pipeline alone."""
+    from tuner import LocalMeasurer, build_pipeline
+
+    wl, task, space, _ = setup
+    assert build_pipeline({}) == build_pipeline({"licm": True}) == "licm"
+    assert build_pipeline({"licm": False}) == "default"
+    with LocalMeasurer(timeout_s=10, min_repeat_ms=5, pipeline="default") as measurer:
+        result = measurer.measure_one(task, _good(space))
+    assert result.error is None and len(result.latencies_ms) == 3, result.error
