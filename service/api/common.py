@@ -13,7 +13,8 @@ in a user's browser could then submit or cancel jobs on a server at 127.0.0.1. S
 request that a browser marks as coming from another origin (its `Origin` header, or `Sec-Fetch-Site:
 cross-site`) is still refused with 403, with or without a token; clients that are not browsers (curl, the
 CLI, httpx) send neither header and are unaffected. `ALTUNE_ALLOWED_ORIGINS` lists origins that may write
-anyway (a dashboard served elsewhere, which then needs a token as any client does).
+anyway: a dashboard served elsewhere, which can only write anonymously (`ALTUNE_ANONYMOUS=all`), since without
+CORS headers its page cannot send `Authorization` here.
 """
 
 from __future__ import annotations
