@@ -15,7 +15,7 @@ from sqlalchemy import (
     JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, func,
     select,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, selectinload
 
 from service.db import utcnow
 
@@ -86,7 +86,10 @@ class Job(Base):
         if workload:
             query = query.where(cls.id.in_(select(TuningTask.job_id).where(TuningTask.workload_key == workload)))
         count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-        rows = session.scalars(query.order_by(cls.id.desc()).limit(limit).offset(offset)).all()
+        # the tasks of the whole page in one more query, not one per job when they are shown
+        rows = session.scalars(
+            query.order_by(cls.id.desc()).limit(limit).offset(offset).options(selectinload(cls.tasks))
+        ).all()
         return list(rows), count
 
     @classmethod
@@ -197,6 +200,20 @@ class TrialRow(Base):
         return {stage: n for stage, n, _ in rows}, max((last for _, _, last in rows), default=None)
 
     @classmethod
+    def stage_summaries(cls, session: Session, job_ids: list[int]) -> dict[int, tuple[dict[str, int], datetime | None]]:
+        """`stage_summary` of several jobs in one query (jobs without trials are absent)."""
+        rows = session.execute(
+            select(cls.job_id, cls.stage, func.count(), func.max(cls.created_at))
+            .where(cls.job_id.in_(job_ids)).group_by(cls.job_id, cls.stage)
+        ).all()
+        out: dict[int, tuple[dict[str, int], datetime | None]] = {}
+        for job_id, stage, n, last in rows:
+            stages, newest = out.get(job_id, ({}, None))
+            stages[stage] = n
+            out[job_id] = (stages, max(newest, last) if newest is not None else last)
+        return out
+
+    @classmethod
     def where_job(cls, session: Session, job_id: int, limit: int, offset: int) -> tuple[list[TrialRow], int]:
         rows = session.scalars(
             select(cls).where(cls.job_id == job_id).order_by(cls.task_id, cls.index).limit(limit).offset(offset)
@@ -286,3 +303,8 @@ class Artifact(Base):
     @classmethod
     def find_by_job(cls, session: Session, job_id: int) -> Artifact | None:
         return session.scalar(select(cls).where(cls.job_id == job_id))
+
+    @classmethod
+    def where_jobs(cls, session: Session, job_ids: list[int]) -> set[int]:
+        """The ids among `job_ids` of the jobs that have an artifact."""
+        return set(session.scalars(select(cls.job_id).where(cls.job_id.in_(job_ids))).all())

@@ -162,3 +162,7 @@ def test_jobs_filter_by_workload_and_stage_summary(client, settings):
     job = client.get(f"/api/v1/jobs/{first['id']}").json()
     assert job["trials_by_stage"] == {"joint": 2, "loop": 1}
     assert job["last_trial_at"].endswith("+00:00")
+    # the list computes the same for its whole page in a few queries
+    page = client.get("/api/v1/jobs").json()["data"]
+    assert [j for j in page if j["id"] == first["id"]] == [job]
+    assert [j["trials_by_stage"] for j in page if j["id"] != first["id"]] == [{}]
