@@ -329,7 +329,6 @@ def topi_program(case: Case, target: Any) -> Any:
 def layout_programs(target_name: str) -> list[tuple[str, str, Any, Any]]:
     """(case name, layout, scheduled module, task) of the quick suite: user's and ALT's first tiled layout."""
     from bench.ops import QUICK
-    from compiler.workloads.model.layouts import vector_lanes
     from tuner import LayoutSpace, apply_config, task_from_spec
     from tuner.alt import first_layout
     from tuner.layout_space import join_config
@@ -339,14 +338,13 @@ def layout_programs(target_name: str) -> list[tuple[str, str, Any, Any]]:
         task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
                                "epilogue": case.epilogue, "target": target_name})
         space = LayoutSpace(task)
-        lanes = vector_lanes(task.target)
         choices = [("user", {})]
         if space.template.params:
             choices.append(("alt-first", space.full_choice(first_layout(space.template))))
         for name, choice in choices:
             loops = space.loops_of(join_config(choice, {}) if choice else {})
             try:
-                config = join_config(choice, loops.blocked_config(lanes)) if choice else loops.blocked_config(lanes)
+                config = join_config(choice, loops.blocked_config()) if choice else loops.blocked_config()
                 out.append((case.name, space.program(choice).name if choice else "user", apply_config(task, config),
                             task))
             except Exception as e:  # noqa: BLE001 - a layout without a blocked loop nest is left out, said why

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import tvm
@@ -60,6 +61,53 @@ def host_mattr() -> tuple[str, ...]:
     assumed = codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()}))
     return tuple(f"-{feature}" for feature in sorted(assumed)
                  if feature.startswith(_CHECKED) and feature not in present)
+
+
+@dataclass(frozen=True)
+class VectorUnit:
+    """What a CPU's vector unit holds: fp32 lanes per register and architectural vector registers."""
+
+    lanes: int
+    registers: int
+
+    @property
+    def accumulators(self) -> int:
+        """Registers a register block may keep its sums in (the rest hold the broadcast input and loads)."""
+        return self.registers - 4
+
+    @property
+    def register_tile(self) -> int:
+        """fp32 values all registers hold: a register block larger than this spills."""
+        return self.registers * self.lanes
+
+
+AVX512 = VectorUnit(lanes=16, registers=32)
+AVX2 = VectorUnit(lanes=8, registers=16)
+
+
+def vector_unit(target: Any = None) -> VectorUnit:
+    """The vector unit of an LLVM target (this machine's, as `resolve_target("host")` describes it, when None).
+
+    From the CPU features LLVM enables for the target's CPU and `-mattr` (TVM's `llvm_get_vector_width`
+    answers 512 for an AVX2 CPU too): x86 with AVX-512 16 lanes and 32 registers (zmm0-31), with AVX 8 and
+    16 (ymm0-15), else 4 and 16 (xmm); AArch64 4 lanes and 32 registers (v0-31).
+    """
+    if target is None:
+        return _host_vector_unit()
+    from tvm.target import codegen
+
+    triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
+    if triple.startswith(("aarch64", "arm64")):
+        return VectorUnit(lanes=4, registers=32)
+    features = codegen.llvm_get_cpu_features(target)
+    if "avx512f" in features:
+        return AVX512
+    return AVX2 if "avx" in features else VectorUnit(lanes=4, registers=16)
+
+
+@functools.cache
+def _host_vector_unit() -> VectorUnit:
+    return vector_unit(resolve_target("host"))
 
 
 @functools.cache

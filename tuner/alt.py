@@ -68,7 +68,6 @@ from .features import MSFeatures, knob_features
 from .measure import Measurer
 from .search import Proposal, Search, never, noop, pick, seat_seeds
 from .space import (
-    VECTOR_LANES,
     Config,
     InvalidConfig,
     LoopSpace,
@@ -91,16 +90,20 @@ GENERIC_KNOB_FEATURES = 15  # the layout-independent tail of `knob_features` (or
 IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
 
 
-def first_layout(template: Any) -> dict[str, int]:
-    """A oneDNN-like starting point: channel tiles of one vector, a short tile of the last spatial axis."""
+def first_layout(template: Any, lanes: int | None = None) -> dict[str, int]:
+    """A oneDNN-like starting point: channel tiles of one vector (`lanes`: this machine's when None), a
+    short tile of the last spatial axis."""
     from compiler.layout import OUTER_SUFFIX
+    from compiler.target import vector_unit
+
+    lanes = vector_unit().lanes if lanes is None else lanes
 
     choice = {}
     for p in template.params:
         if p.name in TIED:
             continue
         if p.name in ("ot", "it", "nt"):
-            limit = VECTOR_LANES
+            limit = lanes
         elif p.name == "mt":
             limit = 8
         else:
@@ -593,12 +596,12 @@ class ALTSearch(Search):
         first = self.fixed is None and self.key(p.choice) == self.key(self.full_choice(first_layout(self.template)))
         if p.identity or first:
             try:
-                seeds.append((p.space.blocked_config(VECTOR_LANES), "blocked"))
+                seeds.append((p.space.blocked_config(), "blocked"))
                 # in the user's layouts also the other register block (a column of scalar accumulators, or
                 # vectors): the layout has one round to show what it can do before the joint stage moves
                 # on, and a strided depthwise conv runs 4.6x faster in the column (0.38 vs 1.75 ms)
                 if p.identity:
-                    other = p.space.blocked_config(VECTOR_LANES, column=bool(seeds[-1][0]["vectorize"]))
+                    other = p.space.blocked_config(column=bool(seeds[-1][0]["vectorize"]))
                     if other != seeds[-1][0]:
                         seeds.append((other, "blocked"))
             except InvalidConfig as e:

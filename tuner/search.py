@@ -26,7 +26,6 @@ from .cost_model import CostModel, CostModelKind, make_cost_model, pairwise_accu
 from .features import Featurizer
 from .measure import Candidate, Measurer
 from .space import (
-    VECTOR_LANES,
     Config,
     InvalidConfig,
     LoopSpace,
@@ -415,7 +414,7 @@ class XGBSearch(Search):
         small memory-bound programs run fastest so) and oneDNN-like register blocking ("blocked")."""
         if not isinstance(self.space, LoopSpace):
             return []
-        untuned, blocked = self.space.untuned_config(), self.space.blocked_config(VECTOR_LANES)
+        untuned, blocked = self.space.untuned_config(), self.space.blocked_config()
         same = config_key(untuned) == config_key(blocked)
         return [(untuned, "untuned")] + ([] if same else [(blocked, "blocked")])
 

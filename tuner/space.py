@@ -22,14 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from compiler.target import VectorUnit, vector_unit
+
 if TYPE_CHECKING:
     import numpy as np
     import tvm
 
 MAX_INNERMOST_FACTOR = 64  # innermost spatial and reduction tiles, as MetaSchedule's default
-# Product of the innermost spatial tiles (the accumulators live in registers: 32 AVX-512
-# registers hold 512 fp32); bigger tiles spill and were 5-20x slower in our first runs.
-MAX_REGISTER_TILE = 512
 SPATIAL_LEVELS = 4
 REDUCE_LEVELS = 2
 UNROLL_STEPS = (0, 16, 64, 512)
@@ -51,8 +50,7 @@ MAX_EPILOGUE_VECTOR = 64
 PLACEMENT_KNOBS = ("read_at", "inline", "write_at")
 # knobs added after configurations were stored: the value a configuration without one means
 LATER_KNOBS: dict[str, int] = {"read_at": 0}
-VECTOR_LANES = 16  # fp32 lanes of AVX-512: ALT's first channel tile, `blocked_config`'s vector
-REGISTER_ROWS, ACCUMULATORS = 16, 28  # `blocked_config`'s register block (32 vector registers on AVX-512)
+REGISTER_ROWS = 16  # `blocked_config`'s register block: at most this many rows (and the unit's accumulators)
 
 Config = dict[str, int]
 
@@ -328,8 +326,12 @@ class LoopSpace(SearchSpace):
             and 0 or >= parallel. A stored configuration without it (older than the knob) means 0.
     """
 
-    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule):
+    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, unit: VectorUnit | None = None):
         """Analyzes `prim_func` (a TE-made program with one reduction block).
+
+        `unit` is the vector unit the programs are for (`compiler.target.vector_unit`; this machine's when
+        None): its lanes make `blocked_config`'s vectors, its registers bound the register block (a larger
+        innermost tile than `unit.register_tile` values spills: 5-20x slower in our first runs).
 
         An epilogue that reads the main block's output re-indexed (a conversion from a tiled
         layout back to the user's) is first made to iterate over the main block's output
@@ -337,6 +339,7 @@ class LoopSpace(SearchSpace):
         (`write_at` only 0).
         """
         mod = _as_module(prim_func)
+        self.unit = vector_unit() if unit is None else unit
         self.structure = analyze(mod)
         self.mod, self.fuse_epilogue = align_epilogue(mod, self.structure)
         knobs: list[Knob] = []
@@ -392,8 +395,9 @@ class LoopSpace(SearchSpace):
             if axis.extent % inner:
                 raise InvalidConfig(f"tiles of {axis.name} multiply to {inner}, which does not divide {axis.extent}")
         register = math.prod(out.get(a.knob(SPATIAL_LEVELS - 1), 1) for a in self.structure.spatial)
-        if register > MAX_REGISTER_TILE:
-            raise InvalidConfig(f"innermost spatial tiles multiply to {register} > {MAX_REGISTER_TILE}")
+        if register > self.unit.register_tile:
+            raise InvalidConfig(f"innermost spatial tiles multiply to {register} > {self.unit.register_tile} "
+                                f"(the values {self.unit.registers} vector registers of {self.unit.lanes} lanes hold)")
         for name in ("write_at", "read_at"):
             if out.get(name) and out[name] not in _placeable((out[name],), out["parallel"]):
                 raise InvalidConfig(f"{name}={out[name]} lies inside the fused parallel loop (parallel={out['parallel']})")
@@ -411,11 +415,11 @@ class LoopSpace(SearchSpace):
             config.update(inline=0, read_at=0)
         return self.validate(config)
 
-    def blocked_config(self, lanes: int, column: bool | None = None) -> Config:
+    def blocked_config(self, lanes: int | None = None, column: bool | None = None) -> Config:
         """A oneDNN-like loop nest: a register block of the two innermost spatial loops at the innermost
         level -- columns of the last: one or two whole vectors (a layout's channel tile: one), else the
         widest narrower vector (8 of 56), else what divides; rows of the one before up to `REGISTER_ROWS`
-        and `ACCUMULATORS` vector registers in all, as large as divisors allow -- with its last loop
+        and the unit's `accumulators` vector registers in all, as large as divisors allow -- with its last loop
         vectorized; the first reduction loop split by `lanes` (the input's channel tile) and the others (the
         kernel window) whole in the inner reduction level, as oneDNN's direct convolution (each channel of
         the tile, each kernel tap: broadcast, multiply-add; 1.2-1.7x faster than the window outside the
@@ -430,6 +434,7 @@ class LoopSpace(SearchSpace):
         (`read_at` 1), as MetaSchedule's best program for that conv. `column` True takes the column
         anyway (where the last loop is read with a stride, a stride-2 depthwise conv: 0.38 ms, the vector
         nest 1.75 ms), False never; None decides as above."""
+        lanes = self.unit.lanes if lanes is None else lanes
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         spatial = [a for a in self.structure.axes if a.kind == "S" and a.extent > 1]
         if len(spatial) < 2:
@@ -447,7 +452,7 @@ class LoopSpace(SearchSpace):
             if len(spatial) > 1:
                 vectors = -(-cols // lanes)
                 config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = max(
-                    d for d in divisors(spatial[-2].extent) if d <= REGISTER_ROWS and d * vectors <= ACCUMULATORS)
+                    d for d in divisors(spatial[-2].extent) if d <= REGISTER_ROWS and d * vectors <= self.unit.accumulators)
         reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
         if reduction:
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
@@ -465,7 +470,7 @@ class LoopSpace(SearchSpace):
 
     def _sample_one(self, rng: np.random.Generator) -> Config:
         config: Config = {}
-        register = MAX_REGISTER_TILE  # what the innermost spatial tiles may still multiply by
+        register = self.unit.register_tile  # what the innermost spatial tiles may still multiply by
         axes = [a for a in self.structure.axes if a.extent > 1]
         vector_axis = self.structure.spatial[-1]
         for i in rng.permutation(len(axes)):  # no axis always gets the register budget first

@@ -67,3 +67,17 @@ def test_tvm_runtime_runs_on_every_core_unless_the_user_says(preset):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     expected = int(preset) if preset is not None else len(os.sched_getaffinity(0))
     assert int(out.stdout.strip()) == expected
+
+
+def test_vector_unit_follows_the_features_not_the_cpu_name():
+    import tvm
+
+    from compiler.target import AVX2, AVX512, vector_unit
+
+    assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) == AVX512
+    assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]})) == AVX2
+    assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})) == AVX2
+    assert vector_unit(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})).registers == 32
+    with open("/proc/cpuinfo") as f:
+        avx512 = any("avx512f" in line.split() for line in f if line.startswith("flags"))
+    assert vector_unit() == (AVX512 if avx512 else AVX2)

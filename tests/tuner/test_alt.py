@@ -80,16 +80,16 @@ def test_alt_tunes_a_small_conv2d_correctly_and_keeps_its_best():
     assert untuned[0].config == LoopSpace(task.prim_func).untuned_config()
     # and register blocking, there both ways (vectors, a column of scalars) and in its first tiled layout
     # (the oneDNN-like one)
-    from tuner.alt import VECTOR_LANES, interface_space, split_config
+    from tuner.alt import interface_space, split_config
 
     blocked = [t for t in result.trials if t.extra.get("origin") == "blocked"]  # picked by the model or as a seed
     assert [t.extra["layout"] for t in blocked][:2] == ["N O H W"] * 2 and len(blocked) == 3
     space = LoopSpace(task.prim_func)
     assert sorted((t.config for t in blocked[:2]), key=lambda c: c["vectorize"]) == [
-        space.blocked_config(VECTOR_LANES, column=True), space.blocked_config(VECTOR_LANES, column=False)]
+        space.blocked_config(column=True), space.blocked_config(column=False)]
     assert "/" in blocked[2].extra["layout"]
     space = interface_space(layout_of_config(task, blocked[2].config))
-    assert split_config(blocked[2].config)[1] == space.blocked_config(VECTOR_LANES)
+    assert split_config(blocked[2].config)[1] == space.blocked_config()
 
     # the best tiled layout's artifact program: constants packed once, data and output the user's
     tiled = min((t for t in result.trials if t.latency_ms is not None and "/" in t.extra["layout"]),

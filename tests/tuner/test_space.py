@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from compiler.target import AVX2, AVX512
 from tuner_cases import SMALL, run, workload
 
 
@@ -34,10 +35,12 @@ def test_sampled_schedules_match_the_reference(operator, params, epilogue):
     configs.append(untuned)
     # oneDNN's register blocking: the two innermost spatial loops whole at the innermost level (or, where
     # the last is too narrow for a vector, a column: rows innermost, the last loop in level 1)
-    blocked = space.blocked_config(16)
+    blocked = space.blocked_config()  # this machine's vector unit
     rows, cols = [a for a in space.structure.axes if a.kind == "S" and a.extent > 1][-2:]
     column = not blocked["vectorize"]
-    assert blocked[rows.knob(3)] > 1 and blocked[cols.knob(1 if column else 3)] > 1 and blocked["order"] == 0
+    # (rows may be 1: 11 columns take two 8-lane vectors on AVX2, and 2 x 11 rows would not fit 12 registers)
+    assert blocked[cols.knob(1 if column else 3)] > 1 and blocked["order"] == 0
+    assert blocked[rows.knob(3)] * -(-blocked[cols.knob(3)] // space.unit.lanes) <= space.unit.accumulators
     configs.append(blocked)
     for config in configs:
         assert json.loads(json.dumps(config)) == config
@@ -53,15 +56,31 @@ def test_one_thread_keeps_outer_loops_apart_and_blocking_picks_whole_or_narrower
     from tuner import LoopSpace
 
     depthwise = LoopSpace(workload("depthwise_conv2d", dict(batch=1, channels=8, height=56, width=56, kernel=3,
-                                                            padding=1)).prim_func)
+                                                            padding=1)).prim_func, AVX512)
     script = depthwise.apply(depthwise.untuned_config()).mod.script()
     assert "fused" not in script and "T.parallel" not in script
     blocked = depthwise.blocked_config(16)
     assert (blocked["tile.j.3"], blocked["tile.i.3"]) == (8, 14) and blocked["unroll"] == 512
-    dense = LoopSpace(workload("dense", dict(m=64, n=64, k=64)).prim_func)
+    dense = LoopSpace(workload("dense", dict(m=64, n=64, k=64)).prim_func, AVX512)
     blocked = dense.blocked_config(16)
     cols, rows = (blocked[a.knob(3)] for a in dense.structure.spatial[::-1])
     assert (cols, rows) == (32, 8) and blocked[dense.structure.reduce[0].knob(1)] == 16
+
+
+def test_the_register_block_fits_the_machines_vector_unit():
+    """AVX2 has 16 registers of 8 fp32 lanes, AVX-512 32 of 16: the same dense gets blocks of 4x16 and 8x32,
+    and a block that would spill on AVX2 is not a configuration there."""
+    from tuner import InvalidConfig, LoopSpace
+
+    prim_func = workload("dense", dict(m=64, n=64, k=64)).prim_func
+    for unit, block in ((AVX2, (16, 4, 8)), (AVX512, (32, 8, 16))):
+        space = LoopSpace(prim_func, unit)
+        blocked = space.blocked_config()
+        cols, rows = (blocked[a.knob(3)] for a in space.structure.spatial[::-1])
+        assert (cols, rows, blocked[space.structure.reduce[0].knob(1)]) == block, unit
+    avx512_block = LoopSpace(prim_func, AVX512).blocked_config()
+    with pytest.raises(InvalidConfig, match="16 vector registers of 8 lanes"):
+        LoopSpace(prim_func, AVX2).validate(avx512_block)
 
 
 def test_the_vector_block_reduces_the_channel_tile_by_the_whole_kernel_window_inside():
@@ -71,7 +90,7 @@ def test_the_vector_block_reduces_the_channel_tile_by_the_whole_kernel_window_in
     from tuner import LoopSpace
 
     wl = workload("conv2d", dict(batch=1, in_channels=32, height=14, width=14, out_channels=16, kernel=3, padding=1))
-    space = LoopSpace(wl.prim_func)
+    space = LoopSpace(wl.prim_func, AVX512)
     blocked = space.blocked_config(16)
     rc, ry, rx = (a for a in space.structure.axes if a.kind == "R")
     assert (blocked[rc.knob(1)], blocked[ry.knob(1)], blocked[rx.knob(1)]) == (16, 3, 3)
@@ -79,7 +98,7 @@ def test_the_vector_block_reduces_the_channel_tile_by_the_whole_kernel_window_in
     np.testing.assert_allclose(run(space.apply(blocked).mod, inputs, wl.output.shape), wl.reference(inputs),
                                rtol=1e-4, atol=1e-4)
     column = LoopSpace(workload("depthwise_conv2d", dict(batch=1, channels=32, height=7, width=7, kernel=3,
-                                                          padding=1)).prim_func)
+                                                          padding=1)).prim_func, AVX512)
     blocked = column.blocked_config(16)
     assert [blocked[a.knob(1)] for a in column.structure.axes if a.kind == "R"] == [3, 1]
 
@@ -92,7 +111,7 @@ def test_blocking_a_last_loop_narrower_than_half_a_vector_takes_a_scalar_column(
     from tuner import LoopSpace
 
     wl = workload("depthwise_conv2d", dict(batch=1, channels=32, height=7, width=7, kernel=3, padding=1))
-    space = LoopSpace(wl.prim_func)
+    space = LoopSpace(wl.prim_func, AVX512)
     blocked = space.blocked_config(16)
     assert (blocked["tile.i.3"], blocked["tile.j.3"], blocked["tile.j.1"]) == (7, 1, 7)
     assert (blocked["vectorize"], blocked["write_at"], blocked["read_at"]) == (0, 2, 1)
@@ -103,7 +122,7 @@ def test_blocking_a_last_loop_narrower_than_half_a_vector_takes_a_scalar_column(
     np.testing.assert_allclose(run(space.apply(blocked).mod, inputs, wl.output.shape), wl.reference(inputs),
                                rtol=1e-4, atol=1e-4)
     wider = LoopSpace(workload("depthwise_conv2d", dict(batch=1, channels=32, height=14, width=14, kernel=3,
-                                                       padding=1)).prim_func).blocked_config(16)
+                                                       padding=1)).prim_func, AVX512).blocked_config(16)
     assert (wider["tile.j.3"], wider["vectorize"], wider["write_at"]) == (14, 1, 0)
 
 
@@ -113,7 +132,7 @@ def test_producers_computed_in_the_tile_have_no_loop_nest_of_their_own():
     from tuner import InvalidConfig, LoopSpace
 
     wl = workload("depthwise_conv2d", dict(batch=1, channels=32, height=7, width=7, kernel=3, padding=1))
-    space = LoopSpace(wl.prim_func)
+    space = LoopSpace(wl.prim_func, AVX512)
     config = {**space.blocked_config(16), "tile.c.2": 2, "read_at": 0}
     at_root = space.apply(config).mod.script()
     assert at_root.count("T.parallel") == 2  # padding and convolution, each its own parallel loop

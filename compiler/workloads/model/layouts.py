@@ -26,9 +26,9 @@ def vector_lanes(target: Any, dtype: str = "float32") -> int:
     bits = tvm.DataType(dtype).bits
     if target.kind.name != "llvm":
         return max(1, 128 // bits)
-    from tvm.target.codegen import llvm_get_vector_width
+    from compiler.target import vector_unit
 
-    return max(1, llvm_get_vector_width(target) // bits)
+    return max(1, vector_unit(target).lanes * 32 // bits)
 
 
 def conv_blocks(out_channels: int, in_channels: int, lanes: int) -> tuple[int, int]:
