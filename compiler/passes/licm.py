@@ -75,9 +75,20 @@ def licm_pass(threshold: int = HOIST_THRESHOLD, unrolled_extent: int = UNROLLED_
 
 def licm(func: tvm.tirx.PrimFunc, threshold: int = HOIST_THRESHOLD,
          unrolled_extent: int = UNROLLED_EXTENT) -> tvm.tirx.PrimFunc:
-    """Normalizes and hoists the loop invariants of one PrimFunc (lowered TIR, after `FlattenBuffer`)."""
+    """Normalizes and hoists the loop invariants of one PrimFunc (lowered TIR, after `FlattenBuffer`).
+
+    A function marked `"altune.licm": False` (`without_licm`) is returned as it is.
+    """
+    if func.attrs is not None and "altune.licm" in func.attrs and not bool(func.attrs["altune.licm"]):
+        return func
     body = _Motion(threshold, unrolled_extent).stmt(func.body)
     return func if body.same_as(func.body) else func.with_body(body)
+
+
+def without_licm(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` marked so that the pass leaves it alone in a pipeline that runs it (one program of a model,
+    one candidate of a search); the mark survives TVM's lowering."""
+    return func.with_attr("altune.licm", False)
 
 
 def cost(e: Any) -> int:

@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 from compiler.arrays import arg_specs, random_inputs
 from compiler.build import PIPELINES, compile_module, tir_pipeline
-from compiler.passes.licm import cost, licm
+from compiler.passes.licm import cost, licm, without_licm
 
 # ---------------------------------------------------------------------------
 # The programs (flattened buffers, as the pass sees them at the end of TVM's pipeline)
@@ -272,6 +272,10 @@ def test_loops_llvm_unrolls_count_for_nothing():
     out = licm(small_inner, unrolled_extent=2)
     assert _binds(out) == {"j * 4": 1}, out.script()
     _assert_same_results(small_inner, out)
+
+
+def test_a_function_marked_without_licm_is_left_alone():
+    assert licm(without_licm(vector_add)).body.same_as(vector_add.body)
 
 
 def test_threshold_gates_what_is_hoisted():
