@@ -16,8 +16,9 @@ div/mod chains of a layout, and padding conditions `3 <= h && h < 59 && 3 <= w &
 2. hoists (Alg. 1): a maximal sub-expression whose rank is below the depth where it is evaluated is
    bound once (`Bind`) right before the outermost loop it does not depend on, and its operands are
    considered again there (so parts of it move further out); a `Bind` inside a loop whose value is
-   invariant (a single invariant definition) moves out as a whole; equal expressions bound at the
-   same place share one name;
+   invariant (a single invariant definition) moves out as a whole when that pays (below); equal
+   expressions bound at the same place share one name; constants of a chain join its lowest-ranked
+   group (`cse_v1 - 57` hoisted together);
 3. gates each hoist by cost (Sec. III-D): cost(e) = cost of its operator + the costs of its operands
    (names and constants 0, `+ - * min max`, comparisons and logic 1, `/ %` 3, other pure calls 3);
    only expressions of cost >= K (default 1) without side effects are hoisted, and hoisting out of
@@ -333,7 +334,12 @@ class _Motion:
         terms = self._flatten(e, kind, positive=True)
         if len(terms) < 3:
             return e
-        ranked = sorted(((self.rank(t), i, sign, t) for i, (sign, t) in enumerate(terms)), key=lambda r: (r[0], r[1]))
+        ranks = [self.rank(t) for _, t in terms]
+        # constants join the lowest-ranked group of names (x + 3 hoisted together, not a group "0 - 57" alone)
+        low = min((r for r, (_, t) in zip(ranks, terms) if _shape(t) != "const"), default=0)
+        ranks = [low if _shape(t) == "const" else r for r, (_, t) in zip(ranks, terms)]
+        ranked = sorted(((r, i, sign, t) for i, (r, (sign, t)) in enumerate(zip(ranks, terms))),
+                        key=lambda r: (r[0], r[1]))
         groups: list[list[tuple[bool, Any]]] = []
         last = None
         for rank, _, sign, t in ranked:
@@ -520,7 +526,7 @@ class _Motion:
             return s
         value = self.normalize(s.value)
         rank = self.rank(value)
-        if rank < self.depth:
+        if rank < self.depth and self.pays_between(value, rank, self.depth):
             value = _rebuild(value, [self.hoist(c, rank) for c in _children(value)])
             self.ranks[s.var.id_] = rank
             self.levels[rank].binds.append(tirx.Bind(s.var, value))
