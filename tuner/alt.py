@@ -68,6 +68,7 @@ from .features import MSFeatures, knob_features
 from .measure import Measurer
 from .search import Proposal, Search, never, noop, pick, seat_seeds
 from .space import (
+    LATER_KNOBS,
     Config,
     InvalidConfig,
     LoopSpace,
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GENERIC_KNOB_FEATURES = 15  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
+GENERIC_KNOB_FEATURES = 16  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
 IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
 
 
@@ -686,7 +687,7 @@ def apply_layout_config(task: Task, config: Config) -> tvm.IRModule:
     known = {k.name: k for k in space.knobs}
     loops = {k: v for k, v in loops.items() if k in known and v in known[k].choices}
     for name, knob in known.items():
-        loops.setdefault(name, knob.choices[0])
+        loops.setdefault(name, LATER_KNOBS.get(name, knob.choices[0]))
     main = space.apply(loops).mod["main"]
     funcs = {"main": main}
     if prog.constants:

@@ -47,6 +47,7 @@ def knob_features(space: SearchSpace, config: Config) -> list[float]:
         out += [math.log2(f) for f in factors]
     for name in ("order", "parallel", "vectorize", "write_at", "inline", "read_at"):
         out.append(float(config.get(name, 0)))
+    out.append(float(config.get("licm", 1)))
     out += [float(config["order"] == i) for i in range(len(ORDERS))]
     out.append(math.log2(1 + config["unroll"]))
 

@@ -49,7 +49,7 @@ MAX_EPILOGUE_VECTOR = 64
 # still in cache, a halo recomputed) the cost model learns late, so a search tries them on its best
 PLACEMENT_KNOBS = ("read_at", "inline", "write_at")
 # knobs added after configurations were stored: the value a configuration without one means
-LATER_KNOBS: dict[str, int] = {"read_at": 0}
+LATER_KNOBS: dict[str, int] = {"read_at": 0, "licm": 1}
 REGISTER_ROWS = 16  # `blocked_config`'s register block: at most this many rows (and the unit's accumulators)
 
 Config = dict[str, int]
@@ -318,6 +318,10 @@ class LoopSpace(SearchSpace):
             main block when there is no epilogue) inside the last loop of spatial tile
             level L-1; must be 0 or >= parallel.
         inline: 1 inlines the injective producers into the main block (only where there are any).
+        licm: 1 builds the program with our loop-invariant code motion (`compiler.passes.licm`), 0 without
+            (the function is marked `without_licm`): on tuned loop nests LLVM already hoists most of it and
+            the pass sometimes loses (bench.licm), so the search decides. A stored configuration without
+            it (older than the knob) means 1.
         read_at: where the producers not inlined are computed (only where there are any): 0 = at the
             root, in a loop nest of their own; L in {1, 2} = `compute_at` the last loop of spatial
             tile level L-1, each tile computing the part it reads (padding, a layout conversion):
@@ -355,6 +359,7 @@ class LoopSpace(SearchSpace):
             Knob("vectorize", (0, 1)),
             Knob("unroll", UNROLL_STEPS),
             Knob("write_at", (0, 1, 2) if self.fuse_epilogue else (0,)),
+            Knob("licm", (0, 1)),
         ]
         if self.structure.inlinable:
             knobs += [Knob("inline", (0, 1)), Knob("read_at", (0, 1, 2))]
@@ -410,7 +415,7 @@ class LoopSpace(SearchSpace):
         one thread, no vectorization or unrolling, producers and epilogue at the root. Small
         memory-bound operators (depthwise conv) can run faster so than any parallel tiling."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
-        config.update(order=UNTUNED_ORDER, parallel=0, vectorize=0, unroll=0, write_at=0)
+        config.update(order=UNTUNED_ORDER, parallel=0, vectorize=0, unroll=0, write_at=0, licm=1)
         if "inline" in self._by_name:
             config.update(inline=0, read_at=0)
         return self.validate(config)
@@ -458,7 +463,7 @@ class LoopSpace(SearchSpace):
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
         if not column:  # the vector block's inner reduction: the channel tile by the whole kernel window
             config.update({a.knob(1): a.extent for a in reduction[1:]})
-        config.update(order=0, parallel=1, vectorize=int(not column), unroll=UNROLL_STEPS[-1], write_at=0)
+        config.update(order=0, parallel=1, vectorize=int(not column), unroll=UNROLL_STEPS[-1], write_at=0, licm=1)
         if column and 2 in self._by_name["write_at"].choices:
             config["write_at"] = 2
         if "inline" in self._by_name:
@@ -494,6 +499,7 @@ class LoopSpace(SearchSpace):
         config["parallel"] = int(rng.choice(3, p=(0.2, 0.4, 0.4)))
         config["vectorize"] = int(rng.random() < 0.8)
         config["unroll"] = UNROLL_STEPS[int(rng.integers(len(UNROLL_STEPS)))]
+        config["licm"] = int(rng.random() < 0.75)
         places = self._by_name["write_at"].choices
         config["write_at"] = int(rng.choice(_placeable(places, config["parallel"])))
         if self.structure.inlinable:
@@ -572,10 +578,19 @@ class LoopSpace(SearchSpace):
         from tvm import s_tir
 
         try:
-            return self._apply(config)
+            sch = self._apply(config)
         except (s_tir.ScheduleError, tvm_error()) as e:
             text = str(e).strip().splitlines()
             raise ScheduleFailed(f"schedule failed: {type(e).__name__}: {text[-1] if text else ''}") from e
+        if config.get("licm", 1):
+            return sch
+        import tvm
+
+        from compiler.passes.licm import without_licm
+
+        mod = sch.mod
+        return s_tir.Schedule(tvm.IRModule({**{gv: f for gv, f in mod.functions.items()},
+                                            mod.get_global_var("main"): without_licm(mod["main"])}))
 
     def _apply(self, config: Config) -> tvm.s_tir.Schedule:
         from tvm import s_tir

@@ -259,3 +259,23 @@ def test_unknown_space_kind():
 
     with pytest.raises(ValueError, match="unknown search space: nope"):
         make_space("nope", None)
+
+
+def test_licm_is_a_knob_and_older_configurations_keep_it_on():
+    """On tuned nests LLVM hoists most of what our LICM would, and the pass sometimes loses (bench.licm): the
+    search decides per candidate. licm=0 marks the function so the pipeline's pass leaves it alone."""
+    from tuner import LoopSpace
+
+    wl = workload("conv2d", dict(batch=1, in_channels=8, height=10, width=10, out_channels=8, kernel=3, padding=1))
+    space = LoopSpace(wl.prim_func)
+    assert space.knobs[[k.name for k in space.knobs].index("licm")].choices == (0, 1)
+    blocked = space.blocked_config()
+    older = {k: v for k, v in blocked.items() if k != "licm"}
+    assert space.validate(older)["licm"] == 1 and blocked["licm"] == 1 and space.untuned_config()["licm"] == 1
+    inputs = wl.random_inputs(5)
+    for licm in (0, 1):
+        mod = space.apply({**blocked, "licm": licm}).mod
+        attrs = mod["main"].attrs
+        assert (attrs is not None and "altune.licm" in attrs and not attrs["altune.licm"]) == (licm == 0)
+        np.testing.assert_allclose(run(mod, inputs, wl.output.shape), wl.reference(inputs), rtol=1e-4, atol=1e-4)
+    assert {c["licm"] for c in space.sample(np.random.default_rng(0), 40)} == {0, 1}
