@@ -24,6 +24,9 @@ import httpx
 import psutil
 import pytest
 
+from bench import load as bench_load
+from bench.load import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = {"kind": "operator", "operator": "dense", "params": {"m": 64, "n": 64, "k": 64}, "dtype": "float32",
        "target": "host", "budget": 200}
@@ -36,29 +39,19 @@ REQUEST_TIMEOUT = 20.0
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class Load:
-    latencies: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+class Load(bench_load.Load):
+    """bench.load's tally (reads, writes, errors), and the events of each of the test's streams."""
+
     events: list[dict[str, int]] = field(default_factory=lambda: [{} for _ in range(STREAMS)])
 
     def summary(self) -> str:
-        lat = sorted(self.latencies)
-
         def pct(q: float) -> float:
-            return 1000 * lat[min(int(q * len(lat)), len(lat) - 1)] if lat else float("nan")
+            return 1000 * bench_load.percentile(self.reads, q)
 
         trials = sum(e.get("trial", 0) for e in self.events[::2])
         jobs = sum(e.get("job", 0) for e in self.events[1::2])
-        return (f"{CLIENTS} clients + {STREAMS} streams: {len(lat)} answered, {len(self.errors)} errors, "
+        return (f"{CLIENTS} clients + {STREAMS} streams: {len(self.reads)} reads and {self.writes} writes answered, {len(self.errors)} errors, "
                 f"p50 {pct(0.5):.0f} ms, p99 {pct(0.99):.0f} ms; {trials} trial events on the job's streams, "
                 f"{jobs} job events on the list's")
 
@@ -108,26 +101,9 @@ def served(sqlite_url, tmp_path) -> Iterator[str]:
 
 
 async def _client(i: int, base: str, job_id: int, load: Load, done: asyncio.Event) -> None:
-    """Reads the jobs list, the job and its trials over and over; every tenth round also submits a job."""
+    """bench.load's dashboard client: the jobs list, the job and its trials; every tenth round a submission."""
     async with httpx.AsyncClient(base_url=base, timeout=REQUEST_TIMEOUT) as client:
-        n = 0
-        while not done.is_set():
-            calls = [("GET", "/api/v1/jobs"), ("GET", f"/api/v1/jobs/{job_id}"),
-                     ("GET", f"/api/v1/jobs/{job_id}/trials")]
-            if (i + n) % 10 == 0:
-                calls.append(("POST", "/api/v1/jobs"))
-            for method, path in calls:
-                started = time.perf_counter()
-                try:
-                    r = await client.request(method, path, json=JOB | {"budget": 2} if method == "POST" else None)
-                except httpx.HTTPError as e:
-                    load.errors.append(f"{method} {path}: {type(e).__name__}")
-                    continue
-                if r.is_success:
-                    load.latencies.append(time.perf_counter() - started)
-                else:
-                    load.errors.append(f"{method} {path}: {r.status_code} {r.text[:200]}")
-            n += 1
+        await bench_load.dashboard_client(i, client, [job_id], load, done)
 
 
 async def _stream(path: str, base: str, counts: dict[str, int], load: Load) -> None:
