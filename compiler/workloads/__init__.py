@@ -1,4 +1,4 @@
-"""Workloads: the operator catalog (TE definitions with torch references)."""
+"""Workloads: the operator catalog (TE definitions with torch references) and its subgraphs of several operators."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .operators import (
     validate,
     workload_key,
 )
+from .subgraphs import SUBGRAPHS, Subgraph
 
 __all__ = [
     "DEFAULT_MAX_TENSOR_ELEMENTS",
@@ -23,6 +24,8 @@ __all__ = [
     "EPILOGUES",
     "OPERATORS",
     "OperatorDef",
+    "SUBGRAPHS",
+    "Subgraph",
     "Param",
     "TensorSpec",
     "Workload",

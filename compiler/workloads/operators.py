@@ -536,9 +536,12 @@ def validate(
         WorkloadError: with `.field` naming what is wrong ("operator", "dtype",
             "epilogue", "params", "params.<name>").
     """
-    op = OPERATORS.get(operator) if isinstance(operator, str) else None
+    from .subgraphs import SUBGRAPHS, subgraph_shapes
+
+    catalog = {**OPERATORS, **SUBGRAPHS}
+    op = catalog.get(operator) if isinstance(operator, str) else None
     if op is None:
-        raise WorkloadError("operator", f"unknown operator {operator!r}; known: {', '.join(OPERATORS)}")
+        raise WorkloadError("operator", f"unknown operator {operator!r}; known: {', '.join(catalog)}")
     if dtype not in DTYPES:
         raise WorkloadError("dtype", f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
     if epilogue not in EPILOGUES:
@@ -568,10 +571,14 @@ def validate(
                 f"params.{p.name}", f"{p.name}={value} is out of range [{p.minimum}, {p.maximum}]"
             )
         normalized[p.name] = value
-    impl = _IMPLS[operator]
-    impl.check(normalized)
-    shapes = impl.shapes(normalized)
-    for role, shape in (("data", shapes.data), ("weight", shapes.weight), ("output", shapes.output)):
+    if operator in SUBGRAPHS:
+        tensors = subgraph_shapes(operator, normalized)
+    else:
+        impl = _IMPLS[operator]
+        impl.check(normalized)
+        shapes = impl.shapes(normalized)
+        tensors = [("data", shapes.data), ("weight", shapes.weight), ("output", shapes.output)]
+    for role, shape in tensors:
         size = math.prod(shape)
         if size > max_tensor_elements:
             raise WorkloadError(
@@ -727,10 +734,11 @@ def make_workload(
     epilogue: str = "none",
     max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
 ) -> Workload:
-    """Validates a workload description and returns the workload.
+    """Validates a workload description and returns the workload (a `Subgraph` for the names in
+    `compiler.workloads.subgraphs.SUBGRAPHS`).
 
     Args:
-        operator: a name in `OPERATORS`.
+        operator: a name in `OPERATORS` or `SUBGRAPHS`.
         params: the operator's parameters (defaults filled in by `validate`).
         dtype: element type, one of `DTYPES`.
         epilogue: one of `EPILOGUES`; bias is per output channel (per N column for
@@ -743,7 +751,11 @@ def make_workload(
     Raises:
         WorkloadError: see `validate`.
     """
+    from .subgraphs import SUBGRAPHS, make_subgraph
+
     normalized = validate(operator, params, dtype, epilogue, max_tensor_elements)
+    if operator in SUBGRAPHS:  # a chain of operators, fused by `compiler.passes.basteln`
+        return make_subgraph(operator, normalized, dtype, epilogue, workload_key(operator, normalized, dtype, epilogue))
     shapes = _IMPLS[operator].shapes(normalized)
     inputs = [TensorSpec("data", shapes.data, dtype), TensorSpec("weight", shapes.weight, dtype)]
     if epilogue in ("bias", "bias_relu"):

@@ -11,9 +11,9 @@ router = APIRouter(prefix="/operators", tags=["operators"])
 
 @router.get("", response_model=OperatorsPublic)
 def read_operators() -> OperatorsPublic:
-    """Every operator with its parameters and their limits."""
+    """Every operator and subgraph with its parameters and their limits."""
     from compiler.target import available_targets
-    from compiler.workloads import DTYPES, EPILOGUES, OPERATORS
+    from compiler.workloads import DTYPES, EPILOGUES, OPERATORS, SUBGRAPHS
 
     data = [
         OperatorPublic(
@@ -31,6 +31,6 @@ def read_operators() -> OperatorsPublic:
                 for p in op.params
             ],
         )
-        for op in OPERATORS.values()
+        for op in (*OPERATORS.values(), *SUBGRAPHS.values())
     ]
     return OperatorsPublic(data=data, dtypes=list(DTYPES), epilogues=list(EPILOGUES), targets=list(available_targets()))

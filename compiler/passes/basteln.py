@@ -1,0 +1,636 @@
+"""Tiling and fusion after the basteln strategy (Zhao et al., "Modeling the Interplay between Loop Tiling
+and Fusion in Optimizing Compilers Using Affine Relations", TOCS; MICRO 2020), on TVM's TensorIR.
+
+The paper works on schedule trees with isl; here every iteration space is a TensorIR block (an `SBlock`
+of the program's root), its access relations are the block's `reads`/`writes` regions (affine in its
+iteration variables), and the schedule tree's extension nodes are `compute_at`, which computes exactly
+the region a tile needs. The algorithms, in the order `basteln` runs them:
+
+1. Element-wise inlining (Alg. 5): an element-wise block (no reduction; writes and reads index by plain
+   iteration variables) is inlined into its consumers when they read what it writes without re-reading
+   it (a consumer instance per element, as bias -> relu); on a CPU a consumer that re-reads each element
+   (a conv reading its input KH*KW*K times) would recompute the operator each time, which the paper's
+   "overlapped accesses" rule refuses for several consumers and we refuse for one too.
+2. Pre-tiling fusion (Alg. 1): a reduction block and the element-wise block that is its only consumer
+   and reads it by a quasi-identity relation (the same spatial variables in the same order) form one
+   group; the consumer runs after the reduction inside each tile.
+3. Tiling the live-out spaces (Alg. 2, lines 1-5): the anchor of each output group (its reduction, or
+   the output block itself) is tiled with the tile sizes the tuner gives; the tile loops come first,
+   ordered so that the dimensions whose tiling would make an intermediate recompute come last.
+4. Tile shapes of the intermediate spaces (Alg. 2, lines 6-25), in reverse topological order: the
+   footprint a tile needs of each buffer (the upward-exposed data: the image of the tile box through the
+   consumers' read regions, a rectangular hull as isl's box over-approximation), mapped back through the
+   producer's write relation to the producer's instances; overlapped tiles (a halo) are allowed and
+   counted as recomputation. The paper's m > n rule: an intermediate with fewer parallel dimensions
+   than the output tile loops it would sit under stays untiled there (it goes to a shallower loop).
+5. Post-tiling fusion (Alg. 3): each intermediate group is computed at the deepest output tile loop
+   where both rules hold and its recomputed fraction is within the redundancy threshold (sec. 5.4: 0 =
+   never recompute, 1 = always fuse); `compute_at` places it and TVM's `CompactBufferAllocation` shrinks
+   its buffer to the tile's footprint (the per-tile scratch of sec. 6.4). An intermediate that fuses
+   nowhere is scheduled as a space of its own (parallel outer loop, vectorized inner loop).
+6. Multiple outputs (Alg. 4, sec. 5.3-5.4): outputs whose anchors have equal iteration spaces are tiled
+   with equal tile sizes and their tile loops merged (`Schedule.merge`), so a producer they share is
+   computed once per tile for both; whether it fuses follows the same threshold, now on the union of
+   what both need. Outputs with different spaces keep separate tile loops and a producer they share is
+   left unfused (the paper's duplication of op0' and op0'' into each output is not built).
+
+Inside each tile every reduction gets a plain CPU schedule: spatial loops, then its reduction loops,
+then the innermost spatial loop vectorized (optionally a register block of the next spatial loop), and
+its initialization hoisted out of the reduction (`decompose_reduction`).
+
+Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tvm
+
+MAX_EXACT_TILES = 512  # footprints are summed over every tile up to this many; beyond, over a regular sample
+MAX_VECTOR = 64  # the longest innermost loop vectorized
+
+
+class BastelnError(ValueError):
+    """A program the pass cannot tile (no output block, a non-affine access it must analyze, bad tile sizes)."""
+
+
+# ---------------------------------------------------------------------------
+# The program as iteration spaces.
+
+
+@dataclass(frozen=True)
+class Affine:
+    """One index of an access region: sum(coeffs[v] * v) + const, covering `extent` consecutive values."""
+
+    coeffs: tuple[tuple[str, int], ...]
+    const: int
+    extent: int
+
+    def interval(self, box: dict[str, tuple[int, int]]) -> tuple[int, int]:
+        """The values this index takes while each variable ranges over `box` (inclusive bounds)."""
+        lo = hi = self.const
+        for var, c in self.coeffs:
+            a, b = box[var]
+            lo, hi = (lo + c * a, hi + c * b) if c >= 0 else (lo + c * b, hi + c * a)
+        return lo, hi + self.extent - 1
+
+
+@dataclass(frozen=True)
+class Access:
+    """A read or write of `buffer`: one `Affine` per buffer dimension, or None where one is not affine."""
+
+    buffer: str
+    indices: tuple[Affine, ...] | None
+
+
+@dataclass(frozen=True)
+class Space:
+    """One iteration space (a block of the root): its variables, accesses and role."""
+
+    name: str
+    spatial: tuple[tuple[str, int], ...]  # (variable, extent) in block order
+    reduce: tuple[tuple[str, int], ...]
+    writes: Access
+    reads: tuple[Access, ...]
+
+    @property
+    def volume(self) -> int:
+        """Instances of the space, reductions included."""
+        return math.prod(e for _, e in self.spatial) * math.prod(e for _, e in self.reduce)
+
+    @property
+    def spatial_volume(self) -> int:
+        return math.prod(e for _, e in self.spatial)
+
+    @property
+    def identity_write(self) -> bool:
+        """Writes buffer[v0, v1, ...] with its spatial variables in order: a producer whose instances a
+        footprint of its buffer names one for one (every block TE creates)."""
+        idx = self.writes.indices
+        return idx is not None and len(idx) == len(self.spatial) and all(
+            a.coeffs == ((v, 1),) and a.const == 0 and a.extent == 1 for a, (v, _) in zip(idx, self.spatial))
+
+    @property
+    def elementwise(self) -> bool:
+        """No reduction, an identity write, and reads indexed by plain variables (or constants)."""
+        if self.reduce or not self.identity_write:
+            return False
+        for access in self.reads:
+            if access.indices is None:
+                return False
+            for a in access.indices:
+                if a.extent != 1 or a.const != 0 and a.coeffs or len(a.coeffs) > 1 or any(c != 1 for _, c in a.coeffs):
+                    return False
+        return True
+
+    def reads_of(self, buffer: str) -> list[Access]:
+        return [a for a in self.reads if a.buffer == buffer]
+
+    def quasi_identity(self, buffer: str) -> bool:
+        """Reads `buffer` exactly at its own spatial variables, in order (Definition 4.1)."""
+        reads = self.reads_of(buffer)
+        return bool(reads) and not self.reduce and all(
+            r.indices is not None and len(r.indices) == len(self.spatial)
+            and all(a.coeffs == ((v, 1),) and a.const == 0 and a.extent == 1 for a, (v, _) in zip(r.indices, self.spatial))
+            for r in reads)
+
+
+def _affine(region: Any, variables: list[Any]) -> tuple[Affine, ...] | None:
+    from tvm import sym
+
+    names = [v.name for v in variables]
+    out = []
+    for rng in region:
+        extent = rng.extent
+        if not isinstance(extent, int) and not hasattr(extent, "value"):
+            return None
+        coeffs = sym.detect_linear_equation(rng.min, variables)
+        if len(coeffs) != len(variables) + 1 or not all(hasattr(c, "value") for c in coeffs):
+            return None
+        terms = tuple((n, int(c.value)) for n, c in zip(names, coeffs[:-1]) if int(c.value) != 0)
+        out.append(Affine(terms, int(coeffs[-1].value), int(extent if isinstance(extent, int) else extent.value)))
+    return tuple(out)
+
+
+def spaces_of(sch: tvm.s_tir.Schedule) -> list[Space]:
+    """The iteration spaces of the root's child blocks, in program (topological) order."""
+    from tvm import tirx
+
+    allocated = list(sch.get(sch.get_sblock("root")).alloc_buffers)
+
+    def label(buf: Any) -> str:  # TE reuses names (two convs' "pad_temp"): intermediates are told apart by slot
+        return next((f"{buf.name}@{i}" for i, a in enumerate(allocated) if a.same_as(buf)), buf.name)
+
+    out = []
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        variables = [iv.var for iv in block.iter_vars]
+        spatial, reduce = [], []
+        for iv in block.iter_vars:
+            extent = iv.dom.extent
+            if not hasattr(extent, "value"):
+                raise BastelnError(f"block {block.name_hint}: iteration variable {iv.var} has a symbolic extent")
+            kind = reduce if iv.iter_type == tirx.IterVar.CommReduce else spatial
+            kind.append((iv.var.name, int(extent.value)))
+        if len(block.writes) != 1:
+            raise BastelnError(f"block {block.name_hint} writes {len(block.writes)} buffers; one is expected")
+        w = block.writes[0]
+        reads = tuple(Access(label(r.source), _affine(r.region, variables)) for r in block.reads)
+        out.append(Space(block.name_hint, tuple(spatial), tuple(reduce),
+                         Access(label(w.source), _affine(w.region, variables)), reads))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The plan: groups, tile loops, fusion decisions.
+
+
+@dataclass
+class Group:
+    """Spaces scheduled together (Alg. 1): an anchor and the element-wise blocks that follow it."""
+
+    anchor: str
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def blocks(self) -> list[str]:
+        return [self.anchor, *self.tail]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where an intermediate group went and why.
+
+    Attributes:
+        group: its anchor block.
+        depth: how many output tile loops enclose it (0: not fused, computed whole on its own).
+        redundancy: the fraction of its instances computed more than once at that depth (0 = none).
+        reason: why it is not deeper ("threshold", "m > n", "consumer", "not affine", ...).
+    """
+
+    group: str
+    depth: int
+    redundancy: float
+    reason: str
+
+
+@dataclass
+class Fused:
+    """The result of `basteln`: the schedule and what the pass decided.
+
+    Attributes:
+        sch: the scheduled program.
+        outputs: the anchors of the output groups (tiled with the tuner's tile sizes).
+        tile_order: the output anchor's spatial dimensions in tile-loop order.
+        decisions: one per intermediate group, in the order they were placed.
+        inlined: element-wise blocks inlined into their consumers (Alg. 5).
+        intermediate_bytes: bytes of every intermediate buffer before the pass.
+        scratch_bytes: bytes the intermediates occupy after it (a fused one: its per-tile footprint).
+    """
+
+    sch: tvm.s_tir.Schedule
+    outputs: list[str]
+    tile_order: list[int]
+    decisions: list[Decision]
+    inlined: list[str]
+    intermediate_bytes: int
+    scratch_bytes: int
+
+    @property
+    def fused(self) -> list[str]:
+        return [d.group for d in self.decisions if d.depth > 0]
+
+
+def _consumers(spaces: dict[str, Space], name: str) -> list[str]:
+    buf = spaces[name].writes.buffer
+    return [s.name for s in spaces.values() if s.name != name and any(r.buffer == buf for r in s.reads)]
+
+
+def _producer(spaces: dict[str, Space], buffer: str) -> str | None:
+    return next((s.name for s in spaces.values() if s.writes.buffer == buffer), None)
+
+
+def _reuse(consumer: Space, buffer: str, producer: Space) -> float:
+    """How many times `consumer` reads each element of `buffer` on average (1: once)."""
+    return len(consumer.reads_of(buffer)) * consumer.volume / max(producer.spatial_volume, 1)
+
+
+# ---------------------------------------------------------------------------
+# Footprints (Alg. 2): tile box -> upward-exposed data -> producer instances.
+
+
+def _clip(box: dict[str, tuple[int, int]], space: Space) -> dict[str, tuple[int, int]] | None:
+    out = {}
+    for var, extent in space.spatial:
+        lo, hi = box[var]
+        lo, hi = max(lo, 0), min(hi, extent - 1)
+        if lo > hi:
+            return None
+        out[var] = (lo, hi)
+    return out
+
+
+def _box_volume(box: dict[str, tuple[int, int]] | None) -> int:
+    return 0 if box is None else math.prod(hi - lo + 1 for lo, hi in box.values())
+
+
+class Footprints:
+    """The instances of each fused space that one tile of the output needs (rectangular hulls)."""
+
+    def __init__(self, spaces: dict[str, Space], outputs: list[str]):
+        self.spaces = spaces
+        self.outputs = outputs
+
+    def boxes(self, output_boxes: dict[str, dict[str, tuple[int, int]]], members: Sequence[str]) -> dict:
+        """Spatial boxes of every space in `members` (reverse topological order) for one tile.
+
+        `output_boxes`: the spatial box of each output anchor in this tile; a member's box is the hull
+        of what its consumers among the boxed spaces read of its buffer, mapped back through its
+        identity write. A member no boxed consumer reads gets no box.
+        """
+        boxes: dict[str, dict[str, tuple[int, int]] | None] = dict(output_boxes)
+        for name in members:
+            space = self.spaces[name]
+            hull: list[tuple[int, int]] | None = None
+            for cname, cbox in list(boxes.items()):
+                if cbox is None or cname == name:
+                    continue
+                consumer = self.spaces[cname]
+                full = {**cbox, **{v: (0, e - 1) for v, e in consumer.reduce}}
+                for access in consumer.reads_of(space.writes.buffer):
+                    assert access.indices is not None, f"{cname} reads {space.writes.buffer} non-affinely"
+                    ivs = [a.interval(full) for a in access.indices]
+                    hull = ivs if hull is None else [(min(a, c), max(b, d)) for (a, b), (c, d) in zip(hull, ivs)]
+            boxes[name] = None if hull is None else _clip({v: iv for (v, _), iv in zip(space.spatial, hull)}, space)
+        return boxes
+
+
+def _tile_positions(counts: Sequence[int]) -> tuple[list[tuple[int, ...]], float]:
+    """Every tile position, or a regular sample of them and the weight each stands for."""
+    total = math.prod(counts)
+    if total <= MAX_EXACT_TILES:
+        return list(itertools.product(*(range(c) for c in counts))), 1.0
+    per_dim = max(2, int(MAX_EXACT_TILES ** (1 / max(len(counts), 1))))
+    axes = [sorted({round(i * (c - 1) / max(per_dim - 1, 1)) for i in range(min(per_dim, c))}) for c in counts]
+    sample = list(itertools.product(*axes))
+    return sample, total / len(sample)
+
+
+# ---------------------------------------------------------------------------
+# The pass.
+
+
+def _tile_box(anchor: Space, order: Sequence[int], tiles: Sequence[int], depth: int,
+              position: Sequence[int]) -> dict[str, tuple[int, int]]:
+    box = {v: (0, e - 1) for v, e in anchor.spatial}
+    for level, dim in enumerate(order[:depth]):
+        var, extent = anchor.spatial[dim]
+        lo = position[level] * tiles[dim]
+        box[var] = (lo, min(lo + tiles[dim], extent) - 1)
+    return box
+
+
+def redundancy(spaces: dict[str, Space], outputs: Sequence[str], order: Sequence[int], tiles: Sequence[int],
+               depth: int, members: Sequence[str], group: Group) -> float:
+    """The fraction of `group`'s anchor instances computed more than once when every space in `members`
+    (reverse topological order, `group`'s blocks among them) is computed inside the first `depth` tile
+    loops of the outputs: sum over tiles of the footprint / its whole space - 1."""
+    anchor = spaces[outputs[0]]
+    counts = [math.ceil(anchor.spatial[d][1] / tiles[d]) for d in order[:depth]]
+    positions, weight = _tile_positions(counts)
+    fp = Footprints(spaces, list(outputs))
+    computed = 0.0
+    for position in positions:
+        out_boxes = {o: _tile_box(spaces[o], order, tiles, depth, position) for o in outputs}
+        computed += weight * _box_volume(fp.boxes(out_boxes, members).get(group.anchor))
+    return max(computed / spaces[group.anchor].spatial_volume - 1.0, 0.0)
+
+
+def _nbytes(buffer: Any) -> int:
+    return math.prod(int(d) for d in buffer.shape) * ((buffer.dtype.bits * buffer.dtype.lanes + 7) // 8)
+
+
+def basteln(
+    prim_func: tvm.tirx.PrimFunc,
+    tiles: Sequence[int] | None = None,
+    threshold: float = 0.0,
+    *,
+    vector: int = 16,
+    register: int = 1,
+    unroll: int = 0,
+    parallel: bool = True,
+) -> Fused:
+    """Tiles the live-out spaces of `prim_func` and fuses every intermediate space into their tiles.
+
+    Args:
+        prim_func: a TensorIR function (blocks in its root, as `te.create_prim_func` makes).
+        tiles: the tile size of each spatial dimension of the output anchor, in its block order
+            (None: 1 for all but the last two, whole for those).
+        threshold: the largest fraction of an intermediate's instances a fusion may recompute
+            (sec. 5.4): 0 fuses only without redundancy, 1 (or more) fuses whatever fits.
+        vector: the longest innermost loop to vectorize (the vector unit's lanes times a small factor).
+        register: a register block: the second-innermost spatial loop of every reduction split by this.
+        unroll: `pragma_auto_unroll_max_step` on the tile loops (0: none).
+        parallel: parallelize the outermost tile loops (fused).
+
+    Returns:
+        The schedule and the decisions (`Fused`).
+
+    Raises:
+        BastelnError: the program has no output block or the tile sizes do not fit it.
+    """
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(prim_func)
+    root = sch.get(sch.get_sblock("root"))
+    intermediate_bytes = sum(_nbytes(b) for b in root.alloc_buffers)
+    spaces = {s.name: s for s in spaces_of(sch)}
+    # the function's own buffers: everything the blocks write that the root does not allocate
+    params = {s.writes.buffer for s in spaces.values() if "@" not in s.writes.buffer}
+
+    # Alg. 5: element-wise inlining
+    inlined: list[str] = []
+    for name in list(spaces):
+        space = spaces[name]
+        if not space.elementwise or space.writes.buffer in params:
+            continue
+        consumers = _consumers(spaces, name)
+        if not consumers or sum(_reuse(spaces[c], space.writes.buffer, space) for c in consumers) > 1.0 + 1e-9:
+            continue
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except Exception:  # a consumer TVM cannot inline into (an opaque access): keep the block
+            continue
+        inlined.append(name)
+        spaces = {s.name: s for s in spaces_of(sch)}
+
+    order_all = list(spaces)  # topological
+    outputs_blocks = [n for n in order_all if spaces[n].writes.buffer in params]
+    if not outputs_blocks:
+        raise BastelnError("the program writes no output buffer")
+
+    # Alg. 1: a reduction and the element-wise consumer that alone reads it, by a quasi-identity
+    groups: dict[str, Group] = {}
+    member_of: dict[str, str] = {}
+    for name in order_all:
+        if name in member_of:
+            continue
+        group = Group(name)
+        last = name
+        while spaces[name].reduce or group.tail:
+            consumers = _consumers(spaces, last)
+            if len(consumers) != 1 or not spaces[consumers[0]].quasi_identity(spaces[last].writes.buffer):
+                break
+            nxt = consumers[0]
+            if not spaces[nxt].elementwise or spaces[last].writes.buffer in params:
+                break
+            group.tail.append(nxt)
+            last = nxt
+            if spaces[nxt].writes.buffer in params:
+                break
+        groups[name] = group
+        for b in group.blocks:
+            member_of[b] = name
+    output_groups = [g for g in groups.values() if any(spaces[b].writes.buffer in params for b in g.blocks)]
+    outputs = [g.anchor for g in output_groups]
+
+    # equal output spaces share tile loops (sec. 5.4); others are tiled on their own and share nothing
+    lead = spaces[outputs[0]]
+    shared = [o for o in outputs if [e for _, e in spaces[o].spatial] == [e for _, e in lead.spatial]]
+    d = len(lead.spatial)
+    if tiles is None:
+        tiles = [1] * max(d - 2, 0) + [e for _, e in lead.spatial[max(d - 2, 0):]]
+    tiles = [int(t) for t in tiles]
+    if len(tiles) != d or any(not 1 <= t <= e for t, (_, e) in zip(tiles, lead.spatial)):
+        raise BastelnError(f"tiles {tiles} do not fit the output's spatial extents {[e for _, e in lead.spatial]}")
+
+    intermediates = [g for g in groups.values() if g not in output_groups]
+    reverse_topo = sorted(intermediates, key=lambda g: order_all.index(g.anchor), reverse=True)
+
+    # tile-loop order: dimensions whose tiling some intermediate's footprint does not follow go last
+    def follows(dim: int) -> bool:
+        var = lead.spatial[dim][0]
+        for g in intermediates:
+            for b in g.blocks:
+                for access in lead.reads_of(spaces[b].writes.buffer):
+                    if access.indices and any(var in dict(a.coeffs) for a in access.indices):
+                        return True
+        return not intermediates
+    tile_order = sorted(range(d), key=lambda dim: (not follows(dim), dim))
+
+    # Alg. 2 and 3: place each intermediate group, closest to the outputs first
+    placed: dict[str, int] = {o: d for o in shared}
+    members: list[str] = []  # fused blocks, reverse topological
+    decisions: list[Decision] = []
+    for group in reverse_topo:
+        anchor = spaces[group.anchor]
+        blocks_rev = list(reversed(group.blocks))
+        consumers = {c for b in group.blocks for c in _consumers(spaces, b)} - set(group.blocks)
+        owners = {member_of[c] for c in consumers}
+        limit = min((placed.get(o, 0) for o in owners), default=0)
+        reason = "consumer" if limit == 0 else ""
+        if not all(a.indices is not None for c in consumers for a in spaces[c].reads_of(spaces[group.tail[-1] if group.tail else group.anchor].writes.buffer)) \
+                or not all(spaces[b].identity_write for b in group.blocks):
+            limit, reason = 0, "not affine"
+        best, best_r = 0, 0.0
+        for depth in range(limit, 0, -1):
+            m = sum(1 for dim in tile_order[:depth] if tiles[dim] < lead.spatial[dim][1])
+            if m > len(anchor.spatial):  # the paper's m > n: fewer parallel loops than the tile loops above
+                reason = reason or "m > n"
+                continue
+            r = redundancy(spaces, shared, tile_order, tiles, depth, [*members, *blocks_rev], group)
+            if r <= threshold + 1e-9:
+                best, best_r = depth, r
+                break
+            reason = reason or f"threshold ({r:.2f} recomputed at depth {depth})"
+        if best:
+            placed[group.anchor] = best
+            for b in group.blocks:
+                placed[b] = best
+            members.extend(blocks_rev)
+        decisions.append(Decision(group.anchor, best, best_r, reason if best < d else ""))
+
+    _schedule(sch, spaces, groups, output_groups, shared, tile_order, tiles, decisions, placed,
+              vector=vector, register=register, unroll=unroll, parallel=parallel)
+
+    return Fused(sch, outputs, tile_order, decisions, inlined, intermediate_bytes, scratch_bytes(sch.mod))
+
+
+def scratch_bytes(mod: tvm.IRModule) -> int:
+    """Bytes of the intermediate buffers of `mod`'s "main" once TVM has placed each allocation at the
+    innermost loop that holds all its accesses and shrunk it to what one iteration touches (the lowering
+    every build runs: `PlanAndUpdateBufferAllocationLocation`, `CompactBufferAllocation`)."""
+    import tvm
+    from tvm import s_tir
+
+    seq = tvm.ir.transform.Sequential([s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
+                                       s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+                                       s_tir.transform.CompactBufferAllocation()])
+    total = 0
+    stack = [seq(mod)["main"].body]
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue
+        for buf in getattr(node, "alloc_buffers", ()):
+            total += _nbytes(buf)
+        for attr in ("body", "block", "then_case", "else_case", "init"):
+            child = getattr(node, attr, None)
+            if child is not None and not isinstance(child, (int, float, str)):
+                stack.append(child)
+        stack.extend(getattr(node, "seq", ()))
+    return total
+
+
+def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], output_groups: list[Group],
+              shared: list[str], order: list[int], tiles: list[int], decisions: list[Decision],
+              placed: dict[str, int], *, vector: int, register: int, unroll: int, parallel: bool) -> None:
+    d = len(order)
+    tile_loops: list[list[Any]] = []
+    for name in shared:
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        n_spatial = len(spaces[name].spatial)
+        outer, inner = [], []
+        for dim, loop in enumerate(loops[:n_spatial]):
+            o, i = sch.split(loop, [None, tiles[dim]])
+            outer.append(o)
+            inner.append(i)
+        sch.reorder(*[outer[dim] for dim in order], *inner, *loops[n_spatial:])
+        tile_loops.append([outer[dim] for dim in order])
+    if len(tile_loops) > 1:  # equal output spaces: one tile loop nest for all (sec. 5.4)
+        merged = [sch.merge(*[loops[level] for loops in tile_loops]) for level in range(d)]
+        tile_loops = [merged]
+    tloops = tile_loops[0]
+    for group in output_groups:
+        if group.anchor not in shared:
+            continue
+        for b in group.tail:
+            sch.reverse_compute_at(sch.get_sblock(b), tloops[-1])
+    for decision in decisions:
+        if decision.depth == 0:
+            continue
+        for b in reversed(groups[decision.group].blocks):
+            sch.compute_at(sch.get_sblock(b), tloops[decision.depth - 1])
+
+    # parallel: the tile loops above every fused intermediate (all of them when nothing is fused)
+    depth = min([d, *(dd.depth for dd in decisions if dd.depth > 0)])
+    collapsed = 0
+    if parallel and depth > 0:
+        collapsed = depth - 1
+        outer = sch.fuse(*tloops[:depth]) if depth > 1 else tloops[0]
+        sch.parallel(outer)
+        if unroll:
+            sch.annotate(outer, "pragma_auto_unroll_max_step", unroll)
+            sch.annotate(outer, "pragma_unroll_explicit", 0)
+
+    for name, space in spaces.items():
+        try:
+            block = sch.get_sblock(name)
+        except Exception:  # inlined
+            continue
+        fused_depth = d if member_in(groups, output_groups, name, shared) else placed.get(name, 0)
+        if fused_depth:
+            fused_depth -= collapsed
+        _inner(sch, block, space, fused_depth, vector=vector, register=register, parallel=parallel and fused_depth == 0)
+
+
+def member_in(groups: dict[str, Group], output_groups: list[Group], name: str, shared: list[str]) -> bool:
+    return any(name in g.blocks and g.anchor in shared for g in output_groups)
+
+
+def _extent(loop: Any, sch: Any) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext.value) if hasattr(ext, "value") else None
+
+
+def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, register: int, parallel: bool) -> None:
+    """A plain CPU schedule for one block below its `depth` tile loops: reductions before the innermost
+    spatial loop, that loop vectorized, the initialization hoisted; a block on its own: parallel too."""
+    loops = sch.get_loops(block)
+    own = loops[depth:] if depth else loops
+    if not own:
+        return
+    n_red = len(space.reduce)
+    spatial, reduce = list(own[: len(own) - n_red]), list(own[len(own) - n_red:])
+    if parallel and spatial:
+        sch.parallel(spatial[0])
+        spatial_rest = spatial[1:]
+    else:
+        spatial_rest = spatial
+    if reduce and spatial_rest:
+        last = spatial_rest[-1]
+        pre = spatial_rest[:-1]
+        regs = []
+        if register > 1 and pre and (_extent(pre[-1], sch) or 0) > register:
+            o, i = sch.split(pre[-1], [None, register])
+            pre = [*pre[:-1], o]
+            regs = [i]
+        sch.reorder(*pre, *reduce, *regs, last)
+        for r in regs:
+            sch.unroll(r)
+        _vectorize(sch, last, vector)
+        try:
+            sch.decompose_reduction(block, reduce[0])
+        except Exception:  # a reduction TVM cannot split off (its init is under a non-reduction loop)
+            pass
+    elif spatial_rest and not reduce:
+        _vectorize(sch, spatial_rest[-1], vector)
+
+
+def _vectorize(sch: Any, loop: Any, vector: int) -> None:
+    extent = _extent(loop, sch)
+    if extent is None or extent <= 1:
+        return
+    try:
+        if extent > vector:
+            _, loop = sch.split(loop, [None, vector])
+        sch.vectorize(loop)
+    except Exception:  # a loop with a predicate or a dependence TVM refuses to vectorize stays scalar
+        pass

@@ -1,0 +1,178 @@
+"""basteln tiling and fusion: numbers against numpy/torch, fused tiles and shrunken intermediates in the IR."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import te, tirx  # noqa: E402
+
+from compiler.passes.basteln import BastelnError, basteln, scratch_bytes  # noqa: E402
+from compiler.workloads import make_workload  # noqa: E402
+
+
+def run(mod, inputs: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
+    lib = tvm.compile(mod, "llvm")
+    out = tvm.runtime.tensor(np.zeros(out_shape, "float32"))
+    lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    return out.numpy()
+
+
+def figure1(h: int = 20, w: int = 20, k: int = 3):
+    """The paper's Figure 1(a): quantization -> 2-D convolution -> ReLU."""
+    x = te.placeholder((h, w), name="X")
+    b = te.placeholder((k, k), name="B")
+    a = te.compute((h, w), lambda i, j: x[i, j] * tirx.const(0.5, "float32"), name="quant")
+    kh, kw = te.reduce_axis((0, k), "kh"), te.reduce_axis((0, k), "kw")
+    c = te.compute((h - k + 1, w - k + 1), lambda i, j: te.sum(a[i + kh, j + kw] * b[kh, kw], axis=[kh, kw]), name="conv")
+    d = te.compute(c.shape, lambda i, j: tirx.max(c[i, j], tirx.const(0, "float32")), name="relu")
+    return te.create_prim_func([x, b, d]).with_attr("global_symbol", "main")
+
+
+def figure1_reference(x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = x * 0.5
+    k = b.shape[0]
+    oh, ow = x.shape[0] - k + 1, x.shape[1] - k + 1
+    out = sum(a[i:i + oh, j:j + ow] * b[i, j] for i in range(k) for j in range(k))
+    return np.maximum(out, 0)
+
+
+def loop_names(fused, block: str) -> list[str]:
+    """The loops around `block` (a reduction's update block once its initialization is split off), outermost first."""
+    names = {fused.sch.get(b).name_hint for b in fused.sch.get_child_blocks(fused.sch.get_sblock("root"))}
+    rv = None
+    for candidate in (block, block + "_update"):
+        try:
+            rv = fused.sch.get_sblock(candidate)
+            break
+        except Exception:
+            continue
+    assert rv is not None, f"no block {block} among {names}"
+    return [str(fused.sch.get(loop).loop_var) for loop in fused.sch.get_loops(rv)]
+
+
+def test_figure1_fuses_the_quantization_into_overlapped_conv_tiles():
+    rng = np.random.default_rng(0)
+    x, b = rng.standard_normal((20, 20), "float32"), rng.standard_normal((3, 3), "float32")
+    fused = basteln(figure1(), [4, 4], threshold=1.0, vector=8)
+    [decision] = fused.decisions
+    assert decision.group == "quant" and decision.depth == 2
+    assert 0 < decision.redundancy < 1.5  # 6x6 footprints of 4x4 tiles overlap by the 2-wide halo
+    # the quantization runs inside the conv's tile loop, on a 6x6 footprint of each 4x4 tile
+    assert loop_names(fused, "quant")[0] == loop_names(fused, "relu")[0] == loop_names(fused, "conv_update")[0]
+    # intermediates shrink to one tile: quant 6x6 and conv 4x4 floats instead of 20x20 and 18x18
+    assert fused.intermediate_bytes == (20 * 20 + 18 * 18) * 4
+    assert fused.scratch_bytes == (6 * 6 + 4 * 4) * 4
+    np.testing.assert_allclose(run(fused.sch.mod, [x, b], (18, 18)), figure1_reference(x, b), rtol=1e-5, atol=1e-5)
+
+
+def test_threshold_zero_refuses_recomputation():
+    fused = basteln(figure1(), [4, 4], threshold=0.0)
+    [decision] = fused.decisions
+    assert decision.depth == 0 and decision.reason.startswith("threshold")
+    assert fused.scratch_bytes == (20 * 20 + 4 * 4) * 4  # the quantization whole, the conv per tile
+    rng = np.random.default_rng(1)
+    x, b = rng.standard_normal((20, 20), "float32"), rng.standard_normal((3, 3), "float32")
+    np.testing.assert_allclose(run(fused.sch.mod, [x, b], (18, 18)), figure1_reference(x, b), rtol=1e-5, atol=1e-5)
+
+
+def blur(h: int = 34, w: int = 40):
+    x = te.placeholder((h, w), name="img")
+    third = tirx.const(1 / 3, "float32")
+    bx = te.compute((h, w - 2), lambda i, j: (x[i, j] + x[i, j + 1] + x[i, j + 2]) * third, name="blur_x")
+    by = te.compute((h - 2, w - 2), lambda i, j: (bx[i, j] + bx[i + 1, j] + bx[i + 2, j]) * third, name="blur_y")
+    return te.create_prim_func([x, by]).with_attr("global_symbol", "main")
+
+
+def test_two_stage_blur_computes_the_horizontal_pass_per_output_tile():
+    img = np.random.default_rng(2).standard_normal((34, 40), "float32")
+    fused = basteln(blur(), [8, 19], threshold=1.0, vector=8)
+    [decision] = fused.decisions
+    assert decision.group == "blur_x" and decision.depth == 2
+    assert loop_names(fused, "blur_x")[0] == loop_names(fused, "blur_y")[0]
+    assert fused.scratch_bytes == 10 * 19 * 4  # 8 + 2 rows of one 19-wide tile
+    bx = (img[:, :-2] + img[:, 1:-1] + img[:, 2:]) / 3
+    want = (bx[:-2] + bx[1:-1] + bx[2:]) / 3
+    np.testing.assert_allclose(run(fused.sch.mod, [img], (32, 38)), want, rtol=1e-5, atol=1e-5)
+
+
+SUBGRAPH_CASES = {
+    "conv3x3_conv1x1": (dict(in_channels=8, height=14, width=14, mid_channels=16, out_channels=8), [1, 8, 7, 7]),
+    "depthwise_pointwise": (dict(channels=16, height=14, width=14, out_channels=24), [1, 8, 7, 14]),
+    "pad_conv_bias_relu": (dict(in_channels=8, height=14, width=14, out_channels=16, kernel=3, padding=1),
+                           [1, 16, 2, 14]),
+    "matmul_softmax_matmul": (dict(heads=2, seq=32, dim=16), [1, 8, 16]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUBGRAPH_CASES))
+def test_each_catalog_subgraph_fuses_into_one_tiled_program_equal_to_torch(name: str):
+    params, tiles = SUBGRAPH_CASES[name]
+    w = make_workload(name, params)
+    fused = basteln(w.prim_func, tiles, threshold=1.0)
+    assert fused.decisions and all(d.depth > 0 for d in fused.decisions), fused.decisions
+    # every intermediate now lives in the output's tile loops, shrunk to what one tile needs
+    first = {loop_names(fused, b)[0] for b in (*fused.fused, fused.outputs[0])}
+    assert len(first) == 1, first
+    assert fused.scratch_bytes < fused.intermediate_bytes / 2, (fused.scratch_bytes, fused.intermediate_bytes)
+    inputs = w.random_inputs()
+    np.testing.assert_allclose(run(fused.sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_space_with_fewer_parallel_loops_stays_above_the_tile_loops_it_cannot_follow():
+    w = make_workload("matmul_softmax_matmul", dict(heads=2, seq=32, dim=16))
+    fused = basteln(w.prim_func, [1, 8, 8], threshold=1.0)  # the head dimension tiled too
+    by_group = {d.group: d for d in fused.decisions}
+    # the probabilities may be recomputed once per head-dimension tile (threshold 1), row_sum has only 2
+    # parallel dimensions and cannot sit under the 3 tiled loops (the paper's m > n)
+    assert by_group["probs"].depth == 3 and by_group["probs"].redundancy == pytest.approx(1.0)
+    assert by_group["row_sum"].depth == 2 and by_group["row_sum"].reason == "m > n"
+    inputs = w.random_inputs(3)
+    np.testing.assert_allclose(run(fused.sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
+def two_outputs(h: int = 17, w: int = 17):
+    """A producer shared by two outputs that read overlapping parts of it (Fig. 11 of the paper)."""
+    x = te.placeholder((h, w), name="x")
+    s = te.compute((h, w), lambda i, j: x[i, j] * tirx.const(2, "float32"), name="shared")
+    o1 = te.compute((h - 1, w - 1), lambda i, j: s[i, j] + s[i + 1, j + 1], name="out1")
+    o2 = te.compute((h - 1, w - 1), lambda i, j: s[i, j] * tirx.const(3, "float32"), name="out2")
+    return te.create_prim_func([x, o1, o2]).with_attr("global_symbol", "main")
+
+
+@pytest.mark.parametrize("threshold,fused_depth", [(0.0, 0), (1.0, 2)])
+def test_multiple_outputs_share_tiles_and_fuse_their_producer_only_within_the_threshold(threshold, fused_depth):
+    fused = basteln(two_outputs(), [4, 4], threshold=threshold)
+    [decision] = fused.decisions
+    assert decision.group == "shared" and decision.depth == fused_depth
+    assert sorted(fused.outputs) == ["out1", "out2"]
+    # equal output spaces: one tile loop for both (independent groups with equal tile sizes)
+    assert loop_names(fused, "out1")[0] == loop_names(fused, "out2")[0]
+    x = np.random.default_rng(4).standard_normal((17, 17), "float32")
+    lib = tvm.compile(fused.sch.mod, "llvm")
+    o1, o2 = (tvm.runtime.tensor(np.zeros((16, 16), "float32")) for _ in range(2))
+    lib["main"](tvm.runtime.tensor(x), o1, o2)
+    np.testing.assert_allclose(o1.numpy(), 2 * x[:-1, :-1] + 2 * x[1:, 1:], rtol=1e-6)
+    np.testing.assert_allclose(o2.numpy(), 6 * x[:-1, :-1], rtol=1e-6)
+
+
+def test_element_wise_chains_are_inlined_and_reductions_keep_their_epilogue():
+    w = make_workload("pad_conv_bias_relu", dict(in_channels=4, height=8, width=8, out_channels=8))
+    fused = basteln(w.prim_func, [1, 8, 4, 8])
+    assert fused.inlined == ["bias_add"]  # one consumer reading each element once (Alg. 5)
+    # the output's epilogue stays a block of its own, run per tile after the reduction (Alg. 1)
+    assert loop_names(fused, "relu")[0] == loop_names(fused, fused.outputs[0])[0]
+
+
+def test_scratch_bytes_of_an_untiled_program_is_every_intermediate():
+    func = figure1()
+    assert scratch_bytes(tvm.IRModule({"main": func})) == (20 * 20 + 18 * 18) * 4
+
+
+def test_tiles_that_do_not_fit_are_refused():
+    with pytest.raises(BastelnError, match="do not fit"):
+        basteln(figure1(), [4, 40])
+    with pytest.raises(BastelnError, match="do not fit"):
+        basteln(figure1(), [4])
