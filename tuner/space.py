@@ -694,13 +694,17 @@ def loop_space(prim_func: tvm.tirx.PrimFunc) -> LoopSpace:
     return LoopSpace(prim_func)
 
 
-SpaceKind = Literal["loop"]
+SpaceKind = Literal["loop", "fusion"]
 
 
 def make_space(kind: SpaceKind, prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> SearchSpace:
-    """The search space called `kind` over `prim_func`."""
+    """The search space called `kind` over `prim_func` ("fusion": `tuner.fusion_space.FusionSpace`)."""
     if kind == "loop":
         return LoopSpace(prim_func)
+    if kind == "fusion":
+        from .fusion_space import FusionSpace
+
+        return FusionSpace(prim_func)
     raise ValueError(f"unknown search space: {kind}")
 
 

@@ -51,13 +51,14 @@ def tune(
         should_stop: polled between measurements (cancel, lost lease).
         measurer: where candidates are measured; a `LocalMeasurer` (closed
             afterwards) when None.
-        space: the search space's kind.
+        space: the search space's kind; a program of several reductions (a subgraph) always gets
+            "fusion" (basteln tiling and fusion, `FusionSpace`).
         cost_model: "xgb" or "random" (the no-model ablation).
         top_k: candidates measured per round.
         batch_size: candidates ranked per round.
         search: "alt" (joint layout + loop tuning; needs `task.workload`), "xgb" (loops of
             the untransformed program) or "random"; None: "alt" when the task carries its
-            workload, else "xgb".
+            workload and is one operator, else "xgb".
         joint_fraction: ALT's share of the budget for the joint stage.
         layout: ALT only: a fixed layout choice (loop-only in it, the ALT-OL ablation;
             {} = channels last).
@@ -75,7 +76,10 @@ def tune(
     measurer = LocalMeasurer() if measurer is None else measurer
     try:
         baseline = None if should_stop() else measurer.baseline_ms(task)
-        kind = search or ("alt" if task.workload is not None else "xgb")
+        fusion = space == "fusion" or _several_operators(task)
+        if fusion:  # a subgraph of complex operators: basteln's tiles and threshold, searched by XGBoost
+            space = "fusion"
+        kind = search or ("alt" if task.workload is not None and not fusion else "xgb")
         options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size)
         if kind == "alt":
             from .layout_space import LayoutSpace
@@ -106,7 +110,17 @@ def apply_config(task: Task, config: Config) -> tvm.IRModule:
         ScheduleFailed: TVM refused to apply it.
     """
     from .alt import apply_layout_config, has_layout
+    from .fusion_space import FusionSpace, is_fusion_config
 
     if has_layout(config):
         return apply_layout_config(task, config)
+    if is_fusion_config(config):
+        return FusionSpace(task.prim_func).apply(config).mod
     return loop_space(task.prim_func).apply(config).mod
+
+
+def _several_operators(task: Task) -> bool:
+    """A task of several complex operators (a catalog subgraph or a fused model task): basteln's space."""
+    from .fusion_space import reductions
+
+    return reductions(task.prim_func) > 1

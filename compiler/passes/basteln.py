@@ -568,7 +568,7 @@ def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], outp
         sch.parallel(outer)
         if unroll:
             sch.annotate(outer, "pragma_auto_unroll_max_step", unroll)
-            sch.annotate(outer, "pragma_unroll_explicit", 0)
+            sch.annotate(outer, "pragma_unroll_explicit", 1)  # LLVM codegen ignores the implicit hint
 
     for name, space in spaces.items():
         try:

@@ -572,7 +572,7 @@ def validate(
             )
         normalized[p.name] = value
     if operator in SUBGRAPHS:
-        tensors = subgraph_shapes(operator, normalized)
+        tensors = subgraph_shapes(operator, normalized, epilogue)
     else:
         impl = _IMPLS[operator]
         impl.check(normalized)

@@ -268,17 +268,21 @@ class Subgraph:
 
 
 def make_subgraph(operator: str, params: dict[str, int], dtype: str, epilogue: str, key: str) -> Subgraph:
-    """The subgraph `operator` with normalized `params` (`compiler.workloads.validate` checked the ranges)."""
-    if epilogue != "none":
-        raise WorkloadError("epilogue", f"{operator} carries its own epilogue; give epilogue 'none', not {epilogue!r}")
+    """The subgraph `operator` with normalized `params` (`compiler.workloads.validate` checked them)."""
+    subgraph_shapes(operator, params, epilogue)
     d = _DEFS[operator]
-    d.check(params)
     inputs = tuple(TensorSpec(name, shape, dtype) for name, shape in d.inputs(params))
     return Subgraph(operator, params, dtype, key, inputs, TensorSpec("output", d.output(params), dtype), d.flops(params))
 
 
-def subgraph_shapes(operator: str, params: dict[str, int]) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor of the subgraph (inputs, then "output") with its shape, for the size limit."""
+def subgraph_shapes(operator: str, params: dict[str, int], epilogue: str = "none") -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of the subgraph (inputs, then "output") with its shape, for the size limit.
+
+    Raises:
+        WorkloadError: an epilogue was asked for (a subgraph carries its own) or the parameters do not fit.
+    """
+    if epilogue != "none":
+        raise WorkloadError("epilogue", f"{operator} carries its own epilogue; give epilogue 'none', not {epilogue!r}")
     d = _DEFS[operator]
     d.check(params)
     return [*d.inputs(params), ("output", d.output(params))]

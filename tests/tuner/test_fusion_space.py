@@ -1,0 +1,44 @@
+"""The fusion space: basteln's knobs over a subgraph, applied and checked against torch (a whole job through a
+worker: tests/service/test_subgraph_jobs.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from compiler.target import AVX2  # noqa: E402
+from tuner import InvalidConfig, task_from_spec  # noqa: E402
+from tuner.fusion_space import FusionSpace, is_fusion_config, reductions  # noqa: E402
+
+SEPARABLE = {"operator": "depthwise_pointwise", "params": {"channels": 8, "height": 10, "width": 10, "out_channels": 16},
+             "target": "host"}
+
+
+def test_knobs_are_the_output_tiles_and_the_pass_options():
+    task = task_from_spec(SEPARABLE)
+    space = FusionSpace(task.prim_func, AVX2)
+    names = [k.name for k in space.knobs]
+    assert names == ["tile.0", "tile.1", "tile.2", "tile.3", "threshold", "register", "vector", "unroll"]
+    assert dict((k.name, k.choices) for k in space.knobs)["tile.1"] == (1, 2, 4, 8, 16)  # divisors of 16 channels
+    assert dict((k.name, k.choices) for k in space.knobs)["vector"] == (8, 16, 32)  # AVX2's 8 lanes
+    assert is_fusion_config(space.untuned_config()) and reductions(task.prim_func) == 2
+    with pytest.raises(InvalidConfig, match="tile.1=3"):
+        space.validate({**space.untuned_config(), "tile.1": 3})
+    with pytest.raises(InvalidConfig, match="missing or unknown"):
+        space.validate({"tile.0": 1})
+    assert all(space.validate(c) == c for c in space.neighbors(space.untuned_config()))
+
+
+def test_every_sampled_configuration_computes_the_subgraph():
+    task = task_from_spec(SEPARABLE)
+    space = FusionSpace(task.prim_func, AVX2)
+    w = task.workload
+    inputs = w.random_inputs(5)
+    want = w.reference(inputs)
+    for config in space.sample(np.random.default_rng(0), 4):
+        lib = tvm.compile(space.apply(config).mod, "llvm")
+        out = tvm.runtime.tensor(np.zeros(w.output.shape, "float32"))
+        lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=str(config))

@@ -1,0 +1,123 @@
+"""`FusionSpace`: the search space of a program of several operators, scheduled by basteln tiling and
+fusion (`compiler.passes.basteln`).
+
+Knobs: the output's tile size per spatial dimension (`tile.<i>`, divisors of its extent), the
+redundancy threshold in percent (`threshold`: 0 = never recompute, 100 = fuse whatever the footprint
+allows, the paper's sec. 5.4), the register block of every reduction (`register`), the vector length
+(`vector`, multiples of the target's lanes) and the unroll step of the tile loops (`unroll`). The
+pass decides the rest (which spaces fuse where, the intermediate tiles) from these.
+
+Layering: `tuner` never imports `service`. TVM is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from compiler.target import VectorUnit, vector_unit
+
+from .space import Config, InvalidConfig, Knob, ScheduleFailed, SearchSpace, config_key, divisors, tvm_error
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+THRESHOLDS = (0, 25, 100)
+REGISTERS = (1, 2, 4, 8)
+UNROLLS = (0, 16, 64)
+
+
+def reductions(prim_func: tvm.tirx.PrimFunc) -> int:
+    """How many reduction blocks (complex operators) `prim_func`'s root holds."""
+    from tvm import s_tir, tirx
+
+    sch = s_tir.Schedule(prim_func)
+    return sum(1 for rv in sch.get_child_blocks(sch.get_sblock("root"))
+               if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(rv).iter_vars))
+
+
+class FusionSpace(SearchSpace):
+    """Configurations of `basteln` over one program (its output anchor's tiles and the pass's knobs)."""
+
+    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, unit: VectorUnit | None = None):
+        import tvm as _tvm
+        from compiler.passes.basteln import basteln
+
+        self.prim_func = prim_func["main"] if isinstance(prim_func, _tvm.IRModule) else prim_func
+        unit = unit or vector_unit()
+        probe = basteln(self.prim_func)  # the output anchor's spatial extents, from the pass's own analysis
+        from compiler.passes.basteln import spaces_of
+        from tvm import s_tir
+
+        spaces = {s.name: s for s in spaces_of(s_tir.Schedule(self.prim_func))}
+        self.extents = [e for _, e in spaces[probe.outputs[0]].spatial]
+        lanes = unit.lanes
+        self._knobs = (
+            *(Knob(f"tile.{i}", divisors(e)) for i, e in enumerate(self.extents)),
+            Knob("threshold", THRESHOLDS),
+            Knob("register", REGISTERS),
+            Knob("vector", (lanes, 2 * lanes, 4 * lanes)),
+            Knob("unroll", UNROLLS),
+        )
+
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        return self._knobs
+
+    def validate(self, config: Config) -> Config:
+        names = {k.name for k in self._knobs}
+        if set(config) != names:
+            raise InvalidConfig(f"knobs {sorted(set(config) ^ names)} missing or unknown; expected {sorted(names)}")
+        for knob in self._knobs:
+            if config[knob.name] not in knob.choices:
+                raise InvalidConfig(f"{knob.name}={config[knob.name]} is not one of {knob.choices}")
+        return {k.name: int(config[k.name]) for k in self._knobs}
+
+    def untuned_config(self) -> Config:
+        """Tiles of one row of the output (the last two dimensions whole), recompute freely: the pass's default."""
+        d = len(self.extents)
+        tiles = [1] * max(d - 2, 0) + self.extents[max(d - 2, 0):]
+        return {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "register": 1,
+                "vector": self._knobs[-2].choices[0], "unroll": 0}
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
+        return [{k.name: int(k.choices[int(rng.integers(len(k.choices)))]) for k in self._knobs} for _ in range(n)]
+
+    def neighbors(self, config: Config) -> list[Config]:
+        config = self.validate(config)
+        out, seen = [], {config_key(config)}
+        for knob in self._knobs:
+            i = knob.choices.index(config[knob.name])
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(knob.choices):
+                    candidate = {**config, knob.name: knob.choices[j]}
+                    if config_key(candidate) not in seen:
+                        seen.add(config_key(candidate))
+                        out.append(candidate)
+        return out
+
+    def apply(self, config: Config) -> tvm.s_tir.Schedule:
+        from tvm import s_tir
+
+        from compiler.passes.basteln import BastelnError, basteln
+
+        config = self.validate(config)
+        try:
+            return basteln(self.prim_func, [config[f"tile.{i}"] for i in range(len(self.extents))],
+                           config["threshold"] / 100, vector=config["vector"], register=config["register"],
+                           unroll=config["unroll"]).sch
+        except BastelnError as e:
+            raise InvalidConfig(str(e)) from e
+        except (s_tir.ScheduleError, tvm_error()) as e:
+            text = str(e).strip().splitlines()
+            raise ScheduleFailed(f"schedule failed: {type(e).__name__}: {text[-1] if text else ''}") from e
+
+    def volume(self) -> int:
+        """How many configurations the space holds."""
+        return math.prod(len(k.choices) for k in self._knobs)
+
+
+def is_fusion_config(config: Config) -> bool:
+    """A `FusionSpace` configuration (its `threshold` knob), as stored with a trial."""
+    return "threshold" in config and "order" not in config
