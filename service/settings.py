@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
     max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")
     measure_timeout: float = Field(60.0, description="seconds a candidate may take to build and run")
+    db_retry_seconds: float = Field(
+        120.0, ge=0, description="how long a worker keeps retrying a database write (a trial, a finished job) while "
+                                 "the database is unreachable or locked before it leaves the job to its lease; an "
+                                 "outage shorter than this loses no trial and needs no restart")
     allowed_origins: list[str] = Field(
         [], description="web origins besides the server's own that may submit, cancel and upload from a browser "
                         "(JSON list, e.g. [\"https://dash.example.com\"]); others get 403")

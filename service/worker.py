@@ -5,25 +5,33 @@ worker died): the new owner resumes from the trials already in the database.
 Claiming is one conditional UPDATE after a `SELECT ... FOR UPDATE SKIP LOCKED`,
 so several workers on PostgreSQL never take the same job, and on SQLite the
 conditional UPDATE alone decides.
+
+The database may go away for a while (a PostgreSQL restart, a failover, an SQLite file locked by someone's
+exclusive transaction): the worker then retries each write for up to `db_retry_seconds` (a trial waits in
+memory, the search waits for it), keeps polling when idle, and never exits for it. An outage longer than that
+leaves the job to its lease: the next claim resumes it from its committed trials.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import socket
 import threading
+import time
 import traceback
+from collections.abc import Callable
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import aliased
 
-from service.db import session_scope, utcnow
+from service.db import StorageError, session_scope, utcnow
 from service.models import Artifact, Job, Schedule, Token, TrialRow, TuningTask
 from service.settings import Settings
 
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
     from tuner import Trial
 
 log = logging.getLogger("altune.worker")
+T = TypeVar("T")
 
 
 class LeaseLost(RuntimeError):
@@ -106,11 +115,41 @@ class Worker:
             )
 
     def run_forever(self) -> None:
-        """Claim and run jobs until `stop()`."""
+        """Claim and run jobs until `stop()`; a database that does not answer is waited for, never fatal."""
         log.info("worker %s polling %s", self.worker_id, self.url)
+        down_since: float | None = None
         while not self._stop.is_set():
-            if self.run_once() is None:
+            try:
+                job_id = self.run_once()
+            except StorageError as e:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning("worker %s: database unavailable, polling until it answers: %s", self.worker_id, e)
+                self._stop.wait(min(self.settings.poll_seconds * 4, 2.0))
+                continue
+            if down_since is not None:
+                log.warning("worker %s: database back after %.1f s", self.worker_id, time.monotonic() - down_since)
+                down_since = None
+            if job_id is None:
                 self._stop.wait(self.settings.poll_seconds)
+
+    def retry_db(self, what: str, write: Callable[[], T]) -> T:
+        """`write()` (one transaction), retried while the database is unavailable, for up to `db_retry_seconds`.
+
+        Raises:
+            StorageError: the last failure, once the time is up (or at once if `stop()` was called).
+        """
+        deadline = time.monotonic() + self.settings.db_retry_seconds
+        wait = 0.2
+        while True:
+            try:
+                return write()
+            except StorageError as e:
+                if time.monotonic() + wait > deadline or self._stop.is_set():
+                    raise
+                log.warning("%s: database unavailable, retrying in %.1f s: %s", what, wait, e)
+                time.sleep(wait)
+                wait = min(wait * 2, 2.0)
 
     def run_once(self) -> int | None:
         """Claim one job and run it to the end; return its id, or None when the queue is empty."""
@@ -132,6 +171,8 @@ class Worker:
             run.execute()
         except LeaseLost:
             log.warning("job %s: lease lost, leaving it to its new owner", job_id)
+        except StorageError:  # still down after db_retry_seconds: the job cannot be written, its lease will expire
+            log.exception("job %s: database unavailable, leaving the job to its lease", job_id)
         except Exception as e:  # a failing job must never take the worker down
             log.exception("job %s failed", job_id)
             run.finish("failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
@@ -190,12 +231,16 @@ class JobRun:
 
     def finish(self, status: str, error: str | None = None) -> None:
         """Mark the job finished, only if this worker still owns it."""
-        with session_scope(self.url) as s:
-            s.execute(
-                update(Job)
-                .where(Job.id == self.job_id, Job.worker_id == self.worker.worker_id, Job.status == "running")
-                .values(status=status, error=error, finished_at=utcnow(), lease_expires_at=None)
-            )
+
+        def write() -> None:
+            with session_scope(self.url) as s:
+                s.execute(
+                    update(Job)
+                    .where(Job.id == self.job_id, Job.worker_id == self.worker.worker_id, Job.status == "running")
+                    .values(status=status, error=error, finished_at=utcnow(), lease_expires_at=None)
+                )
+
+        self.worker.retry_db(f"job {self.job_id}: finishing", write)
 
     def execute(self) -> None:
         from compiler.target import target_key
@@ -280,8 +325,20 @@ class JobRun:
         """Write one trial the moment it is measured, with the job's and task's progress, if the lease holds."""
         if self.stop_reason == "lease":
             return
+        tries = itertools.count()
+        self.worker.retry_db(f"job {self.job_id}: trial {trial.index}",
+                             lambda: self._write_trial(task_id, trial, retry=next(tries) > 0))
+
+    def _write_trial(self, task_id: int, trial: Trial, retry: bool = False) -> None:
+        """`record_trial`'s one transaction, written whole or not at all.
+
+        A retry first looks for the trial: a commit whose answer was lost with the connection did happen.
+        """
         latency = trial.latency_ms
         with session_scope(self.url) as s:
+            if retry and s.scalar(select(TrialRow.id).where(TrialRow.task_id == task_id,
+                                                            TrialRow.index == trial.index)) is not None:
+                return
             owned = s.execute(
                 update(Job)
                 .where(Job.id == self.job_id, Job.worker_id == self.worker.worker_id, Job.status == "running")
@@ -321,17 +378,24 @@ class JobRun:
         """Record the job's artifact file (written under the artifact dir) with its size and sha256."""
         path = Path(path)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        with session_scope(self.url) as s:
-            row = Artifact.find_by_job(s, self.job_id)
-            if row is None:
-                s.add(Artifact(job_id=self.job_id, path=str(path), size=path.stat().st_size, sha256=digest))
-            else:
-                row.path, row.size, row.sha256, row.created_at = str(path), path.stat().st_size, digest, utcnow()
+
+        def write() -> None:
+            with session_scope(self.url) as s:
+                row = Artifact.find_by_job(s, self.job_id)
+                if row is None:
+                    s.add(Artifact(job_id=self.job_id, path=str(path), size=path.stat().st_size, sha256=digest))
+                else:
+                    row.path, row.size, row.sha256, row.created_at = str(path), path.stat().st_size, digest, utcnow()
+
+        self.worker.retry_db(f"job {self.job_id}: artifact", write)
 
     def store_schedule(self, workload_key: str, tkey: str, config: dict, latency_ms: float) -> None:
         """Keep the configuration if it beats the best known one for this workload and target (atomically)."""
-        with session_scope(self.url) as s:
-            Schedule.upsert_if_faster(s, workload_key, tkey, config, latency_ms, self.job_id)
+        def write() -> None:
+            with session_scope(self.url) as s:
+                Schedule.upsert_if_faster(s, workload_key, tkey, config, latency_ms, self.job_id)
+
+        self.worker.retry_db(f"job {self.job_id}: schedule", write)
 
 
 def _min_sql(column, value: float | None):

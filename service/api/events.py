@@ -25,6 +25,10 @@ The polls run on `STREAM_THREADS` threads of their own (a limiter per event
 loop), each with one connection of the API's pool: any number of open streams
 never takes a thread or a connection from the requests, nor they from the
 streams; under load the streams poll less often.
+
+A database that stops answering does not end a stream: it sends `: database unavailable` comments and polls
+on until the database is back, then goes on from its cursor (nothing is skipped). A stream whose API process
+dies is reconnected by the client with its last id.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from sqlalchemy.orm import Session
 from service.api.auth import ReadCaller, visible_owner
 from service.api.common import JobId, errors
 from service.api.deps import SettingsDep
-from service.db import API_CONNECTIONS, STREAM_THREADS, session_scope
+from service.db import API_CONNECTIONS, STREAM_THREADS, StorageError, session_scope
 from service.models import FINISHED, Artifact, Job, Owner, TrialRow
 from service.schemas import MAX_INT32, JobPublic, TrialPublic
 
@@ -74,6 +78,18 @@ async def _in_thread(func: Callable[..., T], *args: object) -> T:
         limiter = anyio.CapacityLimiter(STREAM_THREADS)
         _limiter.set(limiter)
     return await anyio.to_thread.run_sync(func, *args, limiter=limiter)
+
+
+async def _poll(func: Callable[..., T], *args: object) -> AsyncIterator[T | bytes]:
+    """`func(*args)` on the streams' threads, waiting out a database outage: yields a comment (bytes) for the
+    client at each failed attempt (a stream that says nothing looks dead to proxies), then the result."""
+    while True:
+        try:
+            yield await _in_thread(func, *args)
+            return
+        except StorageError:
+            yield b": database unavailable, retrying\n\n"
+            await anyio.sleep(max(POLL_SECONDS, 1.0))
 
 
 def _snapshot(session: Session, job: Job) -> JobPublic:
@@ -139,7 +155,11 @@ async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int) -> A
     status = first.status
     last_write = monotonic()
     while True:
-        job, trials, gone = await _in_thread(_poll_job, url, job_id, cursor, seen)
+        async for polled in _poll(_poll_job, url, job_id, cursor, seen):
+            if isinstance(polled, bytes):
+                yield polled
+            else:
+                job, trials, gone = polled
         if gone:
             yield _event("end", '{"status": "deleted"}', cursor)
             return
@@ -235,10 +255,18 @@ async def _list_events(url: str, since: datetime | None, owner: Owner | None) ->
         sent = dict(rows)
     last_write = monotonic()
     while True:
-        rows, newest = await _in_thread(_changed_jobs, url, watermark, owner)
+        async for polled in _poll(_changed_jobs, url, watermark, owner):
+            if isinstance(polled, bytes):
+                yield polled
+            else:
+                rows, newest = polled
         changed = [(i, at) for i, at in rows if sent.get(i) != at]
         if changed:
-            snapshots = await _in_thread(_read_snapshots, url, [i for i, _ in changed])
+            async for polled in _poll(_read_snapshots, url, [i for i, _ in changed]):
+                if isinstance(polled, bytes):
+                    yield polled
+                else:
+                    snapshots = polled
             for job in snapshots:
                 yield _event("job", job.model_dump_json(), job.updated_at.replace(tzinfo=None).isoformat())
             sent.update(changed)
