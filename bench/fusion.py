@@ -1,0 +1,344 @@
+"""basteln fusion against the unfused operators, MetaSchedule on the fused program and torch, per subgraph.
+
+    python -m bench.fusion [--budget 64] [--quick] [--cases NAME...] [--out FILE]
+
+For each catalog subgraph (`compiler.workloads.subgraphs`), in one run on one machine:
+
+- ours: the subgraph tuned as one program in `tuner.fusion_space.FusionSpace` (basteln's output tiles,
+  redundancy threshold, register block, vector length, unroll) with `budget` measurements;
+- unfused: each complex operator a catalog operator of its own, tuned by our ALT search with an equal
+  share of the same budget, the operators between them (softmax, padding) scheduled by basteln
+  without a search; its latency is the sum of the parts, each intermediate tensor goes through memory;
+- MetaSchedule: `tune_tir` on the same fused program with `budget` measurements;
+- torch: eager NCHW, channels_last and `torch.compile` (inductor, frozen), each reported, the best
+  of them the baseline.
+
+Every program is timed in a fresh process of its own, one at a time, in shuffled order (TVM's thread
+pool spins after a run and would steal a core from the next program). The table names the CPU and the
+`-mcpu`; speedups are geometric means of per-case ratios. Intermediate storage: the bytes of every
+tensor between operators (unfused) against basteln's per-tile scratch.
+
+Only `bench` runs this (bench -> tuner -> compiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import math
+import multiprocessing
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import Column, environment, fmt_ms, fmt_s, fmt_x, format_table, geomean, speedup
+from bench.common import RESULTS_DIR
+
+MIN_REPEAT_MS = 50.0
+REPEAT = 5
+
+
+@dataclass(frozen=True)
+class Case:
+    """A subgraph and how its operators look on their own (`parts`: catalog specs or "te" stages)."""
+
+    name: str
+    operator: str
+    params: dict
+    parts: tuple[dict, ...]
+
+
+def _conv(c_in: int, h: int, w: int, c_out: int, k: int, pad: int, epilogue: str) -> dict:
+    return {"operator": "conv2d", "params": {"batch": 1, "in_channels": c_in, "height": h, "width": w, "out_channels": c_out,
+                                             "kernel": k, "stride": 1, "padding": pad}, "epilogue": epilogue}
+
+
+CASES = (
+    Case("resnet conv3x3->conv1x1", "conv3x3_conv1x1",
+         {"in_channels": 64, "height": 28, "width": 28, "mid_channels": 64, "out_channels": 128},
+         (_conv(64, 28, 28, 64, 3, 1, "relu"), _conv(64, 28, 28, 128, 1, 0, "relu"))),
+    Case("mobilenet dw->pw", "depthwise_pointwise",
+         {"channels": 96, "height": 28, "width": 28, "out_channels": 64, "kernel": 3},
+         ({"operator": "depthwise_conv2d", "params": {"batch": 1, "channels": 96, "height": 28, "width": 28, "kernel": 3,
+                                                      "stride": 1, "padding": 1}, "epilogue": "relu"},
+          _conv(96, 28, 28, 64, 1, 0, "relu"))),
+    Case("pad->conv->bias->relu", "pad_conv_bias_relu",
+         {"in_channels": 64, "height": 28, "width": 28, "out_channels": 64, "kernel": 3, "padding": 1},
+         ({"te": "pad", "shape": (1, 64, 28, 28), "padding": 1}, _conv(64, 30, 30, 64, 3, 0, "bias_relu"))),
+    Case("attention (bert-base head)", "matmul_softmax_matmul", {"heads": 12, "seq": 128, "dim": 64},
+         ({"operator": "batch_matmul", "params": {"batch": 12, "m": 128, "n": 128, "k": 64}, "epilogue": "none"},
+          {"te": "softmax", "shape": (12, 128, 128)},
+          {"operator": "batch_matmul", "params": {"batch": 12, "m": 128, "n": 64, "k": 128}, "epilogue": "none"})),
+)
+QUICK = ("mobilenet dw->pw", "attention (bert-base head)")
+
+
+# ---------------------------------------------------------------------------
+# Timing in a fresh process.
+
+
+def _time_library(lib_path: str, specs: list, seed: int) -> float:
+    """Child: loads an exported library and times "main" on random arguments (ms, median of repeats)."""
+    import statistics
+
+    import tvm
+
+    from compiler.arrays import random_inputs
+
+    lib = tvm.runtime.load_module(lib_path)
+    args = [tvm.runtime.tensor(a) for a in random_inputs([(tuple(s), d) for s, d in specs], seed)]
+    timer = lib.time_evaluator("main", tvm.cpu(0), number=1, repeat=REPEAT, min_repeat_ms=int(MIN_REPEAT_MS))
+    return statistics.median(timer(*args).results) * 1e3
+
+
+def _time_torch(operator: str, params: dict, variant: str, threads: int, seed: int) -> float:
+    """Child: the subgraph in torch as `variant` ("eager", "channels_last", "compile"), ms per call."""
+    import torch
+
+    from compiler.workloads import make_workload
+    from compiler.workloads.subgraphs import _DEFS
+
+    torch.set_num_threads(threads)
+    w = make_workload(operator, params)
+    xs = [torch.from_numpy(a) for a in w.random_inputs(seed)]
+    if variant == "channels_last":
+        xs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in xs]
+    fn = (lambda *t: _DEFS[operator].reference(w.params, list(t)))
+    if variant == "compile":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True
+        fn = torch.compile(fn)
+    with torch.inference_mode():
+        for _ in range(3):
+            fn(*xs)
+        number, elapsed = 1, 0.0
+        while True:
+            start = time.perf_counter()
+            for _ in range(number):
+                fn(*xs)
+            elapsed = time.perf_counter() - start
+            if elapsed * 1e3 >= MIN_REPEAT_MS:
+                break
+            number *= 2
+        readings = []
+        for _ in range(REPEAT):
+            start = time.perf_counter()
+            for _ in range(number):
+                fn(*xs)
+            readings.append((time.perf_counter() - start) / number * 1e3)
+    readings.sort()
+    return readings[len(readings) // 2]
+
+
+def in_fresh_process(fn: Any, *args: Any, timeout_s: float = 900) -> float | None:
+    """`fn(*args)` in a new spawned process (one at a time); None when it fails."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(fn, *args).result(timeout=timeout_s)
+        except Exception as e:  # a crash or a timeout is reported, never hides the other programs
+            print(f"  timing failed: {type(e).__name__}: {e}", file=sys.stderr)
+            return None
+
+
+# ---------------------------------------------------------------------------
+# Programs.
+
+
+def _export(mod: Any, target: Any, folder: Path, name: str) -> str:
+    from compiler.build import build
+
+    path = folder / f"{name}.so"
+    build(mod, target).export_library(str(path))
+    return str(path)
+
+
+def _te_stage(part: dict) -> Any:
+    """The operators between the complex ones, as TIR (scheduled by basteln, not searched)."""
+    from tvm import te, tirx, topi
+
+    if part["te"] == "pad":
+        x = te.placeholder(part["shape"], name="data")
+        pad = part["padding"]
+        out = topi.nn.pad(x, (0, 0, pad, pad), (0, 0, pad, pad), name="pad")
+        return te.create_prim_func([x, out]).with_attr("global_symbol", "main")
+    s = te.placeholder(part["shape"], name="scores")
+    b, n, m = part["shape"]
+    j = te.reduce_axis((0, m), "j")
+    mx = te.compute((b, n), lambda i0, i1: te.max(s[i0, i1, j], axis=j), name="row_max")
+    ex = te.compute(part["shape"], lambda i0, i1, i2: tirx.exp(s[i0, i1, i2] - mx[i0, i1]), name="exp")
+    j2 = te.reduce_axis((0, m), "j2")
+    sm = te.compute((b, n), lambda i0, i1: te.sum(ex[i0, i1, j2], axis=j2), name="row_sum")
+    pr = te.compute(part["shape"], lambda i0, i1, i2: ex[i0, i1, i2] / sm[i0, i1], name="probs")
+    return te.create_prim_func([s, pr]).with_attr("global_symbol", "main")
+
+
+def _specs(prim_func: Any) -> list:
+    from compiler.arrays import arg_specs
+
+    return [(list(s), d) for s, d in arg_specs(prim_func)]
+
+
+def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int) -> dict:
+    """Tunes every variant of one case and returns its row (latencies filled in later, by `time_all`)."""
+    from bench.baselines import metaschedule
+    from compiler.passes.basteln import basteln
+    from compiler.workloads import make_workload
+    from tuner import LocalMeasurer, apply_config, task_from_spec, tune
+    from tuner.fusion_space import FusionSpace
+
+    w = make_workload(case.operator, case.params)
+    row: dict[str, Any] = {"case": case.name, "operator": case.operator, "params": case.params, "programs": {}}
+    spec = {"operator": case.operator, "params": case.params, "target": "host"}
+    task = task_from_spec(spec)
+    start = time.perf_counter()
+    with LocalMeasurer() as measurer:
+        result = tune(task, budget, seed=seed, measurer=measurer)
+    row["ours_tune_s"] = time.perf_counter() - start
+    best = result.best
+    row["ours_config"] = best.config if best else None
+    if best is not None:
+        mod = apply_config(task, best.config)
+        row["programs"]["ours"] = ("tvm", _export(mod, target, folder, "ours"), _specs(w.prim_func))
+        fused = basteln(w.prim_func, [best.config[f"tile.{i}"] for i in range(len(FusionSpace(w.prim_func).extents))],
+                        best.config["threshold"] / 100)
+        row["ours_scratch_bytes"] = fused.scratch_bytes
+        row["fused_groups"] = [[d.group, d.depth, round(d.redundancy, 3)] for d in fused.decisions]
+    # unfused: the complex operators tuned on their own, an equal share of the budget each
+    tuned = [p for p in case.parts if "operator" in p]
+    share = max(budget // len(tuned), 1)
+    parts, unfused_bytes = [], 0
+    start = time.perf_counter()
+    for i, part in enumerate(case.parts):
+        if "te" in part:
+            func = _te_stage(part)
+            mod = basteln(func).sch.mod
+            parts.append(("tvm", _export(mod, target, folder, f"part{i}"), _specs(func)))
+        else:
+            ptask = task_from_spec({**part, "target": "host"})
+            with LocalMeasurer() as measurer:
+                presult = tune(ptask, share, seed=seed, measurer=measurer)
+            if presult.best is None:
+                parts.append(None)
+                continue
+            pmod = apply_config(ptask, presult.best.config)
+            parts.append(("tvm", _export(pmod, target, folder, f"part{i}"), _specs_of_module(pmod)))
+        if i < len(case.parts) - 1:  # the tensor this part hands to the next one
+            unfused_bytes += 4 * math.prod(parts[-1][2][-1][0]) if parts[-1] else 0
+    row["unfused_tune_s"] = time.perf_counter() - start
+    row["unfused_bytes"] = unfused_bytes
+    row["programs"]["unfused"] = parts
+    start = time.perf_counter()
+    ms = metaschedule(w.prim_func, target, budget, folder / "ms", seed=seed)
+    row["metaschedule_tune_s"] = time.perf_counter() - start
+    row["metaschedule_error"] = ms.error
+    if ms.mod is not None and ms.error is None:
+        row["programs"]["metaschedule"] = ("tvm", _export(ms.mod, target, folder, "ms"), _specs(w.prim_func))
+    for variant in ("eager", "channels_last", "compile"):
+        if variant == "channels_last" and len(w.inputs[0].shape) != 4:
+            continue
+        row["programs"][f"torch_{variant}"] = ("torch", variant)
+    return row
+
+
+def _specs_of_module(mod: Any) -> list:
+    return _specs(mod["main"])
+
+
+def time_all(rows: list[dict], threads: int, seed: int) -> None:
+    """Times every program of every row, each in a fresh process, in shuffled order."""
+    jobs = []
+    for row in rows:
+        for name, program in row["programs"].items():
+            if name == "unfused":
+                for i, part in enumerate(program):
+                    if part is not None:
+                        jobs.append((row, f"unfused.{i}", part))
+            else:
+                jobs.append((row, name, program))
+    random.Random(seed).shuffle(jobs)
+    for row, name, program in jobs:
+        if program[0] == "tvm":
+            ms = in_fresh_process(_time_library, program[1], program[2], seed)
+        else:
+            ms = in_fresh_process(_time_torch, row["operator"], row["params"], program[1], threads, seed)
+        row.setdefault("times", {})[name] = ms
+        print(f"  {row['case']:<28} {name:<20} {fmt_ms(ms)} ms", flush=True)
+    for row in rows:
+        t = row.get("times", {})
+        n_parts = len(row["programs"].get("unfused", []))
+        part_times = [t.get(f"unfused.{i}") for i in range(n_parts)]
+        row["ours_ms"] = t.get("ours")
+        row["unfused_ms"] = sum(part_times) if part_times and None not in part_times else None
+        row["metaschedule_ms"] = t.get("metaschedule")
+        torch_ms = {k[len("torch_"):]: v for k, v in t.items() if k.startswith("torch_") and v is not None}
+        row["torch_variants_ms"] = torch_ms
+        row["torch_ms"] = min(torch_ms.values()) if torch_ms else None
+        row["torch_best"] = min(torch_ms, key=torch_ms.get) if torch_ms else None
+        del row["programs"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fusion", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=int, default=64, help="measurements for ours, for the unfused operators "
+                                                                "together and for MetaSchedule")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--cases", nargs="*", help="only the cases whose name contains one of these")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/fusion-<mcpu>.json)")
+    args = parser.parse_args(argv)
+
+    from compiler.target import host_cores, resolve_target, target_key
+
+    target = resolve_target("host")
+    cases = [c for c in CASES if (not args.quick or c.name in QUICK)
+             and (not args.cases or any(s in c.name for s in args.cases))]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="altune-fusion-") as tmp:
+        for case in cases:
+            print(f"tuning {case.name} ({args.budget} measurements each) ...", flush=True)
+            rows.append(run_case(case, args.budget, target, Path(tmp), args.seed))
+        time_all(rows, host_cores(), args.seed)
+    mcpu = str(target.attrs.get("mcpu", "generic"))
+    columns = [
+        Column("case", lambda r: r["case"], right=False),
+        Column("ours ms", lambda r: fmt_ms(r["ours_ms"])),
+        Column("unfused ms", lambda r: fmt_ms(r["unfused_ms"])),
+        Column("MS ms", lambda r: fmt_ms(r["metaschedule_ms"])),
+        Column("torch ms", lambda r: fmt_ms(r["torch_ms"]) + (f" ({r['torch_best']})" if r["torch_best"] else "")),
+        Column("vs unfused", lambda r: fmt_x(speedup(r["unfused_ms"], r["ours_ms"]))),
+        Column("vs MS", lambda r: fmt_x(speedup(r["metaschedule_ms"], r["ours_ms"]))),
+        Column("vs torch", lambda r: fmt_x(speedup(r["torch_ms"], r["ours_ms"]))),
+        Column("scratch KiB", lambda r: f"{r.get('ours_scratch_bytes', 0) / 1024:.0f}"),
+        Column("unfused KiB", lambda r: f"{r['unfused_bytes'] / 1024:.0f}"),
+        Column("tune s", lambda r: fmt_s(r["ours_tune_s"])),
+    ]
+    geo = {
+        "vs_unfused": geomean(speedup(r["unfused_ms"], r["ours_ms"]) for r in rows),
+        "vs_metaschedule": geomean(speedup(r["metaschedule_ms"], r["ours_ms"]) for r in rows),
+        "vs_torch": geomean(speedup(r["torch_ms"], r["ours_ms"]) for r in rows),
+    }
+    footer = [{"case": "geomean", "ours_ms": None, "unfused_ms": None, "metaschedule_ms": None, "torch_ms": None,
+               "torch_best": None, "unfused_bytes": 0, "ours_tune_s": None}]
+    print(f"\nbench.fusion: {target_key('host')} ({environment()['cpu']}), budget {args.budget}, "
+          f"each program timed in a fresh process")
+    print(format_table(columns, rows))
+    print("geomean: " + ", ".join(f"{k} {fmt_x(v)}" for k, v in geo.items()))
+    del footer
+    report = {"bench": "fusion", "target": str(target), "mcpu": mcpu, "budget": args.budget,
+              "environment": environment(), "cases": rows, "geomean": geo}
+    out = args.out or RESULTS_DIR / f"fusion-{mcpu}{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import json
+
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
