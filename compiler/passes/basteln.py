@@ -608,9 +608,10 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         last = spatial_rest[-1]
         pre = spatial_rest[:-1]
         regs = []
-        if register > 1 and pre and (_extent(pre[-1], sch) or 0) > register:
-            o, i = sch.split(pre[-1], [None, register])
-            pre = [*pre[:-1], o]
+        at = _register_dim(space, len(pre), len(spatial) - len(spatial_rest))
+        if register > 1 and at is not None and (_extent(pre[at], sch) or 0) > register:
+            o, i = sch.split(pre[at], [None, register])
+            pre = [*pre[:at], o, *pre[at + 1:]]
             regs = [i]
         sch.reorder(*pre, *reduce, *regs, last)
         for r in regs:
@@ -622,6 +623,23 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
             pass
     elif spatial_rest and not reduce:
         _vectorize(sch, spatial_rest[-1], vector)
+
+
+def _register_dim(space: Space, n_pre: int, skipped: int) -> int | None:
+    """Which of the `n_pre` spatial loops before the vectorized one to block in registers: the innermost
+    whose variable the vector loads do not depend on (a conv's output channel: each input vector is then
+    reused for `register` channels), else the innermost. `skipped`: leading spatial loops not in `pre`."""
+    if n_pre == 0:
+        return None
+    names = [v for v, _ in space.spatial]
+    last = names[-1]
+    loads = [a for a in space.reads if a.buffer != space.writes.buffer and a.indices is not None
+             and any(last in dict(x.coeffs) for x in a.indices)]
+    used = {v for a in loads for x in a.indices for v, _ in x.coeffs}
+    for i in range(n_pre - 1, -1, -1):
+        if names[skipped + i] not in used:
+            return i
+    return n_pre - 1
 
 
 def _vectorize(sch: Any, loop: Any, vector: int) -> None:
