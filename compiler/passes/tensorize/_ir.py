@@ -1,0 +1,216 @@
+"""Small helpers over TVM 0.27's lowered TIR that its Python API does not expose: substitution of variables in
+expressions and statements, a statement walk, and the linear coefficient of a variable in an index.
+
+Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def key(node: Any) -> int:
+    """Identity of a TVM object (Python wrappers differ, handles do not)."""
+    return node.__chandle__()
+
+
+def subst(e: Any, vmap: dict[int, Any]) -> Any:
+    """`e` with every variable whose handle is in `vmap` replaced (the same object where nothing changed)."""
+    from tvm.ir import expr as ir_expr
+
+    if not vmap:
+        return e
+    return rewrite(e, lambda x: vmap.get(key(x), x) if isinstance(x, ir_expr.Var) else None)
+
+
+def rewrite(e: Any, fn: Callable[[Any], Any | None]) -> Any:
+    """`e` rebuilt with `fn(x)` in place of each sub-expression `x` where it is not None (pre-order: what `fn`
+    returns is not visited again); the same object where nothing changed."""
+    import tvm
+    from tvm import tirx
+    from tvm.ir import expr as ir_expr
+    from tvm.ir.prim import expr as prim
+
+    def go(x: Any) -> Any:
+        done = fn(x)
+        if done is not None:
+            return done
+        if isinstance(x, ir_expr.Var):
+            return x
+        if isinstance(x, prim.IntImm | prim.FloatImm) or not isinstance(x, tvm.ir.Expr):
+            return x
+        if isinstance(x, tvm.ir.TensorLoad):
+            new = [go(i) for i in x.indices]
+            return x if all(a.same_as(b) for a, b in zip(new, x.indices)) else tirx.BufferLoad(x.source, new)
+        if isinstance(x, ir_expr.Call):
+            args = [go(a) for a in x.args]
+            if all(a.same_as(b) for a, b in zip(args, x.args)):
+                return x
+            return ir_expr.Call(x.op, args, x.attrs, x.ty_args, ret_ty=x.ty)
+        if isinstance(x, prim.Select):
+            parts = [go(x.condition), go(x.true_value), go(x.false_value)]
+            same = all(a.same_as(b) for a, b in zip(parts, [x.condition, x.true_value, x.false_value]))
+            return x if same else prim.Select(*parts)
+        if isinstance(x, prim.Cast):
+            v = go(x.value)
+            return x if v.same_as(x.value) else prim.Cast(str(x.ty.dtype), v)
+        if isinstance(x, prim.Not):
+            a = go(x.a)
+            return x if a.same_as(x.a) else prim.Not(a)
+        if isinstance(x, prim.Ramp):
+            base, stride = go(x.base), go(x.stride)
+            return x if base.same_as(x.base) and stride.same_as(x.stride) else prim.Ramp(base, stride, x.lanes)
+        if isinstance(x, prim.Broadcast):
+            v = go(x.value)
+            return x if v.same_as(x.value) else prim.Broadcast(v, x.lanes)
+        if isinstance(x, prim.Let):
+            v, body = go(x.value), go(x.body)
+            return x if v.same_as(x.value) and body.same_as(x.body) else prim.Let(x.var, v, body)
+        if hasattr(x, "a") and hasattr(x, "b"):
+            a, b = go(x.a), go(x.b)
+            return x if a.same_as(x.a) and b.same_as(x.b) else type(x)(a, b)
+        if type(x).__name__ in ("StringImm", "Shuffle"):
+            return x  # no loop variable in a string; a shuffle only appears after our rewrites
+        raise TypeError(f"cannot rewrite in a {type(x).__name__}: {x}")
+
+    return go(e)
+
+
+def subst_stmt(s: Any, vmap: dict[int, Any]) -> Any:
+    """`s` with every variable whose handle is in `vmap` replaced in every expression it holds."""
+    return map_stmt(s, lambda e: subst(e, vmap))
+
+
+def map_stmt(s: Any, fexpr: Callable[[Any], Any], fstmt: Callable[[Any], Any | None] | None = None) -> Any:
+    """Rebuilds `s` bottom-up with `fexpr` applied to the expressions of each node; `fstmt(node)`, where given,
+    may replace a node before its children are visited (return None to go on)."""
+    from tvm import tirx
+
+    def go(x: Any) -> Any:
+        if fstmt is not None:
+            done = fstmt(x)
+            if done is not None:
+                return done
+        if isinstance(x, tirx.SeqStmt):
+            return tirx.SeqStmt([go(c) for c in x.seq])
+        if isinstance(x, tirx.For):
+            return tirx.For(x.loop_var, fexpr(x.min), fexpr(x.extent), x.kind, go(x.body), x.thread_binding,
+                            x.annotations, x.step)
+        if isinstance(x, tirx.IfThenElse):
+            return tirx.IfThenElse(fexpr(x.condition), go(x.then_case),
+                                   None if x.else_case is None else go(x.else_case))
+        if isinstance(x, tirx.AttrStmt):
+            return tirx.AttrStmt(x.node, x.attr_key, fexpr(x.value), go(x.body))
+        if isinstance(x, tirx.BufferStore):
+            return tirx.BufferStore(x.buffer, fexpr(x.value), [fexpr(i) for i in x.indices])
+        if isinstance(x, tirx.Evaluate):
+            return tirx.Evaluate(fexpr(x.value))
+        if isinstance(x, tirx.Bind):
+            return tirx.Bind(x.var, fexpr(x.value))
+        if isinstance(x, tirx.While):
+            return tirx.While(fexpr(x.condition), go(x.body))
+        return x  # AllocBuffer, DeclBuffer, ...: nothing of a loop variable in them
+
+    return go(s)
+
+
+def walk(s: Any) -> Iterator[Any]:
+    """Every statement of `s`, pre-order."""
+    from tvm import tirx
+
+    yield s
+    if isinstance(s, tirx.SeqStmt):
+        for c in s.seq:
+            yield from walk(c)
+    elif isinstance(s, tirx.For | tirx.AttrStmt | tirx.While):
+        yield from walk(s.body)
+    elif isinstance(s, tirx.IfThenElse):
+        yield from walk(s.then_case)
+        if s.else_case is not None:
+            yield from walk(s.else_case)
+
+
+def exprs(s: Any) -> Iterator[Any]:
+    """The top-level expressions of the statements of `s` (store values and indices, conditions, bounds)."""
+    from tvm import tirx
+
+    for x in walk(s):
+        if isinstance(x, tirx.BufferStore):
+            yield x.value
+            yield from x.indices
+        elif isinstance(x, tirx.IfThenElse):
+            yield x.condition
+        elif isinstance(x, tirx.For):
+            yield x.min
+            yield x.extent
+        elif isinstance(x, tirx.Evaluate | tirx.Bind):
+            yield x.value
+
+
+def uses(e: Any, var: Any) -> bool:
+    """Whether expression `e` mentions `var`."""
+    from tvm import tirx
+
+    probe = tirx.Var("probe", str(var.ty.dtype))
+    return not subst(e, {key(var): probe}).same_as(e)
+
+
+def is_noop(s: Any) -> bool:
+    """Whether `s` does nothing (an empty sequence, `Evaluate(0)`, a loop or branch of nothing)."""
+    from tvm import tirx
+    from tvm.ir.prim import expr as prim
+
+    if isinstance(s, tirx.SeqStmt):
+        return all(is_noop(c) for c in s.seq)
+    if isinstance(s, tirx.Evaluate):
+        return isinstance(s.value, prim.IntImm)
+    if isinstance(s, tirx.For):
+        return is_noop(s.body)
+    if isinstance(s, tirx.IfThenElse):
+        return is_noop(s.then_case) and (s.else_case is None or is_noop(s.else_case))
+    return False
+
+
+def noop() -> Any:
+    from tvm import tirx
+
+    return tirx.Evaluate(0)
+
+
+def seq(stmts: list[Any]) -> Any:
+    """One statement of `stmts` (no-ops dropped; a single statement as it is)."""
+    from tvm import tirx
+
+    flat: list[Any] = []
+    for s in stmts:
+        if is_noop(s):
+            continue
+        flat.extend(s.seq if isinstance(s, tirx.SeqStmt) else [s])
+    if not flat:
+        return noop()
+    return flat[0] if len(flat) == 1 else tirx.SeqStmt(flat)
+
+
+def const_int(e: Any) -> int | None:
+    """The value of an integer constant, else None."""
+    from tvm.ir.prim import expr as prim
+
+    return int(e.value) if isinstance(e, prim.IntImm) else None
+
+
+def coefficient(analyzer: Any, e: Any, var: Any) -> int | None:
+    """The constant `c` with `e(var + 1) - e(var) == c` for every `var` (None where it is not a constant):
+    the stride of an affine index in `var`."""
+    from tvm import tirx
+
+    step = analyzer.simplify(subst(e, {key(var): var + tirx.const(1, str(var.ty.dtype))}) - e)
+    return const_int(step)
+
+
+def flat_offset(buffer: Any, indices: list[Any]) -> Any:
+    """The row-major element offset of `buffer[indices]` (a buffer without strides)."""
+    offset = indices[0]
+    for extent, index in zip(list(buffer.shape)[1:], indices[1:]):
+        offset = offset * extent + index
+    return offset

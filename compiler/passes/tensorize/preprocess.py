@@ -1,0 +1,117 @@
+"""Instruction preprocessing (the paper's Alg. 1, `PreProcess`): each marked statement's constraint type
+decides what is done to it before partitioning and matching.
+
+- ALIGN (`expand_allocations`): a scratch buffer that a marked nest accesses (allocated in the function:
+  a cache or packing buffer) has its innermost dimension expanded to a multiple of the instruction's
+  alignment (its lanes), so that whole vectors fit it. The indices do not change (buffers are still
+  multi-dimensional here), so the program computes what it computed before. Buffers the user passes in
+  are the layout's business: the packed int8/bf16 weights of `kernels.py` are allocated aligned (zero
+  padded) by their packing stage, the way the paper pads data to an instruction's alignment.
+- LAYOUT (instruction replacement): where the widest instruction's lanes do not divide the lane loop of
+  a matched nest, an equivalent instruction of fewer constraints (narrower vectors of the same target:
+  AVX2's ymm FMA on an AVX-512 machine) replaces it. This is decided at match time in
+  `select.match_outer_product`, where the lane loop is known.
+- COM (extra computation on an enlarged input, to remove the branch of a complex operator): done by the
+  operator definitions of `kernels.py`, not by a rewrite here: conv2d reads a padded input (a pad
+  stage), so its reduction over the window has no boundary branch at all. A general rewrite that drops a
+  guard when the extra work provably reads in bounds and writes only elements nobody reads is not
+  written (see docs/design.md, "Tensorization").
+
+Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import _ir
+from .instructions import available
+from .mark import ANNOTATION
+
+if TYPE_CHECKING:
+    import tvm
+
+
+def preprocess(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
+    """`PreProcess` of a lowered function (after `LowerOpaqueBlock`) for `target`: ALIGN as above (LAYOUT and
+    COM are where the module docstring says)."""
+    lanes = max((ins.lanes for ins in available(target)), default=1)
+    return expand_allocations(func, lanes)
+
+
+def expand_allocations(func: tvm.tirx.PrimFunc, align: int) -> tvm.tirx.PrimFunc:
+    """ALIGN: every buffer allocated in `func` and accessed inside a marked loop gets its innermost extent
+    rounded up to a multiple of `align` (its accesses unchanged)."""
+    from tvm import tirx
+
+    if align <= 1:
+        return func
+    used: set[int] = set()
+    for s in _ir.walk(func.body):
+        if isinstance(s, tirx.For) and ANNOTATION in s.annotations:
+            for x in _ir.walk(s.body):
+                if isinstance(x, tirx.BufferStore):
+                    used.add(_ir.key(x.buffer))
+            for e in _ir.exprs(s.body):
+                _loaded(e, used)
+    remap: dict[int, Any] = {}
+
+    def realloc(s: Any) -> Any | None:
+        if isinstance(s, tirx.AllocBuffer) and _ir.key(s.buffer) in used:
+            buf = s.buffer
+            shape = list(buf.shape)
+            last = _ir.const_int(shape[-1]) if shape else None
+            if last is None or last % align == 0 or buf.strides:
+                return s
+            shape[-1] = tirx.const((last + align - 1) // align * align, str(shape[-1].ty.dtype))
+            new = tirx.decl_buffer(shape, str(buf.dtype), buf.name, data=buf.data, scope=buf.scope())
+            remap[_ir.key(buf)] = new
+            return tirx.AllocBuffer(new, s.annotations) if s.annotations else tirx.AllocBuffer(new)
+        return None
+
+    body = _ir.map_stmt(func.body, lambda e: e, realloc)
+    if not remap:
+        return func
+    body = _ir.map_stmt(body, lambda e: _rebuffer(e, remap), lambda s: _restore(s, remap))
+    return func.with_body(body)
+
+
+def _loaded(e: Any, used: set[int]) -> None:
+    import tvm
+
+    if isinstance(e, tvm.ir.TensorLoad):
+        used.add(_ir.key(e.source))
+    for name in ("a", "b", "value", "condition", "true_value", "false_value"):
+        child = getattr(e, name, None)
+        if isinstance(child, tvm.ir.Expr):
+            _loaded(child, used)
+    for child in list(getattr(e, "args", []) or []) + list(getattr(e, "indices", []) or []):
+        if isinstance(child, tvm.ir.Expr):
+            _loaded(child, used)
+
+
+def _rebuffer(e: Any, remap: dict[int, Any]) -> Any:
+    """`e` with loads of remapped buffers reading the expanded buffer."""
+    import tvm
+    from tvm import tirx
+
+    if isinstance(e, tvm.ir.TensorLoad):
+        new = remap.get(_ir.key(e.source))
+        indices = [_rebuffer(i, remap) for i in e.indices]
+        return tirx.BufferLoad(new if new is not None else e.source, indices)
+    if isinstance(e, tirx.Cast):
+        return tirx.Cast(str(e.ty.dtype), _rebuffer(e.value, remap))
+    if hasattr(e, "a") and hasattr(e, "b") and isinstance(e, tvm.ir.Expr):
+        return type(e)(_rebuffer(e.a, remap), _rebuffer(e.b, remap))
+    return e
+
+
+def _restore(s: Any, remap: dict[int, Any]) -> Any | None:
+    from tvm import tirx
+
+    if isinstance(s, tirx.BufferStore) and _ir.key(s.buffer) in remap:
+        return tirx.BufferStore(remap[_ir.key(s.buffer)], _rebuffer(s.value, remap),
+                                [_rebuffer(i, remap) for i in s.indices])
+    if isinstance(s, tirx.BufferStore):
+        return tirx.BufferStore(s.buffer, _rebuffer(s.value, remap), [_rebuffer(i, remap) for i in s.indices])
+    return None

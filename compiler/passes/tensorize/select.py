@@ -1,0 +1,353 @@
+"""Instruction selection (the paper's Sec. IV-D): a tree pattern per instruction family with parameter
+extraction; the marked nest is rewritten to the instruction, or left exactly as it was when the match fails.
+
+The patterns, over lowered TIR (after `LowerOpaqueBlock`, buffers still multi-dimensional; after `partition`,
+so a nest that had a boundary branch has none in its main part):
+
+outer product (a register-blocked micro-kernel; fp32 FMA with group 1, int8/bf16 dot products with group G):
+
+    for r in [r0, r0 + R):              <- the marked loop (reduction)
+      for i in [i0, i0 + MR):           rows (accumulator rows)
+        [for v in [v0, v0 + NV):]       optional vector loop
+          for l in [l0, l0 + NL):       lanes, NL a multiple of the instruction's lanes L
+            [for g in [g0, g0 + G):]    the instruction's group (dot products)
+              C[c] = C[c] + X(A[a]) * X(B[b])     X: nothing, or a cast to C's type
+
+    parameters extracted (row-major element offsets of the indices, strides by `_ir.coefficient`):
+    C's offset has stride 1 in l and 0 in r, g; A's stride 0 in v, l and 1 in g; B's stride 0 in i,
+    1 in l (G = 1) or G in l and 1 in g; the operand types pick the instruction (`instructions.choose`).
+    Rewrite: MR * NV * NL / L vector accumulators (a local buffer of vector type, constant indices, which
+    LLVM keeps in registers) loaded from C before the r loop, one instruction per accumulator per r
+    iteration (A's group broadcast, B's L * G contiguous elements), stored back after it.
+
+elementwise (`C[c] = f(loads, constants)` with f of + - * min max casts, every access stride 0 or 1 in the
+marked innermost loop): rewritten to vector code of the target's width (the loop split by the lane count
+and vectorized; TVM's `VectorizeLoop` then emits the vector instructions).
+
+Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _ir
+from .instructions import Instruction, candidates_for, target_arch, target_features
+from .mark import ANNOTATION
+
+if TYPE_CHECKING:
+    import tvm
+
+MAX_ACCUMULATORS = 32  # a rewrite of more accumulators than this would be all spills: left alone
+GROUPS = {"float32": 1, "uint8": 4, "int8": 4, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class OuterProduct:
+    """The parameters of a matched outer-product nest (see the module docstring)."""
+
+    instruction: Instruction
+    r: Any  # the marked For
+    i: Any
+    v: Any | None
+    l: Any
+    g: Any | None
+    c: Any  # (buffer, offset)
+    a: Any
+    b: Any
+
+    @property
+    def accumulators(self) -> int:
+        return _extent(self.i) * (_extent(self.v) if self.v is not None else 1) * _extent(self.l) \
+            // self.instruction.lanes
+
+
+@dataclass
+class Report:
+    """What `tensorize` did to one function: instructions used, and marked nests left alone with the reason."""
+
+    used: list[str]
+    left: list[str]
+
+
+def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = False
+              ) -> tuple[tvm.tirx.PrimFunc, Report]:
+    """Rewrites every marked nest of a lowered, partitioned function that matches a pattern.
+
+    Args:
+        func: the function (after `LowerOpaqueBlock` and `partition.partition`).
+        target: the LLVM target; only its instructions are used (`instructions.available`).
+        exact: use only instructions that never saturate.
+
+    Returns:
+        The function and a `Report`.
+    """
+    from tvm import tirx
+
+    report = Report([], [])
+
+    def visit(s: Any) -> Any | None:
+        if isinstance(s, tirx.For) and ANNOTATION in s.annotations:
+            kind = str(s.annotations[ANNOTATION])
+            out = None
+            why = "no pattern"
+            if kind in ("auto", "outer_product"):
+                m, why = match_outer_product(s, target, exact)
+                if m is not None:
+                    out = rewrite_outer_product(m)
+                    report.used.append(m.instruction.name)
+            if out is None and kind in ("auto", "elementwise"):
+                out, why2 = rewrite_elementwise(s, target)
+                if out is not None:
+                    report.used.append("elementwise")
+                why = why if kind == "outer_product" else why2 if kind == "elementwise" else f"{why}; {why2}"
+            if out is None:
+                report.left.append(f"{s.loop_var.name}: {why}")
+                return _unmark(s)
+            return out
+        return None
+
+    body = _ir.map_stmt(func.body, lambda e: e, visit)
+    return func.with_body(body), report
+
+
+def _unmark(s: Any) -> Any:
+    from tvm import tirx
+
+    annotations = {k: v for k, v in s.annotations.items() if k != ANNOTATION}
+    return tirx.For(s.loop_var, s.min, s.extent, s.kind, s.body, s.thread_binding, annotations, s.step)
+
+
+def _extent(loop: Any) -> int:
+    return _ir.const_int(loop.extent)
+
+
+def _chain(loop: Any) -> tuple[list[Any], Any]:
+    """The perfect nest under `loop` (loops of constant range, one statement each) and its innermost statement."""
+    from tvm import tirx
+
+    loops, s = [], loop.body
+    while isinstance(s, tirx.For) and _ir.const_int(s.min) is not None and _ir.const_int(s.extent) is not None \
+            and s.kind == tirx.ForKind.SERIAL:
+        loops.append(s)
+        s = s.body
+    return loops, s
+
+
+def _strip_cast(e: Any, dtype: str) -> Any:
+    from tvm import tirx
+
+    if isinstance(e, tirx.Cast) and str(e.ty.dtype) == dtype:
+        return e.value
+    return e
+
+
+def _is_load(e: Any) -> bool:
+    import tvm
+
+    return isinstance(e, tvm.ir.TensorLoad)
+
+
+def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False
+                        ) -> tuple[OuterProduct | None, str]:
+    """The tree pattern of the outer product (module docstring) on the marked loop `r`, with its parameters;
+    (None, why) where it does not match."""
+    import tvm
+    from tvm import tirx
+    from tvm_ffi import structural_equal
+
+    if r.kind != tirx.ForKind.SERIAL:
+        return None, "the marked loop is not serial"
+    loops, store = _chain(r)
+    if not isinstance(store, tirx.BufferStore) or len(loops) < 2 or len(loops) > 4:
+        return None, "not a nest of 2-4 loops around one store"
+    value = store.value
+    if not isinstance(value, tirx.Add):
+        return None, "the store is not an accumulation"
+    acc, prod = (value.a, value.b) if _is_load(value.a) else (value.b, value.a)
+    if not (_is_load(acc) and acc.source.same_as(store.buffer)
+            and all(structural_equal(x, y) for x, y in zip(acc.indices, store.indices))):
+        return None, "the store does not add to its own element"
+    if not isinstance(prod, tirx.Mul):
+        return None, "the addend is not a product"
+    c_dtype = str(store.buffer.dtype)
+    x, y = _strip_cast(prod.a, c_dtype), _strip_cast(prod.b, c_dtype)
+    if not (_is_load(x) and _is_load(y)):
+        return None, "the factors are not loads"
+    group = GROUPS.get(str(x.source.dtype))
+    if group is None:
+        return None, f"no instruction for {x.source.dtype}"
+    if group > 1:
+        if len(loops) < 3 or _extent(loops[-1]) != group:
+            return None, f"no group loop of extent {group}"
+        g, rest = loops[-1], loops[:-1]
+    else:
+        g, rest = None, loops
+    if len(rest) not in (2, 3):
+        return None, "not rows x lanes"
+    i, v, l = (rest[0], None, rest[1]) if len(rest) == 2 else (rest[0], rest[1], rest[2])
+    analyzer = tvm.sym.Analyzer()
+    for loop in (r, *loops):
+        analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
+    # which factor is A (no lane stride) and which is B
+    offsets = {}
+    for name, load in (("x", x), ("y", y), ("c", acc)):
+        buf = load.source
+        if buf.strides and len(buf.strides) > 0:
+            return None, f"{buf.name} has strides"
+        offsets[name] = (buf, analyzer.simplify(_ir.flat_offset(buf, list(load.indices))))
+
+    def stride(name: str, loop: Any | None) -> int | None:
+        if loop is None:
+            return 0
+        return _ir.coefficient(analyzer, offsets[name][1], loop.loop_var)
+
+    a_name, b_name = ("x", "y") if stride("x", l) == 0 else ("y", "x")
+    a_buf, b_buf = offsets[a_name][0], offsets[b_name][0]
+    # LAYOUT (Alg. 1): where the widest instruction's lanes do not divide the lane loop, an equivalent
+    # narrower one (fewer constraints) of the same target takes its place
+    candidates = candidates_for(target, str(a_buf.dtype), str(b_buf.dtype), c_dtype, group, exact)
+    if not candidates:
+        return None, f"the target has no instruction for {a_buf.dtype} x {b_buf.dtype} -> {c_dtype}"
+    ins = next((c for c in candidates if _extent(l) % c.lanes == 0), None)
+    if ins is None:
+        return None, f"lane loop {_extent(l)} is no multiple of {', '.join(str(c.lanes) for c in candidates)}"
+    checks = [
+        (stride("c", l) == 1, "C is not contiguous in the lanes"),
+        (stride("c", r) == 0 and stride("c", g) == 0, "C depends on the reduction"),
+        (stride("c", i) is not None and stride("c", v) is not None, "C is not affine"),
+        (stride(a_name, l) == 0 and stride(a_name, v) == 0, "A depends on the lanes"),
+        (group == 1 or stride(a_name, g) == 1, "A's group is not contiguous"),
+        (stride(b_name, i) == 0, "B depends on the rows"),
+        (stride(b_name, l) == group and (group == 1 or stride(b_name, g) == 1), "B's lanes are not contiguous"),
+        (not a_buf.same_as(offsets["c"][0]) and not b_buf.same_as(offsets["c"][0]),
+         "C aliases an operand"),
+    ]
+    for ok, why in checks:
+        if not ok:
+            return None, why
+    m = OuterProduct(ins, r, i, v, l, g, offsets["c"], offsets[a_name], offsets[b_name])
+    if m.accumulators > MAX_ACCUMULATORS:
+        return None, f"{m.accumulators} accumulators > {MAX_ACCUMULATORS}"
+    return m, ""
+
+
+def rewrite_outer_product(m: OuterProduct) -> Any:
+    """The micro-kernel of a match (module docstring)."""
+    import tvm
+    from tvm import tirx
+
+    ins = m.instruction
+    analyzer = tvm.sym.Analyzer()
+    (c_buf, c_off), (a_buf, a_off), (b_buf, b_off) = m.c, m.a, m.b
+    flat = {}
+    decls = []
+    for buf in (c_buf, a_buf, b_buf):
+        if _ir.key(buf) not in flat:
+            size = 1
+            for n in buf.shape:
+                size *= int(n)
+            fb = tirx.decl_buffer((size,), str(buf.dtype), f"{buf.name}_flat", data=buf.data)
+            flat[_ir.key(buf)] = fb
+            decls.append(tirx.DeclBuffer(fb, data=buf.data))
+    cf, af, bf = (flat[_ir.key(x)] for x in (c_buf, a_buf, b_buf))
+    vec = f"{ins.c_dtype}x{ins.lanes}"
+    accs = tirx.decl_buffer((m.accumulators,), vec, "acc", scope="local")
+    idx = lambda e: tirx.const(e, "int32")  # noqa: E731
+
+    def at(e: Any, binding: dict) -> Any:
+        return analyzer.simplify(_ir.subst(e, {_ir.key(loop.loop_var): tirx.const(val, str(loop.loop_var.ty.dtype))
+                                               for loop, val in binding.items()}))
+
+    rows = range(_ir.const_int(m.i.min), _ir.const_int(m.i.min) + _extent(m.i))
+    vs = [None] if m.v is None else list(range(_ir.const_int(m.v.min), _ir.const_int(m.v.min) + _extent(m.v)))
+    lanes = [_ir.const_int(m.l.min) + u * ins.lanes for u in range(_extent(m.l) // ins.lanes)]
+    cols = [(vv, ll) for vv in vs for ll in lanes]
+    g0 = None if m.g is None else _ir.const_int(m.g.min)
+
+    def col_binding(vv: int | None, ll: int) -> dict:
+        binding = {m.l: ll}
+        if m.v is not None:
+            binding[m.v] = vv
+        if m.g is not None:
+            binding[m.g] = g0
+        return binding
+
+    init, update, final = [], [], []
+    b_vecs = [tirx.BufferLoad(bf, [tirx.Ramp(at(b_off, col_binding(vv, ll)), 1, ins.lanes * ins.group)])
+              for vv, ll in cols]
+    for row in rows:
+        a_base = at(a_off, {m.i: row} | ({m.g: g0} if m.g is not None else {}))
+        a = tirx.BufferLoad(af, [a_base]) if ins.group == 1 else \
+            tirx.BufferLoad(af, [tirx.Ramp(a_base, 1, ins.group)])
+        for n, (vv, ll) in enumerate(cols):
+            k = idx(len(init))
+            c_base = at(c_off, {m.i: row, m.l: ll} | ({m.v: vv} if m.v is not None else {}))
+            c_vec = tirx.Ramp(c_base, 1, ins.lanes)
+            init.append(tirx.BufferStore(accs, tirx.BufferLoad(cf, [c_vec]), [k]))
+            update.append(tirx.BufferStore(accs, ins.emit(tirx.BufferLoad(accs, [k]), a, b_vecs[n]), [k]))
+            final.append(tirx.BufferStore(cf, tirx.BufferLoad(accs, [k]), [c_vec]))
+    r = m.r
+    loop = tirx.For(r.loop_var, r.min, r.extent, tirx.ForKind.SERIAL, tirx.SeqStmt(update), None,
+                    {"altune.tensorized": ins.name})
+    return tirx.SeqStmt([*decls, tirx.AllocBuffer(accs), *init, loop, *final])
+
+
+_ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Min", "Max", "Cast", "IntImm", "FloatImm", "Var")
+
+
+def vector_bits(target: tvm.target.Target) -> int:
+    """The vector register width of an LLVM target, from its features."""
+    features = target_features(target)
+    if target_arch(target) == "x86":
+        return 512 if "avx512f" in features else 256 if "avx" in features else 128
+    return 128
+
+
+def rewrite_elementwise(j: Any, target: tvm.target.Target) -> tuple[Any | None, str]:
+    """The elementwise pattern on the marked loop `j` (module docstring): the vectorized loop, or (None, why)."""
+    import tvm
+    from tvm import tirx
+
+    store = j.body
+    if j.kind != tirx.ForKind.SERIAL or not isinstance(store, tirx.BufferStore):
+        return None, "not a serial loop around one store"
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(j.loop_var, tvm.ir.Range.from_min_extent(j.min, j.extent))
+    loads = []
+
+    def ok(e: Any) -> bool:
+        if _is_load(e):
+            loads.append(e)
+            return all(not _ir.uses(i, j.loop_var) or True for i in e.indices)
+        name = type(e).__name__
+        if name not in _ELEMENTWISE_OPS:
+            return False
+        if name == "Var":
+            return not e.same_as(j.loop_var)
+        if name == "Cast":
+            return ok(e.value)
+        if hasattr(e, "a"):
+            return ok(e.a) and ok(e.b)
+        return True
+
+    if not ok(store.value):
+        return None, "not an elementwise expression"
+    for buf, indices in [(store.buffer, store.indices)] + [(x.source, x.indices) for x in loads]:
+        step = _ir.coefficient(analyzer, analyzer.simplify(_ir.flat_offset(buf, list(indices))), j.loop_var)
+        if step not in ((1,) if buf.same_as(store.buffer) else (0, 1)):
+            return None, f"{buf.name} is not contiguous in {j.loop_var.name}"
+    bits = tvm.DataType(str(store.buffer.dtype)).bits
+    lanes = vector_bits(target) // bits
+    extent = _extent(j)
+    if extent is None or extent % lanes:
+        return None, f"extent {extent} is no multiple of {lanes} lanes"
+    dtype = str(j.loop_var.ty.dtype)
+    outer, inner = tirx.Var(f"{j.loop_var.name}_v", dtype), tirx.Var(f"{j.loop_var.name}_l", dtype)
+    body = _ir.subst_stmt(store, {_ir.key(j.loop_var): j.min + outer * lanes + inner})
+    vloop = tirx.For(inner, tirx.const(0, dtype), tirx.const(lanes, dtype), tirx.ForKind.VECTORIZED, body)
+    if extent == lanes:
+        return tirx.For(outer, tirx.const(0, dtype), tirx.const(1, dtype), tirx.ForKind.SERIAL, vloop), ""
+    return tirx.For(outer, tirx.const(0, dtype), tirx.const(extent // lanes, dtype), tirx.ForKind.SERIAL,
+                    vloop, None, {"altune.tensorized": f"vector{lanes}"}), ""
