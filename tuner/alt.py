@@ -6,8 +6,10 @@ Cross exploration (Fig. 8), in two stages over one measurement budget:
    (`ppo.LayoutActor`) picks the split factors of the operator's layout template
    (`compiler.layout.layout_template`; the weight's factors are tied to the
    consumer's: kot = ot, kit = it); the search then runs `rounds_per_layout`
-   rounds of loop tuning in that layout and rewards the layout with
-   U - (best latency found), U the untuned latency of the first layout.
+   rounds of loop tuning in that layout and rewards the layout with the log
+   speedup of its best latency over the geometric mean of the layouts tried so
+   far (eq. 3's U - latency with U the untuned latency gave every layout nearly
+   the same reward: 0.98-0.99 for conv2d).
 2. loop (the rest): loop tuning only, in the best layout found. A layout's one
    joint round ranks it roughly, so the joint stage's finalists (at most `finalists`
    layouts within `margin` of its best latency) share the first half of the loop
@@ -21,9 +23,11 @@ before any, from the model's best of a sampled batch), mutations of them, and
 fresh samples -- is ranked by one XGBoost cost model shared by all layouts
 (features: the layout's factors, layout-independent knob summaries and
 MetaSchedule's per-store features), and only the `top_k` best (a few of them
-epsilon-random) are built and measured. The loop actor is rewarded with the
-model's predicted log speed of every walk, replaced by the measured one where
-measured. In the loop stage, each new best configuration's other placements
+epsilon-random) are built and measured. The loop actor learns from measurements
+only: a walk that is measured is rewarded with the log speedup of its latency
+over its start's (an error: -1); walks the model did not pick are forgotten.
+Each actor has a critic of its own. With `ppo=False` (the ablation of the
+agents) layouts are drawn at random and walks step in random directions. In the loop stage, each new best configuration's other placements
 (`LoopSpace.placements`: where the producers and the epilogue are computed, one
 knob changed) are measured in the next round, up to half of it: discrete choices
 the model, trained mostly on one of them, ranks poorly.
@@ -163,6 +167,7 @@ class ALTSearch(Search):
         layout: dict[str, int] | None = None,
         elite: int = 8,
         ms_features: bool = True,
+        ppo: bool = True,
     ):
         """
         Args:
@@ -182,6 +187,7 @@ class ALTSearch(Search):
                 template's default (channels last, no tiling); None lets the joint stage search.
             elite: how many of a layout's best configurations walks and mutations start from.
             ms_features: add MetaSchedule's per-store features.
+            ppo: the PPO agents choose layouts and walks; False: at random (the ablation).
         """
         import numpy as np
 
@@ -213,9 +219,10 @@ class ALTSearch(Search):
         self.upper: float | None = None  # U of eq. (3)
         from .ppo import Critic, LayoutActor
 
-        width = max(2 * len(self.free), 64)
-        self.critic = Critic(width, seed=seed)
-        self.layout_actor = LayoutActor(2 * len(self.free), max(len(self.free), 1), self.critic, seed=seed)
+        self.ppo = ppo
+        width = max(2 * len(self.free), 1)
+        self.layout_actor = LayoutActor(width, max(len(self.free), 1), Critic(width, seed=seed), seed=seed)
+        self._walk_steps: dict[str, tuple[Any, Any, float | None]] = {}  # config key -> (actor, step, start ms)
 
     # -- layouts --------------------------------------------------------------
 
@@ -331,7 +338,11 @@ class ALTSearch(Search):
             except LayoutError as e:
                 log.info("channels-last layout does not apply: %s", e)
         for _ in range(16):
-            action = self.layout_actor.act(state, 1)[0]
+            if self.ppo:
+                action = self.layout_actor.act(state, 1)[0]
+            else:  # the ablation: a uniform draw, recorded so the episode's bookkeeping stays the same
+                action = [float(a) for a in self.rng.uniform(0.02, 0.98, len(self.free))]
+                self.layout_actor.record(state, action)
             choice = self._choice_of(action)
             k = self.key(self.full_choice(choice))
             try:
@@ -361,10 +372,14 @@ class ALTSearch(Search):
         return self.best_point() or self.next_layout()
 
     def layout_reward(self, p: LayoutPoint) -> float:
-        """r = U - latency (eq. 3), normalized by U; a layout with no correct trial gets -1."""
-        if p.best_ms is None or not self.upper:
-            return -1.0
-        return (self.upper - p.best_ms) / self.upper
+        """log(reference / best latency): the reference is the geometric mean of the best latencies of the
+        layouts tried so far (the user's own included), so a layout better than the usual one scores above
+        0 and a worse one below, whatever the untuned latency; clipped to [-2, 2]; no correct trial: -2."""
+        if p.best_ms is None:
+            return -2.0
+        tried = [q.best_ms for q in self.points.values() if q.best_ms]
+        reference = math.exp(sum(math.log(t) for t in tried) / len(tried))
+        return max(-2.0, min(2.0, math.log(reference / p.best_ms)))
 
     def end_episode(self) -> None:
         if self.current is None:
@@ -375,7 +390,10 @@ class ALTSearch(Search):
             return
         if any(s.reward is None for s in self.layout_actor.buffer.steps):
             self.layout_actor.reward_last([self.layout_reward(p)])
-        self.layout_actor.update()
+        if self.ppo:
+            self.layout_actor.update()
+        else:
+            self.layout_actor.buffer.steps.clear()
 
     # -- configurations --------------------------------------------------------
 
@@ -538,15 +556,24 @@ class ALTSearch(Search):
             for c in sampled:
                 add(c, "sample")
         # loop actor walks from the best configurations
-        walks: list[Config] = []
+        walks: list[tuple[Config, Any, float | None]] = []  # (config, the actor's step, its start's latency)
         if starts:
             actor = self.loop_actor(p)
+            # walks picked in an earlier round whose measurement never came (a build that failed before it ran,
+            # a stop) would hold the actor's update back: forget them
+            actor.buffer.steps = [s for s in actor.buffer.steps if s.reward is not None]
+            self._walk_steps = {k: v for k, v in self._walk_steps.items() if v[0] is not actor}
             state = self.loop_state(p, starts[0])
-            steps = actor.directions(state, self.batch_size // 2)
-            for d in steps:
+            steps = self._directions(actor, state, len(p.space.knobs), self.batch_size // 2)
+            recorded = actor.buffer.steps[-len(steps):] if self.ppo else [None] * len(steps)
+            start_ms = dict((config_key(c), ms) for ms, c in p.best)
+            for d, step in zip(steps, recorded):
                 start = starts[int(self.rng.integers(len(starts)))] if self.rng.random() < 0.5 else starts[0]
-                walks.append(self.walk(p.space, start, d))
-        for c in walks:
+                walks.append((self.walk(p.space, start, d), step, start_ms.get(config_key(start))))
+        walk_of: dict[str, tuple[Any, float | None]] = {}
+        for c, step, ms in walks:
+            if config_key(c) not in walk_of:
+                walk_of[config_key(c)] = (step, ms)
             add(c, "walk")
         for _ in range(self.batch_size // 4):
             if starts:
@@ -569,15 +596,17 @@ class ALTSearch(Search):
         feats = self.features(p, pool, schedules)
         scores = np.asarray(self.model.predict(feats), dtype=np.float64) if self.model.trained else None
         picks = pick(scores, len(pool), n, self.epsilon, self.rng)
-        if walks and scores is not None:
-            # the loop actor's reward: predicted log speed of each walk relative to its start's
-            wscores = self.model.predict(self.features(p, walks))
-            base = float(self.model.predict(self.features(p, [starts[0]]))[0])
-            self.loop_actor(p).reward_last([float(s) - base for s in wscores])
-            self.loop_actor(p).update()
-        elif walks:  # no signal yet: forget the walks
-            self.loop_actor(p).buffer.steps.clear()
         seat_seeds(picks, sources, {source for _, source in seeds})
+        if walks and self.ppo:  # the loop actor learns from the walks that are measured, nothing else
+            actor = self.loop_actor(p)
+            picked = set()
+            for i, source in picks:
+                k = config_key(pool[i])
+                if sources[i] == "walk" and k in walk_of and walk_of[k][0] is not None:
+                    step, ms = walk_of[k]
+                    self._walk_steps[config_key(join_config(p.choice, pool[i]))] = (actor, step, ms)
+                    picked.add(id(step))
+            actor.buffer.steps = [s for s in actor.buffer.steps if id(s) in picked or s.reward is not None]
         out = []
         for i, source in picks:
             full = join_config(p.choice, pool[i])
@@ -594,7 +623,8 @@ class ALTSearch(Search):
         conv wants); in the first tiled layout
         `blocked_config`, oneDNN's blocking; none elsewhere."""
         seeds = [(p.space.untuned_config(), "untuned")] if p.identity else []
-        first = self.fixed is None and self.key(p.choice) == self.key(self.full_choice(first_layout(self.template)))
+        # ALT-OL (a fixed layout) gets the same seeds, so "vs ALT-OL" compares searches, not seeds
+        first = self.fixed is not None or self.key(p.choice) == self.key(self.full_choice(first_layout(self.template)))
         if p.identity or first:
             try:
                 seeds.append((p.space.blocked_config(), "blocked"))
@@ -612,9 +642,21 @@ class ALTSearch(Search):
     def loop_actor(self, p: LayoutPoint) -> Any:
         from .ppo import LoopActor
 
+        from .ppo import Critic
+
         if p.actor is None:
-            p.actor = LoopActor(len(p.space.knobs), len(p.space.knobs), self.critic, seed=self.seed)
+            n = len(p.space.knobs)
+            p.actor = LoopActor(n, n, Critic(n, seed=self.seed), seed=self.seed)
         return p.actor
+
+    def _directions(self, actor: Any, state: list[float], n_knobs: int, n: int) -> list[list[int]]:
+        """`n` walks' directions: the loop actor's, or (the ablation) random with the untrained actor's odds."""
+        if self.ppo:
+            return actor.directions(state, n)
+        still = math.exp(3.0) / (math.exp(3.0) + 2)  # LoopActor starts with the "keep" logit 3 above the others
+        draws = self.rng.random((n, n_knobs))
+        signs = self.rng.choice((-1, 1), size=(n, n_knobs))
+        return [[0 if u < still else int(sg) for u, sg in zip(row, srow)] for row, srow in zip(draws, signs)]
 
     @staticmethod
     def loop_state(p: LayoutPoint, config: Config) -> list[float]:
@@ -643,6 +685,7 @@ class ALTSearch(Search):
         import numpy as np
 
         rows, lats = [], []
+        rewarded: set[Any] = set()
         for trial in trials:
             self.count += 1
             _, loops = split_config(trial.config)
@@ -659,6 +702,18 @@ class ALTSearch(Search):
             self._remember(p, loops, trial.latency_ms, trial.stage)
             if self.upper is None and trial.latency_ms is not None:
                 self.upper = 2 * trial.latency_ms
+            walk = self._walk_steps.pop(config_key(trial.config), None)
+            if walk is not None:
+                actor, step, start_ms = walk
+                if trial.latency_ms is None:
+                    step.reward = -1.0
+                else:
+                    start = start_ms or (p.best[0][0] if p.best else trial.latency_ms)
+                    step.reward = max(-1.0, min(1.0, math.log(start / trial.latency_ms)))
+                rewarded.add(actor)
+        for actor in rewarded:
+            if all(s.reward is not None for s in actor.buffer.steps):
+                actor.update()
         if rows:
             self.model.update(np.stack(rows), lats)
 

@@ -8,13 +8,18 @@
 * `LoopActor`: one direction in {-1, 0, +1} per loop parameter (a categorical
   per parameter); the search walks each parameter one step from the best
   configuration of a sampled batch.
-* `Critic`: one value network shared by all actors (states are zero-padded to
-  its input width).
+* `Critic`: a value network; each actor has its own, over its own state (an
+  input that means one thing: the layout critic sees layout states, a loop
+  critic the knob positions of one layout's space).
 
 Every step is a one-step episode (a contextual bandit, as the paper's per-round
-rewards): advantage = reward - V(state), PPO's clipped surrogate with a few
-epochs per `update`, value loss on the same critic, and an entropy bonus.
-Rewards are r = U - latency (eq. 3), normalized by the caller.
+rewards): rewards are standardized by the actor's running mean and deviation
+(a layout episode updates with one step, so a batch normalization would have
+nothing to normalize), advantage = reward - V(state), PPO's clipped surrogate
+with a few epochs per `update`, value loss on the critic, and an entropy bonus.
+The caller's rewards are log speedups over a reference (see `tuner.alt`), not
+eq. (3)'s U - latency, which scores every layout alike when U is the untuned
+latency.
 
 Layering: `tuner` never imports `service`. torch is imported inside functions.
 """
@@ -69,7 +74,7 @@ class _Buffer:
 
 
 class Critic:
-    """V(state): one MLP shared by every actor; states are zero-padded to `width`."""
+    """V(state): one MLP per actor; states are zero-padded (or cut) to `width`."""
 
     def __init__(self, width: int, seed: int = 0):
         torch = _torch()
@@ -105,6 +110,7 @@ class _Actor:
         self.opt = torch.optim.Adam([*self.net.parameters(), *critic.net.parameters()], lr=lr)
         self.gen = torch.Generator().manual_seed(seed)
         self.buffer = _Buffer()
+        self.seen, self.mean, self.m2 = 0, 0.0, 0.0  # running reward statistics (Welford)
 
     def _make_net(self, torch: Any) -> Any:
         raise NotImplementedError
@@ -155,7 +161,15 @@ class _Actor:
         states = torch.as_tensor([s.state for s in steps], dtype=torch.float32)
         actions = torch.as_tensor([s.action for s in steps], dtype=torch.float32)
         old_logp = torch.as_tensor([s.logp for s in steps], dtype=torch.float32)
-        rewards = torch.as_tensor([s.reward for s in steps], dtype=torch.float32)
+        for step in steps:
+            self.seen += 1
+            delta = step.reward - self.mean
+            self.mean += delta / self.seen
+            self.m2 += delta * (step.reward - self.mean)
+        scale = math.sqrt(self.m2 / (self.seen - 1)) if self.seen > 1 and self.m2 > 0 else 1.0
+        rewards = torch.as_tensor([(s.reward - self.mean) / scale if self.seen > 1 else s.reward for s in steps],
+                                  dtype=torch.float32)
+        raw = float(sum(s.reward for s in steps) / len(steps))
         for _ in range(self.epochs):
             values = self.critic(states)
             adv = (rewards - values).detach()
@@ -170,7 +184,7 @@ class _Actor:
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
-        return float(rewards.mean())
+        return raw
 
 
 class LayoutActor(_Actor):

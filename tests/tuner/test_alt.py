@@ -365,3 +365,36 @@ def test_layout_space_is_a_search_space_over_layouts_and_their_loops():
     bad = dict(samples[0]) | {space.knobs[0].name: 3 * max(space.knobs[0].choices) + 1}
     with pytest.raises(InvalidConfig):
         space.validate(bad)
+
+
+def test_the_agents_learn_from_measurements_and_rewards_rank_the_layouts():
+    """Layout rewards are log speedups over the layouts tried (both signs, ordered by latency, not all ~1 as
+    U - latency with U the untuned latency gave); the loop actors are rewarded once per measured walk."""
+    from tuner.alt import ALTSearch
+    from tuner.layout_space import LayoutSpace
+
+    task, _ = _task(workload("conv2d", SMALL_CONV))
+    search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=2, batch_size=16, top_k=4)
+    trials = search.run(40)
+    points = [p for p in search.points.values() if p.best_ms is not None]
+    assert len(points) >= 3
+    rewards = {id(p): search.layout_reward(p) for p in points}
+    ranked = sorted(points, key=lambda p: p.best_ms)
+    assert [rewards[id(p)] for p in ranked] == sorted(rewards.values(), reverse=True)
+    assert min(rewards.values()) < 0 < max(rewards.values())
+    walks = [t for t in trials if t.extra.get("origin") == "walk"]
+    actors = [p.actor for p in search.points.values() if p.actor is not None]
+    assert walks and sum(a.seen for a in actors) == len(walks)
+    assert search.layout_actor.seen > 0
+
+
+def test_without_ppo_layouts_and_walks_are_random_and_no_agent_learns():
+    from tuner.alt import ALTSearch
+    from tuner.layout_space import LayoutSpace
+
+    task, _ = _task(workload("conv2d", SMALL_CONV))
+    search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=2, batch_size=16, top_k=4, ppo=False)
+    trials = search.run(24)
+    assert len(trials) == 24 and any(t.extra.get("origin") == "walk" for t in trials)
+    assert search.layout_actor.seen == 0
+    assert all(p.actor is None or p.actor.seen == 0 for p in search.points.values())
