@@ -154,7 +154,7 @@ def data(case: Case, target: Any, seed: int = 0) -> tuple[list[Any], Any, list[A
     xp = np.pad(x.astype(np.float64), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
     ref = sum(np.einsum("nhwc,cf->nhwf", xp[:, i:i + p["h"], j:j + p["w"], :], w[i, j].astype(np.float64))
               for i in range(p["kernel"]) for j in range(p["kernel"]))
-    weight = w if case.dtype == "float32" else kernels.pack_conv_weight(w, blk.lanes, blk.group)
+    weight = kernels.pack_conv_weight(w, blk.lanes, blk.group)
     return [x, weight], ref, [x, w]
 
 

@@ -2,7 +2,7 @@
 conv2d (fp32, u8 x i8 -> i32, bf16 -> fp32) and element-wise add/sub/mul/relu, on any shape (55x55, 255
 channels, 127: shapes that do not divide the instruction).
 
-The layouts are the instructions' (ALIGN of Alg. 1 at the layout level): int8 and bf16 weights are packed
+The layouts are the instructions' (ALIGN of Alg. 1 at the layout level): weights are packed
 `[ceil(N/L), ceil(K/G), L, G]` (GEMM) or `[ceil(F/L), KH, KW, ceil(C/G), L, G]` (conv2d), zero padded to
 whole vectors and groups, as TVM's and oneDNN's VNNI kernels pack them; `pack_gemm_weight` /
 `pack_conv_weight` do it in numpy, once per weight. conv2d reads an input padded by a stage of its own
@@ -144,8 +144,12 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, block: Blocking, marked: bool = True)
 
 
 def conv2d(n: int, h: int, w: int, c: int, f: int, kernel: int, dtype: DType, lanes: int,
-           types: tuple[str, str, str] | None = None) -> tvm.tirx.PrimFunc:
-    """conv2d as a PrimFunc (data, weight or its packed form, out); the input is padded by a stage "pad"."""
+           types: tuple[str, str, str] | None = None, packed: bool = True) -> tvm.tirx.PrimFunc:
+    """conv2d as a PrimFunc (data, weight or its packed form, out); the input is padded by a stage "pad".
+
+    Args:
+        packed: the weight packed (`pack_conv_weight`; always for int8 and bf16); fp32 HWIO where False.
+    """
     from tvm import te
 
     a_t, b_t, c_t = types or OPERANDS[dtype]
@@ -158,7 +162,7 @@ def conv2d(n: int, h: int, w: int, c: int, f: int, kernel: int, dtype: DType, la
     rh = te.reduce_axis((0, kernel), name="rh")
     rw = te.reduce_axis((0, kernel), name="rw")
     rc = te.reduce_axis((0, c), name="rc")
-    if dtype == "float32":
+    if dtype == "float32" and not packed:
         weight = te.placeholder((kernel, kernel, c, f), b_t, name="weight")
         out = te.compute((n, h, w, f), lambda b, y, x, o: te.sum(
             padded[b, y + rh, x + rw, rc] * weight[rh, rw, rc, o], axis=[rh, rw, rc]), name="conv")

@@ -59,8 +59,8 @@ class OuterProduct:
 
     @property
     def accumulators(self) -> int:
-        return _extent(self.i) * (_extent(self.v) if self.v is not None else 1) * _extent(self.l) \
-            // self.instruction.lanes
+        return _extent(self.i) * (_extent(self.v) if self.v is not None else 1) * -(-_extent(self.l)
+                                                                                   // self.instruction.lanes)
 
 
 @dataclass
@@ -86,6 +86,7 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
     from tvm import tirx
 
     report = Report([], [])
+    ranges: dict[int, tuple[Any, int, int]] = {}  # the enclosing loops: handle -> (var, min, extent)
 
     def visit(s: Any) -> Any | None:
         if isinstance(s, tirx.For) and ANNOTATION in s.annotations:
@@ -93,7 +94,7 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
             out = None
             why = "no pattern"
             if kind in ("auto", "outer_product"):
-                m, why = match_outer_product(s, target, exact)
+                m, why = match_outer_product(s, target, exact, list(ranges.values()))
                 if m is not None:
                     out = rewrite_outer_product(m)
                     report.used.append(m.instruction.name)
@@ -106,6 +107,13 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
                 report.left.append(f"{s.loop_var.name}: {why}")
                 return _unmark(s)
             return out
+        if isinstance(s, tirx.For) and _ir.const_int(s.min) is not None and _ir.const_int(s.extent) is not None:
+            ranges[_ir.key(s.loop_var)] = (s.loop_var, _ir.const_int(s.min), _ir.const_int(s.extent))
+            try:
+                body = _ir.map_stmt(s.body, lambda e: e, visit)
+            finally:
+                del ranges[_ir.key(s.loop_var)]
+            return tirx.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, s.step)
         return None
 
     body = _ir.map_stmt(func.body, lambda e: e, visit)
@@ -149,10 +157,15 @@ def _is_load(e: Any) -> bool:
     return isinstance(e, tvm.ir.TensorLoad)
 
 
-def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False
-                        ) -> tuple[OuterProduct | None, str]:
+def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
+                        outer: list[tuple[Any, int, int]] | None = None) -> tuple[OuterProduct | None, str]:
     """The tree pattern of the outer product (module docstring) on the marked loop `r`, with its parameters;
-    (None, why) where it does not match."""
+    (None, why) where it does not match.
+
+    Args:
+        outer: the enclosing loops (var, min, extent): with them, a lane loop that is no multiple of the lanes
+            still matches when whole vectors of B stay inside B (the extra lanes are computed, never stored).
+    """
     import tvm
     from tvm import tirx
     from tvm_ffi import structural_equal
@@ -211,6 +224,10 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False
     if not candidates:
         return None, f"the target has no instruction for {a_buf.dtype} x {b_buf.dtype} -> {c_dtype}"
     ins = next((c for c in candidates if _extent(l) % c.lanes == 0), None)
+    partial = False
+    if ins is None and outer is not None:
+        # COM (Alg. 1): the last vector computed whole on B's padding, written back lane by lane
+        ins, partial = candidates[0], True
     if ins is None:
         return None, f"lane loop {_extent(l)} is no multiple of {', '.join(str(c.lanes) for c in candidates)}"
     checks = [
@@ -227,6 +244,19 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False
     for ok, why in checks:
         if not ok:
             return None, why
+    if partial:
+        for loop_var, lo, ext in outer or []:
+            analyzer.bind(loop_var, tvm.ir.Range.from_min_extent(lo, ext), allow_override=True)
+        b_buf, b_off = offsets[b_name]
+        size = 1
+        for n in b_buf.shape:
+            size *= int(n)
+        whole = _ir.subst(b_off, {_ir.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes}) \
+            if g is None else _ir.subst(b_off, {_ir.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes,
+                                                 _ir.key(g.loop_var): g.min})
+        last = analyzer.const_int_bound(analyzer.simplify(whole)).max_value + ins.lanes * ins.group - 1
+        if last >= size:
+            return None, f"lane loop {_extent(l)}: a whole vector would read past {b_buf.name}"
     m = OuterProduct(ins, r, i, v, l, g, offsets["c"], offsets[a_name], offsets[b_name])
     if m.accumulators > MAX_ACCUMULATORS:
         return None, f"{m.accumulators} accumulators > {MAX_ACCUMULATORS}"
@@ -254,6 +284,8 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
     cf, af, bf = (flat[_ir.key(x)] for x in (c_buf, a_buf, b_buf))
     vec = f"{ins.c_dtype}x{ins.lanes}"
     accs = tirx.decl_buffer((m.accumulators,), vec, "acc", scope="local")
+    lanes_view = tirx.decl_buffer((m.accumulators * ins.lanes,), ins.c_dtype, "acc_lanes", data=accs.data,
+                                  scope="local")
     idx = lambda e: tirx.const(e, "int32")  # noqa: E731
 
     def at(e: Any, binding: dict) -> Any:
@@ -262,7 +294,9 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
 
     rows = range(_ir.const_int(m.i.min), _ir.const_int(m.i.min) + _extent(m.i))
     vs = [None] if m.v is None else list(range(_ir.const_int(m.v.min), _ir.const_int(m.v.min) + _extent(m.v)))
-    lanes = [_ir.const_int(m.l.min) + u * ins.lanes for u in range(_extent(m.l) // ins.lanes)]
+    n_lanes = _extent(m.l)
+    lanes = [_ir.const_int(m.l.min) + u * ins.lanes for u in range(-(-n_lanes // ins.lanes))]
+    valid = {ll: min(ins.lanes, _ir.const_int(m.l.min) + n_lanes - ll) for ll in lanes}
     cols = [(vv, ll) for vv in vs for ll in lanes]
     g0 = None if m.g is None else _ir.const_int(m.g.min)
 
@@ -284,14 +318,23 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
         for n, (vv, ll) in enumerate(cols):
             k = idx(len(init))
             c_base = at(c_off, {m.i: row, m.l: ll} | ({m.v: vv} if m.v is not None else {}))
-            c_vec = tirx.Ramp(c_base, 1, ins.lanes)
-            init.append(tirx.BufferStore(accs, tirx.BufferLoad(cf, [c_vec]), [k]))
             update.append(tirx.BufferStore(accs, ins.emit(tirx.BufferLoad(accs, [k]), a, b_vecs[n]), [k]))
-            final.append(tirx.BufferStore(cf, tirx.BufferLoad(accs, [k]), [c_vec]))
+            if valid[ll] == ins.lanes:
+                c_vec = tirx.Ramp(c_base, 1, ins.lanes)
+                init.append(tirx.BufferStore(accs, tirx.BufferLoad(cf, [c_vec]), [k]))
+                final.append(tirx.BufferStore(cf, tirx.BufferLoad(accs, [k]), [c_vec]))
+                continue
+            # a partial vector: its sums start at zero and only its valid lanes are added to C
+            init.append(tirx.BufferStore(accs, tirx.Broadcast(tirx.const(0, ins.c_dtype), ins.lanes), [k]))
+            for t in range(valid[ll]):
+                at_c = analyzer.simplify(c_base + t)
+                lane = tirx.BufferLoad(lanes_view, [idx(int(k.value) * ins.lanes + t)])
+                final.append(tirx.BufferStore(cf, tirx.BufferLoad(cf, [at_c]) + lane, [at_c]))
     r = m.r
     loop = tirx.For(r.loop_var, r.min, r.extent, tirx.ForKind.SERIAL, tirx.SeqStmt(update), None,
                     {"altune.tensorized": ins.name})
-    return tirx.SeqStmt([*decls, tirx.AllocBuffer(accs), *init, loop, *final])
+    views = [tirx.DeclBuffer(lanes_view, data=accs.data)] if any(v != ins.lanes for v in valid.values()) else []
+    return tirx.SeqStmt([*decls, tirx.AllocBuffer(accs), *views, *init, loop, *final])
 
 
 _ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Min", "Max", "Cast", "IntImm", "FloatImm", "Var")

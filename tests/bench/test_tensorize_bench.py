@@ -1,0 +1,38 @@
+"""bench.tensorize: the suite holds the paper's non-divisible shapes in every dtype, a case is built every way,
+checked against numpy and timed in processes of their own, and the table names the target."""
+
+from __future__ import annotations
+
+from bench.tensorize import CASES, QUICK, Case, run, summarize, table
+
+
+def test_suite_covers_the_dtypes_and_shapes_asked_for():
+    kinds = {(c.kind, c.dtype) for c in CASES}
+    for dtype in ("float32", "int8", "bfloat16"):
+        assert ("gemm", dtype) in kinds and ("conv2d", dtype) in kinds
+    assert {"add", "sub", "mul", "relu"} <= {c.kind for c in CASES}
+    assert any(c.params == {"m": 512, "n": 512, "k": 512} for c in CASES), "the 512^3 GEMM of the peak target"
+    assert any(c.params.get("h") == 55 and 255 in (c.params["c"], c.params["f"]) for c in CASES)
+    assert len({c.name for c in CASES}) == len(CASES), "case names are unique"
+    assert len(QUICK) <= 4
+
+
+def test_one_small_case_is_built_checked_and_timed():
+    case = Case("gemm_bf16_tiny", "gemm", "bfloat16", {"m": 9, "n": 20, "k": 11})
+    report = run([case], ms_budget=0, repeat=1, min_repeat_ms=1, log=lambda _: None)
+    (row,) = report["rows"]
+    assert "error" not in row, row
+    assert row["instructions"], row
+    assert all(row[f"{v}_correct"] for v in ("ours", "no-partition", "plain")), row
+    assert all(row[f"{v}_ms"] > 0 for v in ("ours", "no-partition", "plain")), row
+    assert report["peak"]["gflops"] > 0
+    text = table(report)
+    assert "gemm_bf16_tiny" in text and report["target"].startswith("llvm -mcpu=") and report["target"] in text
+
+
+def test_summary_takes_geomeans_and_the_share_of_peak():
+    rows = [{"name": "a", "kind": "gemm", "dtype": "float32", "speedup_vs_plain": 2.0, "ours_gflops": 50.0},
+            {"name": "b", "kind": "add", "dtype": "float32", "speedup_vs_plain": 0.5, "ours_correct": False}]
+    s = summarize(rows, {"gflops": 100.0})
+    assert s["geomean_vs_plain"] == 1.0 and s["max_vs_plain"] == 2.0
+    assert s["fp32_gemm_share_of_peak"] == {"a": 0.5} and s["wrong"] == ["b"]
