@@ -120,11 +120,25 @@ class TuneResult:
         best: the fastest correct trial (prior trials included), None if none ran correctly.
         trials: every trial of this call (not the prior ones), in measurement order.
         baseline_ms: median latency of the untransformed program, None if it failed.
+        final: the trial to deploy: with re-measurement (`tune(remeasure=k)`), the fastest of
+            the `k` best trials measured again after the search; else `best`.
+        final_ms: `final`'s latency: its re-measured one with re-measurement (what the artifact
+            runs at, not the lucky reading that won the search), else `best`'s.
+        remeasured_ms: trial index -> its re-measured latency (None: it failed then), for every
+            finalist; empty without re-measurement.
     """
 
     best: Trial | None
     trials: list[Trial]
     baseline_ms: float | None
+    final: Trial | None = None
+    final_ms: float | None = None
+    remeasured_ms: dict[int, float | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.final is None and not self.remeasured_ms:  # no re-measurement: the search's best
+            self.final = self.best
+            self.final_ms = self.best.latency_ms if self.best is not None else None
 
 
 def best_trial(trials: list[Trial]) -> Trial | None:

@@ -28,8 +28,9 @@ FINALISTS = 3  # the most trials `remeasure_count` re-measures
 
 
 def remeasure_count(budget: int) -> int:
-    """How many finalists a search of `budget` measurements re-measures: one per 32 of the budget, at most
-    `FINALISTS` (at budget 8 the re-measurement would cost half as much again as a quarter of the search)."""
+    """How many finalists a search of `budget` measurements re-measures: one per 32 measurements, at most
+    `FINALISTS`, so re-measuring adds at most 1/32 to a search's measurements (none below 32: smoke jobs
+    and tests are not lengthened)."""
     return min(FINALISTS, max(budget, 0) // 32)
 
 
@@ -53,6 +54,7 @@ def tune(
     layout_levels: int = 1,
     replay: bool = True,
     ppo: bool = True,
+    remeasure: int = 0,
 ) -> TuneResult:
     """Searches `task`'s layouts and loops (ALT) or its loops only.
 
@@ -84,10 +86,14 @@ def tune(
             False learns it at once (callers tuning in many short rounds).
         ppo: ALT only: its PPO agents choose layouts and loop walks; False draws them at random (the
             ablation of the agents: the seeds, the cost model and random walks).
+        remeasure: after the search, measure this many of the best trials (prior ones included)
+            again and keep the fastest then (`remeasure_best`); 0: keep the search's best. Skipped
+            when `should_stop()` says so. `remeasure_count(budget)` is the service's choice.
 
     Returns:
-        The best trial (prior ones included), this call's trials, and the untuned
-        program's latency (None if stopped before it was measured or it failed).
+        The best trial (prior ones included), this call's trials, the untuned program's latency
+        (None if stopped before it was measured or it failed), and the trial to deploy with its
+        latency (`final`, `final_ms`: re-measured with `remeasure`).
     """
     assert budget >= 0, f"{budget=} must be >= 0"
     own = measurer is None
