@@ -29,6 +29,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 HASWELL = {"kind": "llvm", "mcpu": "haswell"}  # AVX2 + FMA, no AVX-512, no VNNI
 GENERIC = {"kind": "llvm", "mcpu": "x86-64"}  # SSE2 only
 CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake"}  # AVX-512 VNNI
+ALDERLAKE = {"kind": "llvm", "mcpu": "alderlake"}  # AVX-VNNI (VEX, ymm), no AVX-512
 AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]}
 
 
@@ -97,6 +98,40 @@ def test_partition_leaves_the_main_part_without_branches(host_target):
     assert all(_ifs(x) == [] for x in marked)
     lane_extents = sorted({_loops(x)[list(_loops(x))[-1]][1] for x in marked})
     assert lane_extents == sorted({blk.lanes, 55 % blk.lanes}), lane_extents
+
+
+def test_partition_of_every_loop_computes_what_the_loops_computed(host_target):
+    shape = (3, 55)
+    mod = kernels.schedule_elementwise(kernels.elementwise("add", shape), 16, marked=False)
+    lowered = lower(tvm.tirx.transform.BindTarget(host_target)(mod))["main"]
+    assert _ifs(lowered.body), "the split left a guard"
+    parted = partition(lowered, marked_only=False)
+    assert partition(lowered) is lowered, "nothing marked: nothing to do"
+    assert not _ifs(parted.body), parted.script()
+    rng = np.random.default_rng(6)
+    x, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    got, _ = _run(tvm.IRModule({"main": parted}), host_target, [x, y], shape, "float32")
+    np.testing.assert_array_equal(got, x + y)
+
+
+def test_align_expands_scratch_buffers_a_marked_nest_touches():
+    from compiler.passes.tensorize.preprocess import expand_allocations
+
+    @T.prim_func
+    def scratch(A: T.Buffer((4, 13), "float32"), B: T.Buffer((4, 13), "float32")):
+        S = T.alloc_buffer((4, 13), "float32")
+        for i in T.serial(4, annotations={"altune.tensorize": "auto"}):
+            for j in range(13):
+                S[i, j] = A[i, j] * T.float32(2)
+        for i, j in T.grid(4, 13):
+            B[i, j] = S[i, j]
+
+    out = expand_allocations(lower(tvm.IRModule({"main": scratch}))["main"], 16)
+    allocs = [x for x in _ir.walk(out.body) if isinstance(x, tirx.AllocBuffer)]
+    assert [list(map(int, a.buffer.shape)) for a in allocs] == [[4, 16]], out.script()
+    a = np.arange(52, dtype=np.float32).reshape(4, 13)
+    got, _ = _run(tvm.IRModule({"main": out}), tvm.target.Target(HASWELL), [a], (4, 13), "float32")
+    np.testing.assert_array_equal(got, 2 * a)
 
 
 # ---------------------------------------------------------------------------
@@ -246,6 +281,15 @@ def test_vnni_target_gets_vpdpbusd():
     assert "dot_u8i8_vnni512" in {i.name for i in available(target)}
     mod, _ = _gemm_mod(17, 33, 64, "int8", target)
     assert "vpdpbusd" in _asm(compile_module(mod, target))
+
+
+def test_avxvnni_target_gets_the_vex_form_without_avx512():
+    target = tvm.target.Target(ALDERLAKE)
+    assert [i.name for i in available(target) if i.a_dtype == "uint8"][0] == "dot_u8i8_avxvnni"
+    mod, blk = _gemm_mod(17, 33, 64, "int8", target)
+    assert blk.lanes == 8
+    asm = _asm(compile_module(mod, target))
+    assert "{vex}\tvpdpbusd" in asm and "zmm" not in asm
 
 
 @pytest.mark.skipif(not _host_has("avx512_vnni"), reason="this machine has no AVX-512 VNNI")
