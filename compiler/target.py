@@ -110,6 +110,45 @@ def _host_vector_unit() -> VectorUnit:
     return vector_unit(resolve_target("host"))
 
 
+@dataclass(frozen=True)
+class Caches:
+    """Data cache sizes in bytes, per core (L1d, L2) and shared (L3; 0 where there is none)."""
+
+    l1: int
+    l2: int
+    l3: int
+
+
+DEFAULT_CACHES = Caches(l1=32 * 1024, l2=1024 * 1024, l3=0)  # what a CPU of the last decade has at least
+
+
+@functools.cache
+def host_caches() -> Caches:
+    """This machine's data caches, from the kernel (`/sys/devices/system/cpu/cpu0/cache`); the defaults
+    where it does not say (not Linux, a container without sysfs)."""
+    sizes: dict[int, int] = {}
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(root)):
+            if not entry.startswith("index"):
+                continue
+            with open(f"{root}/{entry}/type") as f:
+                kind = f.read().strip()
+            if kind not in ("Data", "Unified"):
+                continue
+            with open(f"{root}/{entry}/level") as f:
+                level = int(f.read())
+            with open(f"{root}/{entry}/size") as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+            sizes[level] = int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return DEFAULT_CACHES
+    if 1 not in sizes or 2 not in sizes:
+        return DEFAULT_CACHES
+    return Caches(l1=sizes[1], l2=sizes[2], l3=sizes.get(3, 0))
+
+
 @functools.cache
 def host_cores() -> int:
     """CPU cores this process may run on (respects taskset / cgroup affinity)."""

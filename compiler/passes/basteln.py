@@ -648,7 +648,10 @@ def _vectorize(sch: Any, loop: Any, vector: int) -> None:
         return
     try:
         if extent > vector:
-            _, loop = sch.split(loop, [None, vector])
+            # a factor that divides the loop leaves no predicated tail (a tail's guards keep LLVM from
+            # vectorizing); a vector shorter than half the asked length is not worth it, the tail then is
+            fits = [f for f in range(vector, vector // 2, -1) if extent % f == 0]
+            _, loop = sch.split(loop, [None, fits[0] if fits else vector])
         sch.vectorize(loop)
     except Exception:  # a loop with a predicate or a dependence TVM refuses to vectorize stays scalar
         pass

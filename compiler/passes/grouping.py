@@ -10,8 +10,8 @@ chain in a Relax function marked `Primitive` and lets `relax.transform.FuseTIR` 
 one. The merged program is then a task of its own, which `compiler.passes.basteln` tiles and fuses.
 
 When a chain pays is a rule here, not a measurement: its intermediate tensors together hold at least
-`min_bytes` (smaller ones stay in cache between the calls anyway) and no tensor of the chain exceeds
-`max_bytes` (a whole feature map recomputed per tile would not fit a tile's cache either).
+`min_bytes` (by default half this machine's L2 cache: smaller ones stay in cache between the calls anyway)
+and no tensor of the chain exceeds `max_bytes`.
 
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
 """
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import tvm
 
-MIN_BYTES = 64 * 1024
 MAX_BYTES = 64 * 1024 * 1024
 MAX_COMPLEX = 3  # functions with a reduction in one chain
 
@@ -71,10 +70,17 @@ def tvm_dtype_bits(dtype: str) -> int:
     return t.bits * t.lanes
 
 
-def find_chains(mod: tvm.IRModule, *, min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES,
+def find_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,
                 max_complex: int = MAX_COMPLEX) -> list[Chain]:
-    """The chains of "main"'s dataflow block worth one program (see the module docstring)."""
+    """The chains of "main"'s dataflow block worth one program (see the module docstring).
+
+    `min_bytes` None: half of `compiler.target.host_caches().l2`.
+    """
     from tvm import relax
+
+    from compiler.target import host_caches
+
+    min_bytes = host_caches().l2 // 2 if min_bytes is None else min_bytes
 
     main = mod["main"]
     blocks = main.body.blocks
@@ -151,7 +157,7 @@ def find_chains(mod: tvm.IRModule, *, min_bytes: int = MIN_BYTES, max_bytes: int
     return chains
 
 
-def group_chains(mod: tvm.IRModule, *, min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES,
+def group_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,
                  max_complex: int = MAX_COMPLEX) -> tuple[tvm.IRModule, list[Chain]]:
     """Merges every chain `find_chains` finds into one PrimFunc (see the module docstring).
 

@@ -81,3 +81,22 @@ def test_vector_unit_follows_the_features_not_the_cpu_name():
     with open("/proc/cpuinfo") as f:
         avx512 = any("avx512f" in line.split() for line in f if line.startswith("flags"))
     assert vector_unit() == (AVX512 if avx512 else AVX2)
+
+
+def test_cache_sizes_come_from_the_kernel():
+    import os
+
+    from compiler.target import DEFAULT_CACHES, host_caches
+
+    caches = host_caches()
+    assert 0 < caches.l1 < caches.l2
+    root = "/sys/devices/system/cpu/cpu0/cache/index0"
+    if not os.path.exists(root):
+        assert caches == DEFAULT_CACHES
+        return
+    with open(f"{root}/size") as f:
+        size = f.read().strip()
+    with open(f"{root}/type") as f:
+        kind = f.read().strip()
+    if kind == "Data":  # index0 is the L1 data cache on x86 Linux
+        assert caches.l1 == int(size.rstrip("KM")) * (1024 if size.endswith("K") else 1024 * 1024)
