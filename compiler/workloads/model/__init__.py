@@ -61,11 +61,13 @@ from .build import (
     run_model,
     time_model,
 )
+from .converters import CONVERTERS, translate
 from .importer import ImportedModel, import_model
 from .layouts import (
     MODEL_LAYOUTS,
     blocked_conv_layouts,
     conv_blocks,
+    convert_layouts,
     depthwise_conv2d_nchwc,
     legalize_conv2d,
     vector_lanes,
@@ -85,6 +87,7 @@ from .tasks import (
 __all__ = [
     "BuiltModel",
     "COMPLEX_OPS",
+    "CONVERTERS",
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_MAX_TENSOR_ELEMENTS",
     "ImportedModel",
@@ -101,6 +104,7 @@ __all__ = [
     "build_model",
     "call_counts",
     "conv_blocks",
+    "convert_layouts",
     "default_cpu_schedule",
     "depthwise_conv2d_nchwc",
     "extract_model_artifact",
@@ -117,6 +121,7 @@ __all__ = [
     "tensor_spec",
     "time_model",
     "torch_outputs",
+    "translate",
     "vector_lanes",
     "write_model_artifact",
 ]

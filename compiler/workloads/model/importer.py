@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
 
-from .layouts import MODEL_LAYOUTS, blocked_conv_layouts, legalize_conv2d, vector_lanes
+from .converters import translate
+from .layouts import MODEL_LAYOUTS, convert_layouts, legalize_conv2d, vector_lanes
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ class ImportedModel:
         inputs: the user inputs ("x", shapes, dtypes).
         outputs: the outputs in flattened order.
         tasks: one per distinct fused PrimFunc, by descending weight then name.
+        notes: what the import changed from the requested policy, in words (convolutions left in their own
+            layout because TVM's layout pass or lowering failed with them blocked).
     """
 
     mod: tvm.IRModule
@@ -42,6 +45,7 @@ class ImportedModel:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     tasks: list[ModelTask] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def import_model(
@@ -72,7 +76,6 @@ def import_model(
     import tvm
     from tvm import relax
     from tvm.relax.frontend import detach_params
-    from tvm.relax.frontend.torch import from_exported_program
 
     user_inputs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
@@ -90,14 +93,7 @@ def import_model(
             raise ModelError("input_shapes", f"the program was exported for input shapes {program_shapes}, "
                                              f"got {given}; export it again with these shapes")
 
-    try:
-        mod = from_exported_program(ep, keep_params_as_input=True)
-    except (AssertionError, ValueError, NotImplementedError, KeyError, TypeError) as e:
-        found = re.search(r"Unsupported function types \[(.*?)\]", str(e))
-        if found:
-            ops = sorted(o.strip(" '\"") for o in found.group(1).split(","))
-            raise ModelError("model", f"unsupported operator(s): {', '.join(ops)}") from e
-        raise ModelError("model", f"import failed: {type(e).__name__}: {short_error(e)}") from e
+    mod = translate(ep)
     num_input = int(mod["main"].attrs["num_input"])
     mod, params = detach_params(mod)
     main = mod["main"]
@@ -118,15 +114,46 @@ def import_model(
     if layout not in MODEL_LAYOUTS:
         raise ModelError("layout", f"unknown layout {layout!r}; one of {', '.join(MODEL_LAYOUTS)}")
     target = tvm.target.Target(target or "llvm") if not isinstance(target, tvm.target.Target) else target
-    passes = [relax.transform.DecomposeOpsForInference()]
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    notes: list[str] = []
+    fused = None
     if layout == "blocked":
-        passes += [_clip_as_min_max(),
-                   relax.transform.ConvertLayout({}, blocked_conv_layouts(vector_lanes(target, "float32")))]
+        mod = _clip_as_min_max()(mod)
+        # convolutions whose blocked layout TVM's layout pass or legalization cannot carry (through a transposed
+        # conv, a resize, a concat of other blocks, ...) keep their own, with conversions at their boundary
+        converted, left = convert_layouts(mod, vector_lanes(target, "float32"), target)
+        if left:
+            named = [names_by_var.get(v, v) for v in left]
+            notes.append(f"{len(left)} conv2d kept their own layout (NCHW), with conversions at their boundary: "
+                         f"TVM's layout pass fails with them blocked ({', '.join(named[:8])}"
+                         f"{', ...' if len(named) > 8 else ''})")
+        try:
+            fused = _lower(converted, target)
+        except Exception as e:  # noqa: BLE001 - TVM failed on the converted graph: the model's own layouts
+            notes.append(f"the blocked layout failed to lower ({type(e).__name__}: {short_error(e, 160)}); "
+                         "every operator kept its own layout")
+    if fused is None:
+        try:
+            fused = _lower(mod, target)
+        except Exception as e:  # noqa: BLE001 - an operator Relax imports but cannot legalize: named if found
+            raise ModelError("model", f"lowering failed{_failing_operator(mod, target)}: {type(e).__name__}: "
+                                      f"{short_error(e)}") from e
+    model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs,
+                          notes=notes)
+    model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
+    return model
+
+
+def _lower(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """Graph (Relax) after layout conversion -> legalized, fused PrimFuncs (what gets tuned)."""
+    import tvm
+    from tvm import relax
+
     # exp, erf, tanh and softmax as TVM's polynomial versions (`topi.fast_*`: float32-accurate, and unlike
     # the libm calls LLVM makes of the plain ones, they vectorize); after ConvertLayout, which they would stop
-    passes += [_gelu_as_erf(), relax.transform.FastMathTransform()]
     seq = tvm.transform.Sequential([
-        *passes,
+        _gelu_as_erf(),
+        relax.transform.FastMathTransform(),
         relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d}),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
@@ -134,14 +161,31 @@ def import_model(
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),
     ])
-    try:
-        with target:  # topi's NCHWc conv2d asks for one
-            fused = seq(mod)
-    except Exception as e:  # an operator Relax imports but cannot legalize
-        raise ModelError("model", f"lowering failed: {type(e).__name__}: {short_error(e)}") from e
-    model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs)
-    model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
-    return model
+    with target:  # topi's NCHWc conv2d asks for one
+        return seq(mod)
+
+
+def _failing_operator(mod: tvm.IRModule, target: tvm.target.Target) -> str:
+    """' at operator relax.X (lv3)' for the first call of "main" that cannot be lowered on its own, or '' when
+    none can be singled out (the error is then in how operators combine)."""
+    import tvm
+    from tvm import relax
+
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
+                continue
+            free = [a for a in call.args if isinstance(a, relax.Var)]
+            args = [relax.Var(f"a{i}", a.ty) for i, a in enumerate(free)]
+            params = dict(zip(free, args))
+            body = relax.Call(call.op, [params.get(a, a) for a in call.args], call.attrs, call.ty_args)
+            try:
+                single = tvm.IRModule({"main": relax.Function(args, body, binding.var.ty)})
+                _lower(single, target)
+            except Exception:  # noqa: BLE001 - this one fails
+                return f" at operator {call.op.name} ({binding.var.name})"
+    return ""
 
 
 def _clip_as_min_max() -> Any:

@@ -68,6 +68,72 @@ def blocked_conv_layouts(lanes: int) -> Any:
     return layouts
 
 
+def _blockable_convs(mod: Any, policy: Any) -> list[str]:
+    """Names of the weights of "main"'s conv2d calls that `policy` would block, in graph order (a weight is a
+    parameter of "main", so its name says which conv a `ConvertLayout` callback is looking at)."""
+    from tvm import relax
+
+    names: list[str] = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.conv2d"
+                    and isinstance(call.args[1], relax.Var) and call.args[1].name not in names):
+                wanted = policy(call).get("relax.nn.conv2d", ["NCHW"])
+                if wanted[0] != str(call.attrs.data_layout):
+                    names.append(call.args[1].name)
+    return names
+
+
+def convert_layouts(mod: Any, lanes: int, target: Any) -> tuple[Any, list[str]]:
+    """`relax.transform.ConvertLayout` with the blocked policy (`blocked_conv_layouts`), for every conv2d it can
+    be applied to: the result, and the weights (parameter names in "main") of the convs left in their own layout.
+
+    TVM's layout pass (and the legalization after it) fails on some graphs with an internal error ("Layouts
+    must have the same size" where a blocked tensor reaches a transposed conv or a resize, "Invalid layout axis"
+    at a concat of different blocks, `std::bad_alloc` on 1-D pooling). Then the convs are tried one at a time in
+    graph order, each kept blocked only if the graph with it (and those kept before) still converts and
+    legalizes; a conv left out keeps NCHW, so `ConvertLayout` puts conversions at its boundary. With no conv
+    blocked the module is returned as it is (no layout pass at all)."""
+    from tvm import relax
+
+    policy = blocked_conv_layouts(lanes)
+    convs = _blockable_convs(mod, policy)
+
+    def attempt(blocked: set[str]) -> Any:
+        def layouts(call: Any) -> dict:
+            if (getattr(getattr(call, "op", None), "name", "") == "relax.nn.conv2d"
+                    and getattr(call.args[1], "name", None) not in blocked):
+                attrs = call.attrs  # said explicitly: {} would take the producer's blocked layout
+                return {"relax.nn.conv2d": [str(attrs.data_layout), str(attrs.kernel_layout),
+                                            str(attrs.out_layout)]}
+            return policy(call)
+
+        try:
+            converted = relax.transform.ConvertLayout({}, layouts)(mod)
+            with target:
+                relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d})(converted)
+        except Exception:  # noqa: BLE001 - TVM's internal errors (InternalError, bad_alloc as RuntimeError)
+            return None
+        return converted
+
+    if not convs:
+        return mod, []
+    converted = attempt(set(convs))
+    if converted is not None:
+        return converted, []
+    kept: set[str] = set()
+    for name in convs:
+        if attempt(kept | {name}) is not None:
+            kept.add(name)
+    left = [c for c in convs if c not in kept]
+    if not kept:
+        return mod, left
+    converted = attempt(kept)
+    assert converted is not None, f"blocked {sorted(kept)} converted one at a time but not together"
+    return converted, left
+
+
 def legalize_conv2d(bb: Any, call: Any) -> Any:
     """Relax's conv2d legalization, plus the blocked layout (`topi.nn.conv2d_NCHWc`), which it leaves alone."""
     from tvm import relax, topi

@@ -1,0 +1,183 @@
+"""Translating a `torch.export` program to Relax: TVM's importer, our converters for the common ATen operators it
+lacks, and errors that name the operator and the graph node that could not be imported.
+
+`translate(ep)` runs torch's core-ATen decompositions, checks that every call has a converter (TVM's, or one of
+`CONVERTERS`), and calls `relax.frontend.torch.from_exported_program` with `CONVERTERS` as its custom converters.
+An operator with none, or a converter that fails, is a `ModelError("model", ...)` naming the operator and the fx
+node ("unsupported operator amax.default at node amax_1").
+
+Converters get the fx node and TVM's importer (`importer.env` maps fx nodes to Relax values,
+`importer.block_builder` emits), as `from_exported_program(custom_convert_map=...)` calls them.
+
+Layering: `compiler` never imports `tuner` or `service`. torch and TVM are imported inside functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..pt2 import ModelError, short_error
+
+if TYPE_CHECKING:
+    import torch
+    import tvm
+
+
+def _arg(node: Any, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _axes(dim: Any) -> list[int] | None:
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
+        return None  # every axis, as torch's amax(x, []) and var(x, None)
+    return [int(d) for d in dim] if isinstance(dim, list | tuple) else [int(dim)]
+
+
+def _reduce(op_name: str) -> Callable[[Any, Any], Any]:
+    """amax / amin (x, dim=[], keepdim=False) -> relax max / min."""
+
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        op = getattr(relax.op, op_name)
+        x = importer.env[node.args[0]]
+        axes = _axes(_arg(node, 1, "dim", None))
+        return importer.block_builder.emit(op(x, axes, keepdims=bool(_arg(node, 2, "keepdim", False))))
+
+    return convert
+
+
+def _no_indices(node: Any) -> None:
+    """Refuses a pooling node whose second result (the argmax indices) is read: only the values are computed."""
+    import operator
+
+    for user in node.users:
+        if not (user.op == "call_function" and user.target is operator.getitem and user.args[1] == 0):
+            raise NotImplementedError(f"the indices of {node.target} are used ({user.name}); only its values are "
+                                      "supported")
+
+
+def _adaptive_max_pool(dims: int) -> Callable[[Any, Any], Any]:
+    """adaptive_max_pool{2,3}d(x, output_size) -> (values, indices): `topi.nn.adaptive_pool` ("max"); the
+    indices are zeros and must be unused (adaptive_max_pool1d arrives as the 2-D one after decomposition)."""
+
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax, topi
+
+        _no_indices(node)
+        x = importer.env[node.args[0]]
+        size = [int(s) for s in node.args[1]]
+        batched = x.ty.ndim == dims + 2
+        if not batched:  # (C, H, W): torch's unbatched form
+            x = importer.block_builder.emit(relax.op.expand_dims(x, 0))
+        if dims == 2:
+            values = importer.block_builder.emit_te(topi.nn.adaptive_pool, x, size, "max", "NCHW",
+                                                    primfunc_name_hint="adaptive_max_pool2d")
+        else:
+            values = importer.block_builder.emit_te(topi.nn.adaptive_pool3d, x, size, "max", "NCDHW",
+                                                    primfunc_name_hint="adaptive_max_pool3d")
+        if not batched:
+            values = importer.block_builder.emit(relax.op.squeeze(values, [0]))
+        indices = relax.op.zeros(values.ty.shape, "int64")
+        return importer.block_builder.emit(relax.Tuple([values, indices]))
+
+    return convert
+
+
+def _var_mean(node: Any, importer: Any) -> Any:
+    """var_mean.correction(x, dim=None, correction=1, keepdim=False) -> (variance, mean)."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    axes = _axes(_arg(node, 1, "dim", None))
+    correction = node.kwargs.get("correction", 1)
+    correction = 1 if correction is None else float(correction)
+    keepdim = bool(node.kwargs.get("keepdim", False))
+    shape = [int(d) for d in x.ty.shape]
+    count = 1
+    for a in (axes if axes is not None else range(len(shape))):
+        count *= shape[a]
+    bb = importer.block_builder
+    var = bb.emit(relax.op.variance(x, axes, keepdims=keepdim))
+    if correction:
+        scale = count / max(count - correction, 0) if count > correction else float("nan")
+        var = bb.emit(relax.op.multiply(var, relax.const(scale, x.ty.dtype)))
+    return bb.emit(relax.Tuple([var, bb.emit(relax.op.mean(x, axes, keepdims=keepdim))]))
+
+
+def _exp2(node: Any, importer: Any) -> Any:
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    return importer.block_builder.emit(relax.op.exp(relax.op.multiply(x, relax.const(0.6931471805599453,
+                                                                                     x.ty.dtype))))
+
+
+def _hypot(node: Any, importer: Any) -> Any:
+    from tvm import relax
+
+    a, b = (importer.env[n] for n in node.args[:2])
+    return importer.block_builder.emit(relax.op.sqrt(relax.op.add(relax.op.multiply(a, a), relax.op.multiply(b, b))))
+
+
+# aten operator (overload) -> converter, for what TVM 0.27's importer has none of
+CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
+    "amax.default": _reduce("max"),
+    "amin.default": _reduce("min"),
+    "adaptive_max_pool2d.default": _adaptive_max_pool(2),
+    "adaptive_max_pool3d.default": _adaptive_max_pool(3),
+    "var_mean.correction": _var_mean,
+    "exp2.default": _exp2,
+    "hypot.default": _hypot,
+}
+
+
+def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
+    """`from_exported_program(keep_params_as_input=True)` after torch's decompositions, with `CONVERTERS`.
+
+    Raises:
+        ModelError: "model", naming every operator without a converter and the node it is at, or the operator
+            and node whose conversion failed.
+    """
+    from tvm.relax.frontend.torch import from_exported_program
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    try:
+        ep = ep.run_decompositions()
+    except Exception as e:  # noqa: BLE001 - torch's decompositions refuse the program
+        raise ModelError("model", f"torch could not decompose the program: {type(e).__name__}: "
+                                  f"{short_error(e)}") from e
+    known = set(ExportedProgramImporter().create_convert_map()) | set(CONVERTERS)
+    missing: dict[str, list[str]] = {}
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            name = getattr(node.target, "__name__", str(node.target))
+            if name not in known:
+                missing.setdefault(name, []).append(node.name)
+    if missing:
+        listed = "; ".join(f"{op} at node{'s' if len(nodes) > 1 else ''} {', '.join(nodes[:5])}"
+                           + (f" (+{len(nodes) - 5} more)" if len(nodes) > 5 else "")
+                           for op, nodes in sorted(missing.items()))
+        raise ModelError("model", f"unsupported operator(s): {listed}")
+    try:
+        return from_exported_program(ep, keep_params_as_input=True, custom_convert_map=dict(CONVERTERS),
+                                     run_ep_decomposition=False)
+    except Exception as e:  # noqa: BLE001 - a converter failed (TVM's or ours); say where
+        node = _failing_node(e)
+        where = (f"operator {getattr(node.target, '__name__', node.target)} at node {node.name}"
+                 if node is not None else "the program")
+        raise ModelError("model", f"cannot import {where}: {type(e).__name__}: {short_error(e)}") from e
+
+
+def _failing_node(e: BaseException) -> Any:
+    """The fx node the importer was converting when `e` was raised: the `node` local of the innermost frame of
+    `_translate_fx_graph` in the traceback (None when the error came from elsewhere)."""
+    tb, node = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_translate_fx_graph":
+            node = tb.tb_frame.f_locals.get("node", node)
+        tb = tb.tb_next
+    return node
