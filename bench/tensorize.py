@@ -313,7 +313,7 @@ def peak_gflops(target: Any, repeat: int, min_repeat_ms: int, iterations: int = 
     return {"gflops": flops / ms / 1e6, "lanes": lanes, "cores": cores, "instruction": ins.name if ins else None}
 
 
-def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms: int) -> dict:
+def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms: int, torch: bool = True) -> dict:
     """One row: every variant built, checked against numpy and timed in its own process."""
     import numpy as np
 
@@ -357,7 +357,8 @@ def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms:
             row[f"{variant}_ms"] = time_in_own_process(path, folder / "inputs.npz", (ref.shape, out_dtype), repeat,
                                                        min_repeat_ms)
         try:
-            row["torch_ms"] = torch_ms(case, torch_inputs, folder, repeat, min_repeat_ms)
+            if torch:
+                row["torch_ms"] = torch_ms(case, torch_inputs, folder, repeat, min_repeat_ms)
         except Exception as e:  # noqa: BLE001
             row["torch_error"] = str(e)
     for variant in VARIANTS[1:]:
@@ -415,7 +416,8 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log: Any = print) -> dict:
+def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log: Any = print,
+        torch: bool = True) -> dict:
     from compiler.target import resolve_target, target_key
 
     target = resolve_target("host")
@@ -424,7 +426,7 @@ def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log:
     rows = []
     for i, case in enumerate(cases):
         try:
-            rows.append(measure(case, target, ms_budget, repeat, min_repeat_ms))
+            rows.append(measure(case, target, ms_budget, repeat, min_repeat_ms, torch))
         except Exception as e:  # noqa: BLE001
             rows.append({"name": case.name, "kind": case.kind, "dtype": case.dtype, "error": f"{type(e).__name__}: {e}"})
         r = rows[-1]
@@ -440,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"{len(QUICK)} small cases, MetaSchedule at 4 trials")
     parser.add_argument("--cases", help="only the cases whose name contains this")
     parser.add_argument("--ms-budget", type=int, help="MetaSchedule's measurements per case (default 64; 0: skip)")
+    parser.add_argument("--no-torch", action="store_true", help="leave torch out")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--min-repeat-ms", type=int, default=100)
     parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/tensorize-CPU.json)")
@@ -450,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in (QUICK if args.quick else CASES) if not args.cases or args.cases in c.name]
     budget = args.ms_budget if args.ms_budget is not None else (4 if args.quick else 64)
     repeat, min_repeat_ms = (3, 20) if args.quick else (args.repeat, args.min_repeat_ms)
-    report = run(cases, budget, repeat, min_repeat_ms, log=lambda line: print(line, flush=True))
+    report = run(cases, budget, repeat, min_repeat_ms, log=lambda line: print(line, flush=True),
+                 torch=not args.no_torch)
     out = args.out or RESULTS_DIR / f"tensorize-{host_cpu()}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))

@@ -19,7 +19,7 @@ def test_suite_covers_the_dtypes_and_shapes_asked_for():
 
 def test_one_small_case_is_built_checked_and_timed():
     case = Case("gemm_bf16_tiny", "gemm", "bfloat16", {"m": 9, "n": 20, "k": 11})
-    report = run([case], ms_budget=0, repeat=1, min_repeat_ms=1, log=lambda _: None)
+    report = run([case], ms_budget=0, repeat=1, min_repeat_ms=1, log=lambda _: None, torch=False)
     (row,) = report["rows"]
     assert "error" not in row, row
     assert row["instructions"], row

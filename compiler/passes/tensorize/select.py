@@ -44,23 +44,35 @@ GROUPS = {"float32": 1, "uint8": 4, "int8": 4, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
+class Columns:
+    """One column group of an outer product: its loops below the rows and its accesses (buffer, offset).
+    The partition may leave several groups side by side under the rows loop (a lane remainder beside whole
+    vectors), each with its own loop variables."""
+
+    v: Any | None
+    l: Any
+    g: Any | None
+    c: Any
+    a: Any
+    b: Any
+    partial: bool  # its lane loop is no multiple of the lanes: the last vector is partial
+
+    def vectors(self, lanes: int) -> int:
+        return (_extent(self.v) if self.v is not None else 1) * -(-_extent(self.l) // lanes)
+
+
+@dataclass(frozen=True)
 class OuterProduct:
     """The parameters of a matched outer-product nest (see the module docstring)."""
 
     instruction: Instruction
     r: Any  # the marked For
     i: Any
-    v: Any | None
-    l: Any
-    g: Any | None
-    c: Any  # (buffer, offset)
-    a: Any
-    b: Any
+    columns: tuple[Columns, ...]
 
     @property
     def accumulators(self) -> int:
-        return _extent(self.i) * (_extent(self.v) if self.v is not None else 1) * -(-_extent(self.l)
-                                                                                   // self.instruction.lanes)
+        return _extent(self.i) * sum(c.vectors(self.instruction.lanes) for c in self.columns)
 
 
 @dataclass
@@ -162,53 +174,85 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
     """The tree pattern of the outer product (module docstring) on the marked loop `r`, with its parameters;
     (None, why) where it does not match.
 
+    Under the rows loop: one column nest, or several side by side (what the partition leaves of a lane loop
+    split by a vector loop), each matched on its own against the same instruction.
+
     Args:
         outer: the enclosing loops (var, min, extent): with them, a lane loop that is no multiple of the lanes
             still matches when whole vectors of B stay inside B (the extra lanes are computed, never stored).
     """
+    from tvm import tirx
+
+    if r.kind != tirx.ForKind.SERIAL:
+        return None, "the marked loop is not serial"
+    i = r.body
+    if not (isinstance(i, tirx.For) and i.kind == tirx.ForKind.SERIAL and _ir.const_int(i.extent) is not None):
+        return None, "no rows loop under the marked loop"
+    nests = list(i.body.seq) if isinstance(i.body, tirx.SeqStmt) else [i.body]
+    ins: Instruction | None = None
+    columns = []
+    for nest in nests:
+        if not isinstance(nest, tirx.For):
+            return None, "a statement under the rows loop is no loop"
+        col, ins, why = _match_columns(r, i, nest, target, exact, outer, ins)
+        if col is None:
+            return None, why
+        columns.append(col)
+    assert ins is not None
+    m = OuterProduct(ins, r, i, tuple(columns))
+    if m.accumulators > MAX_ACCUMULATORS:
+        return None, f"{m.accumulators} accumulators > {MAX_ACCUMULATORS}"
+    return m, ""
+
+
+def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: bool,
+                   outer: list[tuple[Any, int, int]] | None, ins: Instruction | None
+                   ) -> tuple[Columns | None, Instruction | None, str]:
+    """One column nest `[for v] / for l / [for g]: C[c] = C[c] + X(A[a]) * X(B[b])` under rows `i` and
+    reduction `r`, for the instruction `ins` (chosen here where None)."""
     import tvm
     from tvm import tirx
     from tvm_ffi import structural_equal
 
-    if r.kind != tirx.ForKind.SERIAL:
-        return None, "the marked loop is not serial"
-    loops, store = _chain(r)
-    if not isinstance(store, tirx.BufferStore) or len(loops) < 2 or len(loops) > 4:
-        return None, "not a nest of 2-4 loops around one store"
+    if nest.kind != tirx.ForKind.SERIAL or _ir.const_int(nest.min) is None or _ir.const_int(nest.extent) is None:
+        return None, ins, "a column loop is not serial over a constant range"
+    loops, store = _chain(nest)
+    loops = [nest, *loops]
+    if not isinstance(store, tirx.BufferStore) or len(loops) > 3:
+        return None, ins, "not a nest of 1-3 loops around one store"
     value = store.value
     if not isinstance(value, tirx.Add):
-        return None, "the store is not an accumulation"
+        return None, ins, "the store is not an accumulation"
     acc, prod = (value.a, value.b) if _is_load(value.a) else (value.b, value.a)
     if not (_is_load(acc) and acc.source.same_as(store.buffer)
             and all(structural_equal(x, y) for x, y in zip(acc.indices, store.indices))):
-        return None, "the store does not add to its own element"
+        return None, ins, "the store does not add to its own element"
     if not isinstance(prod, tirx.Mul):
-        return None, "the addend is not a product"
+        return None, ins, "the addend is not a product"
     c_dtype = str(store.buffer.dtype)
     x, y = _strip_cast(prod.a, c_dtype), _strip_cast(prod.b, c_dtype)
     if not (_is_load(x) and _is_load(y)):
-        return None, "the factors are not loads"
+        return None, ins, "the factors are not loads"
     group = GROUPS.get(str(x.source.dtype))
     if group is None:
-        return None, f"no instruction for {x.source.dtype}"
+        return None, ins, f"no instruction for {x.source.dtype}"
     if group > 1:
-        if len(loops) < 3 or _extent(loops[-1]) != group:
-            return None, f"no group loop of extent {group}"
+        if len(loops) < 2 or _extent(loops[-1]) != group:
+            return None, ins, f"no group loop of extent {group}"
         g, rest = loops[-1], loops[:-1]
     else:
         g, rest = None, loops
-    if len(rest) not in (2, 3):
-        return None, "not rows x lanes"
-    i, v, l = (rest[0], None, rest[1]) if len(rest) == 2 else (rest[0], rest[1], rest[2])
+    if len(rest) not in (1, 2):
+        return None, ins, "not lanes under the rows"
+    v, l = (None, rest[0]) if len(rest) == 1 else (rest[0], rest[1])
     analyzer = tvm.sym.Analyzer()
-    for loop in (r, *loops):
+    for loop in (r, i, *loops):
         analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
-    # which factor is A (no lane stride) and which is B
     offsets = {}
     for name, load in (("x", x), ("y", y), ("c", acc)):
         buf = load.source
         if buf.strides and len(buf.strides) > 0:
-            return None, f"{buf.name} has strides"
+            return None, ins, f"{buf.name} has strides"
         offsets[name] = (buf, analyzer.simplify(_ir.flat_offset(buf, list(load.indices))))
 
     def stride(name: str, loop: Any | None) -> int | None:
@@ -218,18 +262,26 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
 
     a_name, b_name = ("x", "y") if stride("x", l) == 0 else ("y", "x")
     a_buf, b_buf = offsets[a_name][0], offsets[b_name][0]
-    # LAYOUT (Alg. 1): where the widest instruction's lanes do not divide the lane loop, an equivalent
-    # narrower one (fewer constraints) of the same target takes its place
-    candidates = candidates_for(target, str(a_buf.dtype), str(b_buf.dtype), c_dtype, group, exact)
-    if not candidates:
-        return None, f"the target has no instruction for {a_buf.dtype} x {b_buf.dtype} -> {c_dtype}"
-    ins = next((c for c in candidates if _extent(l) % c.lanes == 0), None)
     partial = False
-    if ins is None and outer is not None:
-        # COM (Alg. 1): the last vector computed whole on B's padding, written back lane by lane
-        ins, partial = candidates[0], True
     if ins is None:
-        return None, f"lane loop {_extent(l)} is no multiple of {', '.join(str(c.lanes) for c in candidates)}"
+        # LAYOUT (Alg. 1): where the widest instruction's lanes do not divide the lane loop, an equivalent
+        # narrower one (fewer constraints) of the same target takes its place
+        candidates = candidates_for(target, str(a_buf.dtype), str(b_buf.dtype), c_dtype, group, exact)
+        if not candidates:
+            return None, ins, f"the target has no instruction for {a_buf.dtype} x {b_buf.dtype} -> {c_dtype}"
+        ins = next((c for c in candidates if _extent(l) % c.lanes == 0), None)
+        if ins is None and outer is not None:
+            ins = candidates[0]
+        if ins is None:
+            return None, ins, (f"lane loop {_extent(l)} is no multiple of "
+                               f"{', '.join(str(c.lanes) for c in candidates)}")
+    elif (str(a_buf.dtype), str(b_buf.dtype), c_dtype, group) != (ins.a_dtype, ins.b_dtype, ins.c_dtype,
+                                                                   ins.group):
+        return None, ins, "column nests of different types"
+    if _extent(l) % ins.lanes:
+        if outer is None:
+            return None, ins, f"lane loop {_extent(l)} is no multiple of {ins.lanes}"
+        partial = True  # COM (Alg. 1): the last vector computed whole on B's padding, its valid lanes stored
     checks = [
         (stride("c", l) == 1, "C is not contiguous in the lanes"),
         (stride("c", r) == 0 and stride("c", g) == 0, "C depends on the reduction"),
@@ -238,29 +290,26 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
         (group == 1 or stride(a_name, g) == 1, "A's group is not contiguous"),
         (stride(b_name, i) == 0, "B depends on the rows"),
         (stride(b_name, l) == group and (group == 1 or stride(b_name, g) == 1), "B's lanes are not contiguous"),
-        (not a_buf.same_as(offsets["c"][0]) and not b_buf.same_as(offsets["c"][0]),
-         "C aliases an operand"),
+        (not a_buf.same_as(offsets["c"][0]) and not b_buf.same_as(offsets["c"][0]), "C aliases an operand"),
     ]
     for ok, why in checks:
         if not ok:
-            return None, why
+            return None, ins, why
     if partial:
         for loop_var, lo, ext in outer or []:
             analyzer.bind(loop_var, tvm.ir.Range.from_min_extent(lo, ext), allow_override=True)
-        b_buf, b_off = offsets[b_name]
+        b_off = offsets[b_name][1]
         size = 1
         for n in b_buf.shape:
             size *= int(n)
-        whole = _ir.subst(b_off, {_ir.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes}) \
-            if g is None else _ir.subst(b_off, {_ir.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes,
-                                                 _ir.key(g.loop_var): g.min})
-        last = analyzer.const_int_bound(analyzer.simplify(whole)).max_value + ins.lanes * ins.group - 1
+        start = {_ir.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes}
+        if g is not None:
+            start[_ir.key(g.loop_var)] = g.min
+        last = analyzer.const_int_bound(analyzer.simplify(_ir.subst(b_off, start))).max_value \
+            + ins.lanes * ins.group - 1
         if last >= size:
-            return None, f"lane loop {_extent(l)}: a whole vector would read past {b_buf.name}"
-    m = OuterProduct(ins, r, i, v, l, g, offsets["c"], offsets[a_name], offsets[b_name])
-    if m.accumulators > MAX_ACCUMULATORS:
-        return None, f"{m.accumulators} accumulators > {MAX_ACCUMULATORS}"
-    return m, ""
+            return None, ins, f"lane loop {_extent(l)}: a whole vector would read past {b_buf.name}"
+    return Columns(v, l, g, offsets["c"], offsets[a_name], offsets[b_name], partial), ins, ""
 
 
 def rewrite_outer_product(m: OuterProduct) -> Any:
@@ -270,10 +319,10 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
 
     ins = m.instruction
     analyzer = tvm.sym.Analyzer()
-    (c_buf, c_off), (a_buf, a_off), (b_buf, b_off) = m.c, m.a, m.b
-    flat = {}
+    flat: dict[int, Any] = {}
     decls = []
-    for buf in (c_buf, a_buf, b_buf):
+
+    def flat_view(buf: Any) -> Any:
         if _ir.key(buf) not in flat:
             size = 1
             for n in buf.shape:
@@ -281,59 +330,62 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
             fb = tirx.decl_buffer((size,), str(buf.dtype), f"{buf.name}_flat", data=buf.data)
             flat[_ir.key(buf)] = fb
             decls.append(tirx.DeclBuffer(fb, data=buf.data))
-    cf, af, bf = (flat[_ir.key(x)] for x in (c_buf, a_buf, b_buf))
+        return flat[_ir.key(buf)]
+
     vec = f"{ins.c_dtype}x{ins.lanes}"
     accs = tirx.decl_buffer((m.accumulators,), vec, "acc", scope="local")
     lanes_view = tirx.decl_buffer((m.accumulators * ins.lanes,), ins.c_dtype, "acc_lanes", data=accs.data,
                                   scope="local")
-    idx = lambda e: tirx.const(e, "int32")  # noqa: E731
 
     def at(e: Any, binding: dict) -> Any:
         return analyzer.simplify(_ir.subst(e, {_ir.key(loop.loop_var): tirx.const(val, str(loop.loop_var.ty.dtype))
                                                for loop, val in binding.items()}))
 
     rows = range(_ir.const_int(m.i.min), _ir.const_int(m.i.min) + _extent(m.i))
-    vs = [None] if m.v is None else list(range(_ir.const_int(m.v.min), _ir.const_int(m.v.min) + _extent(m.v)))
-    n_lanes = _extent(m.l)
-    lanes = [_ir.const_int(m.l.min) + u * ins.lanes for u in range(-(-n_lanes // ins.lanes))]
-    valid = {ll: min(ins.lanes, _ir.const_int(m.l.min) + n_lanes - ll) for ll in lanes}
-    cols = [(vv, ll) for vv in vs for ll in lanes]
-    g0 = None if m.g is None else _ir.const_int(m.g.min)
-
-    def col_binding(vv: int | None, ll: int) -> dict:
-        binding = {m.l: ll}
-        if m.v is not None:
-            binding[m.v] = vv
-        if m.g is not None:
-            binding[m.g] = g0
-        return binding
-
     init, update, final = [], [], []
-    b_vecs = [tirx.BufferLoad(bf, [tirx.Ramp(at(b_off, col_binding(vv, ll)), 1, ins.lanes * ins.group)])
-              for vv, ll in cols]
-    for row in rows:
-        a_base = at(a_off, {m.i: row} | ({m.g: g0} if m.g is not None else {}))
-        a = tirx.BufferLoad(af, [a_base]) if ins.group == 1 else \
-            tirx.BufferLoad(af, [tirx.Ramp(a_base, 1, ins.group)])
-        for n, (vv, ll) in enumerate(cols):
-            k = idx(len(init))
-            c_base = at(c_off, {m.i: row, m.l: ll} | ({m.v: vv} if m.v is not None else {}))
-            update.append(tirx.BufferStore(accs, ins.emit(tirx.BufferLoad(accs, [k]), a, b_vecs[n]), [k]))
-            if valid[ll] == ins.lanes:
-                c_vec = tirx.Ramp(c_base, 1, ins.lanes)
-                init.append(tirx.BufferStore(accs, tirx.BufferLoad(cf, [c_vec]), [k]))
-                final.append(tirx.BufferStore(cf, tirx.BufferLoad(accs, [k]), [c_vec]))
-                continue
-            # a partial vector: its sums start at zero and only its valid lanes are added to C
-            init.append(tirx.BufferStore(accs, tirx.Broadcast(tirx.const(0, ins.c_dtype), ins.lanes), [k]))
-            for t in range(valid[ll]):
-                at_c = analyzer.simplify(c_base + t)
-                lane = tirx.BufferLoad(lanes_view, [idx(int(k.value) * ins.lanes + t)])
-                final.append(tirx.BufferStore(cf, tirx.BufferLoad(cf, [at_c]) + lane, [at_c]))
+    any_partial = False
+    for col in m.columns:
+        (c_buf, c_off), (a_buf, a_off), (b_buf, b_off) = col.c, col.a, col.b
+        cf, af, bf = flat_view(c_buf), flat_view(a_buf), flat_view(b_buf)
+        vs = [None] if col.v is None else list(range(_ir.const_int(col.v.min),
+                                                     _ir.const_int(col.v.min) + _extent(col.v)))
+        l0, n_lanes = _ir.const_int(col.l.min), _extent(col.l)
+        starts = [l0 + u * ins.lanes for u in range(-(-n_lanes // ins.lanes))]
+        cols = [(vv, ll, min(ins.lanes, l0 + n_lanes - ll)) for vv in vs for ll in starts]
+        g0 = None if col.g is None else _ir.const_int(col.g.min)
+
+        def with_v(binding: dict, vv: int | None, col: Columns = col) -> dict:
+            return binding | ({col.v: vv} if col.v is not None else {})
+
+        def with_g(binding: dict, col: Columns = col, g0: int | None = g0) -> dict:
+            return binding | ({col.g: g0} if col.g is not None else {})
+
+        b_vecs = [tirx.BufferLoad(bf, [tirx.Ramp(at(b_off, with_g(with_v({col.l: ll}, vv))), 1,
+                                                 ins.lanes * ins.group)]) for vv, ll, _ in cols]
+        for row in rows:
+            a_base = at(a_off, with_g({m.i: row}))
+            a = tirx.BufferLoad(af, [a_base]) if ins.group == 1 else \
+                tirx.BufferLoad(af, [tirx.Ramp(a_base, 1, ins.group)])
+            for n, (vv, ll, valid) in enumerate(cols):
+                k = tirx.const(len(init), "int32")
+                c_base = at(c_off, with_v({m.i: row, col.l: ll}, vv))
+                update.append(tirx.BufferStore(accs, ins.emit(tirx.BufferLoad(accs, [k]), a, b_vecs[n]), [k]))
+                if valid == ins.lanes:
+                    c_vec = tirx.Ramp(c_base, 1, ins.lanes)
+                    init.append(tirx.BufferStore(accs, tirx.BufferLoad(cf, [c_vec]), [k]))
+                    final.append(tirx.BufferStore(cf, tirx.BufferLoad(accs, [k]), [c_vec]))
+                    continue
+                # a partial vector: its sums start at zero and only its valid lanes are added to C
+                any_partial = True
+                init.append(tirx.BufferStore(accs, tirx.Broadcast(tirx.const(0, ins.c_dtype), ins.lanes), [k]))
+                for t in range(valid):
+                    at_c = analyzer.simplify(c_base + t)
+                    lane = tirx.BufferLoad(lanes_view, [tirx.const(int(k.value) * ins.lanes + t, "int32")])
+                    final.append(tirx.BufferStore(cf, tirx.BufferLoad(cf, [at_c]) + lane, [at_c]))
     r = m.r
-    loop = tirx.For(r.loop_var, r.min, r.extent, tirx.ForKind.SERIAL, tirx.SeqStmt(update), None,
+    loop = tirx.For(r.loop_var, r.min, r.extent, tirx.ForKind.SERIAL, _ir.seq(update), None,
                     {"altune.tensorized": ins.name})
-    views = [tirx.DeclBuffer(lanes_view, data=accs.data)] if any(v != ins.lanes for v in valid.values()) else []
+    views = [tirx.DeclBuffer(lanes_view, data=accs.data)] if any_partial else []
     return tirx.SeqStmt([*decls, tirx.AllocBuffer(accs), *views, *init, loop, *final])
 
 
