@@ -58,23 +58,26 @@ def _conv(c_in: int, h: int, w: int, c_out: int, k: int, pad: int, epilogue: str
 
 
 CASES = (
-    Case("resnet conv3x3->conv1x1", "conv3x3_conv1x1",
-         {"in_channels": 64, "height": 28, "width": 28, "mid_channels": 64, "out_channels": 128},
-         (_conv(64, 28, 28, 64, 3, 1, "relu"), _conv(64, 28, 28, 128, 1, 0, "relu"))),
-    Case("mobilenet dw->pw", "depthwise_pointwise",
-         {"channels": 96, "height": 28, "width": 28, "out_channels": 64, "kernel": 3},
-         ({"operator": "depthwise_conv2d", "params": {"batch": 1, "channels": 96, "height": 28, "width": 28, "kernel": 3,
-                                                      "stride": 1, "padding": 1}, "epilogue": "relu"},
-          _conv(96, 28, 28, 64, 1, 0, "relu"))),
+    # ResNet-50's bottleneck at 56x56: the 3x3 conv and the 1x1 expansion after it (a 784 KiB intermediate)
+    Case("resnet50 conv3x3->conv1x1", "conv3x3_conv1x1",
+         {"in_channels": 64, "height": 56, "width": 56, "mid_channels": 64, "out_channels": 256},
+         (_conv(64, 56, 56, 64, 3, 1, "relu"), _conv(64, 56, 56, 256, 1, 0, "relu"))),
+    # MobileNet-V2's block 3 at 56x56: depthwise 144 channels, projection to 24 (a 1.7 MiB intermediate)
+    Case("mobilenet_v2 dw->pw", "depthwise_pointwise",
+         {"channels": 144, "height": 56, "width": 56, "out_channels": 24, "kernel": 3},
+         ({"operator": "depthwise_conv2d", "params": {"batch": 1, "channels": 144, "height": 56, "width": 56,
+                                                      "kernel": 3, "stride": 1, "padding": 1}, "epilogue": "relu"},
+          _conv(144, 56, 56, 24, 1, 0, "relu"))),
     Case("pad->conv->bias->relu", "pad_conv_bias_relu",
-         {"in_channels": 64, "height": 28, "width": 28, "out_channels": 64, "kernel": 3, "padding": 1},
-         ({"te": "pad", "shape": (1, 64, 28, 28), "padding": 1}, _conv(64, 30, 30, 64, 3, 0, "bias_relu"))),
-    Case("attention (bert-base head)", "matmul_softmax_matmul", {"heads": 12, "seq": 128, "dim": 64},
+         {"in_channels": 64, "height": 56, "width": 56, "out_channels": 64, "kernel": 3, "padding": 1},
+         ({"te": "pad", "shape": (1, 64, 56, 56), "padding": 1}, _conv(64, 58, 58, 64, 3, 0, "bias_relu"))),
+    # BERT-base's attention head (12 heads, 128 tokens, 64 per head)
+    Case("bert-base attention", "matmul_softmax_matmul", {"heads": 12, "seq": 128, "dim": 64},
          ({"operator": "batch_matmul", "params": {"batch": 12, "m": 128, "n": 128, "k": 64}, "epilogue": "none"},
           {"te": "softmax", "shape": (12, 128, 128)},
           {"operator": "batch_matmul", "params": {"batch": 12, "m": 128, "n": 64, "k": 128}, "epilogue": "none"})),
 )
-QUICK = ("mobilenet dw->pw", "attention (bert-base head)")
+QUICK = ("mobilenet_v2 dw->pw", "bert-base attention")
 
 
 # ---------------------------------------------------------------------------
