@@ -11,11 +11,13 @@ decides what is done to it before partitioning and matching.
   a matched nest, an equivalent instruction of fewer constraints (narrower vectors of the same target:
   AVX2's ymm FMA on an AVX-512 machine) replaces it. This is decided at match time in
   `select.match_outer_product`, where the lane loop is known.
-- COM (extra computation on an enlarged input, to remove the branch of a complex operator): done by the
-  operator definitions of `kernels.py`, not by a rewrite here: conv2d reads a padded input (a pad
-  stage), so its reduction over the window has no boundary branch at all. A general rewrite that drops a
-  guard when the extra work provably reads in bounds and writes only elements nobody reads is not
-  written (see docs/design.md, "Tensorization").
+- COM (extra computation on an enlarged input, to remove the branch of a complex operator): two forms.
+  conv2d reads a padded input (a pad stage of `kernels.py`), so its window reduction has no boundary
+  branch at all; and a lane remainder of an outer product is computed as a whole vector on the packed
+  weight's zero padding, only its valid lanes written back (decided at match time in
+  `select._match_columns`, where it checks that the vector reads stay inside the weight). A general rewrite
+  that drops any guard when the extra work provably reads in bounds and writes only elements nobody reads
+  is not written (see docs/design.md, "Tensorization").
 
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
 """
