@@ -69,6 +69,11 @@ class OperatorJobCreate(BaseModel):
     licm: bool = Field(True, description="build every candidate and the artifact with our loop-invariant code "
                                          "motion (normalize index and condition arithmetic, hoist what pays); "
                                          "false: TVM's default TIR pipeline")
+    device: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+        description="measure on a device of this key leased from the server's TVM RPC tracker (`GET "
+                    "/api/v1/devices` lists the keys; the server needs ALTUNE_RPC_TRACKER); candidates are built on "
+                    "the worker's host for `target`, which must be what the device runs. Omitted: on the worker itself")
 
 
 class TaskPublic(BaseModel):
@@ -199,6 +204,22 @@ class ErrorPublic(BaseModel):
     """Every error but a 422: what went wrong, in words that say what to fix."""
 
     detail: str
+
+
+class DevicePublic(BaseModel):
+    """One device key of the RPC tracker's queue."""
+
+    key: str = Field(description="the key servers registered with (`rpc_server --key`), what a job's `device` names")
+    total: int = Field(description="servers registered with this key")
+    free: int = Field(description="of them, not leased at the moment")
+    pending: int = Field(description="requests waiting for one")
+
+
+class DevicesPublic(BaseModel):
+    tracker: str | None = Field(description="the tracker's HOST:PORT (ALTUNE_RPC_TRACKER); null: none configured, "
+                                            "every job is measured on its worker")
+    data: list[DevicePublic]
+    count: int
 
 
 class Health(BaseModel):

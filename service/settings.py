@@ -37,6 +37,13 @@ class Settings(BaseSettings):
         120.0, ge=0, description="how long a worker keeps retrying a database write (a trial, a finished job) while "
                                  "the database is unreachable or locked before it leaves the job to its lease; an "
                                  "outage shorter than this loses no trial and needs no restart")
+    rpc_tracker: str | None = Field(
+        None, pattern=r"^[^\s:]+:\d{1,5}$",
+        description="TVM RPC tracker (`python -m tvm.exec.rpc_tracker`) as HOST:PORT; jobs that name a `device` key "
+                    "are measured on a device leased from it (built on the worker's host); unset: only local jobs")
+    rpc_wait_seconds: float = Field(
+        600.0, ge=0, description="how long a measurement waits for a device of its key (none registered, or one "
+                                 "that keeps failing) before the job fails with that reason (its trials are kept)")
     allowed_origins: list[str] = Field(
         [], description="web origins besides the server's own that may submit, cancel and upload from a browser "
                         "(JSON list, e.g. [\"https://dash.example.com\"]); others get 403")

@@ -263,7 +263,7 @@ class JobRun:
         workload, target, tkey = task.workload, task.target, target_key(spec["target"])
         task_id, prior, start_from = self._prepare(workload.key, tkey, budget)
 
-        measurer = LocalMeasurer(timeout_s=self.settings.measure_timeout, pipeline=build_pipeline(spec))
+        measurer = measurer_for(self.settings, spec, build_pipeline(spec))
         try:
             result = tune(
                 task,
@@ -404,6 +404,20 @@ class JobRun:
                 Schedule.upsert_if_faster(s, workload_key, tkey, config, latency_ms, self.job_id)
 
         self.worker.retry_db(f"job {self.job_id}: schedule", write)
+
+
+def measurer_for(settings: Settings, spec: dict, pipeline: str):
+    """Where a job's candidates are measured: on a device leased from the RPC tracker when its spec names a
+    `device`, else in this worker's own measuring process."""
+    from tuner import make_measurer
+
+    if spec.get("device") is None:
+        return make_measurer("local", timeout_s=settings.measure_timeout, pipeline=pipeline)
+    if settings.rpc_tracker is None:
+        raise RuntimeError(f"the job is to be measured on device {spec['device']!r}, but this worker has no RPC "
+                           "tracker: start it with ALTUNE_RPC_TRACKER=HOST:PORT")
+    return make_measurer("rpc", tracker=settings.rpc_tracker, key=spec["device"], wait_s=settings.rpc_wait_seconds,
+                         timeout_s=settings.measure_timeout, pipeline=pipeline)
 
 
 def _min_sql(column, value: float | None):

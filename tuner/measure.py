@@ -405,7 +405,7 @@ class LocalMeasurer(Measurer):
                 os.remove(built["lib"])
         if "latencies_ms" not in result:
             return MeasureResult(None, result["error"], build_s=result.get("build_s", 0.0))
-        return MeasureResult(result["latencies_ms"], None, result["build_s"], result["run_s"])
+        return MeasureResult(result["latencies_ms"], None, result["build_s"], result["run_s"], result.get("extra", {}))
 
     def _check_and_time(self, task: Task, candidate: Candidate, built: dict) -> dict:
         """`_child_run`'s answer for the candidate, from the library built ahead if `built` has one."""
@@ -430,11 +430,16 @@ class LocalMeasurer(Measurer):
         return {**result, "build_s": built.get("build_s", 0.0) + result.get("build_s", 0.0)}
 
 
-MeasurerKind = Literal["local"]
+MeasurerKind = Literal["local", "rpc"]
 
 
 def make_measurer(kind: MeasurerKind, **options: Any) -> Measurer:
-    """The measurer called `kind` (options go to its constructor)."""
+    """The measurer called `kind` (options go to its constructor): "local" (`LocalMeasurer`), or "rpc"
+    (`tuner.rpc.RpcMeasurer`: `tracker="host:port"`, `key=` a device key, and `LocalMeasurer`'s options)."""
     if kind == "local":
         return LocalMeasurer(**options)
+    if kind == "rpc":
+        from .rpc import RpcMeasurer
+
+        return RpcMeasurer(**options)
     raise ValueError(f"unknown measurer: {kind}")

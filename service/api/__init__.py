@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
-from service.api import deps, events, jobs, metrics, models, operators, schedules, web
+from service.api import deps, devices, events, jobs, metrics, models, operators, schedules, web
 from service.api.auth import require_read
 from service.api.common import SameOriginWrites, errors, http_error, validation_error
 from service.api.deps import SettingsDep
@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     api.include_router(models.router)
     api.include_router(operators.router)
     api.include_router(events.router)
+    api.include_router(devices.router)
     app.include_router(api)
     app.include_router(metrics.router)
     app.include_router(web.router)

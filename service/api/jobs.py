@@ -92,10 +92,14 @@ def validate_operator_job(body: OperatorJobCreate, settings: SettingsDep) -> dic
         params = validate(body.operator, body.params, body.dtype, body.epilogue, settings.max_tensor_elements)
     except WorkloadError as e:
         raise invalid(("body", *e.field.split(".")), e.message) from None
-    return body.model_dump() | {"params": params}
+    if body.device is not None:
+        from service.api.devices import check_device
+
+        check_device(body.device, settings)
+    return body.model_dump(exclude_none=True) | {"params": params}
 
 
-@router.post("", status_code=201, response_model=JobPublic, responses=errors(400, 403, 429))
+@router.post("", status_code=201, response_model=JobPublic, responses=errors(400, 403, 429, 503))
 def create_job(body: OperatorJobCreate, session: SessionDep, settings: SettingsDep, caller: WriteCaller) -> JobPublic:
     """Submit an operator to tune; answers at once, a worker runs it."""
     spec = validate_operator_job(body, settings)
