@@ -315,3 +315,22 @@ def test_aarch64_cross_compiles_to_neon(dtype, instruction):
     if dtype == "int8":
         mod, _ = _gemm_mod(13, 20, 36, dtype, no_dot)
         assert "sdot" not in tvm.compile(mod, target=no_dot).mod.inspect_source("asm")
+
+
+def test_a_mark_on_any_loop_keeps_the_result_exact(host_target):
+    from tvm import s_tir
+
+    blk = kernels.blocking(host_target, "int8")
+    func = kernels.gemm(29, 45, 37, "int8", blk.lanes)
+    base = kernels.schedule_gemm(func, blk, marked=False)
+    a, b, ref = _gemm_data(29, 45, 37, "int8", kernels.OPERANDS["int8"], np.random.default_rng(7))
+    weight = kernels.pack_gemm_weight(b, blk.lanes, blk.group)
+    used = set()
+    for index in range(len(s_tir.Schedule(base).get_loops("C_update"))):
+        sch = s_tir.Schedule(base)
+        kernels.mark(sch, sch.get_loops("C_update")[index], "auto")
+        _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(sch.mod))
+        used |= set(report["main"].used)
+        got, _ = _run(sch.mod, host_target, [a, weight], (29, 45), "int32")
+        np.testing.assert_array_equal(got, ref, err_msg=f"mark on loop {index}")
+    assert used, "some loop's nest matched"
