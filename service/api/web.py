@@ -2,7 +2,7 @@
 
 The page talks to the public REST API and the event stream only; the views
 route on the client (`/`, `/jobs/{id}`, `/submit`, `/schedules`,
-`/compare`), and the server answers each of those paths with the same page so
+`/compare`, `/devices`), and the server answers each of those paths with the same page so
 links and reloads work.
 """
 
@@ -48,6 +48,7 @@ def read_job_page(job_id: int) -> FileResponse:
 @router.get("/submit")
 @router.get("/schedules")
 @router.get("/compare")
+@router.get("/devices")
 def read_view() -> FileResponse:
     """The submit form, the schedules and the comparison views."""
     return _page()

@@ -8,6 +8,7 @@ import * as job from './views/job.js';
 import * as submit from './views/submit.js';
 import * as schedules from './views/schedules.js';
 import * as compare from './views/compare.js';
+import * as devices from './views/devices.js';
 
 const ROUTES = [
   [/^\/$/, jobs, 'jobs'],
@@ -15,6 +16,7 @@ const ROUTES = [
   [/^\/submit$/, submit, 'submit'],
   [/^\/schedules$/, schedules, 'schedules'],
   [/^\/compare$/, compare, 'compare'],
+  [/^\/devices$/, devices, 'devices'],
 ];
 
 const main = document.getElementById('main');
