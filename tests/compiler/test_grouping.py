@@ -9,9 +9,9 @@ torch = pytest.importorskip("torch")
 tvm = pytest.importorskip("tvm")
 
 from compiler.passes.basteln import basteln  # noqa: E402
-from compiler.passes.grouping import find_chains, group_chains  # noqa: E402
+from compiler.passes.grouping import find_chains, group_chains, group_model  # noqa: E402
 from compiler.target import resolve_target  # noqa: E402
-from compiler.workloads.model import build_model, extract_tasks, import_model, run_model, torch_outputs  # noqa: E402
+from compiler.workloads.model import build_model, import_model, run_model, torch_outputs  # noqa: E402
 
 
 class Separable(torch.nn.Module):
@@ -37,10 +37,8 @@ def test_a_depthwise_pointwise_chain_becomes_one_task_that_basteln_fuses_and_the
     torch.manual_seed(0)
     ep, model, x = imported(Separable(), (1, 16, 28, 28))
     assert len([t for t in model.tasks if "conv2d" in t.name]) == 2
-    grouped, chains = group_chains(model.mod, min_bytes=0)
-    [chain] = chains
+    [chain] = group_model(model, min_bytes=0)
     assert len(chain.functions) == 2 and all("conv2d" in f for f in chain.functions)
-    model.mod, model.tasks = grouped, extract_tasks(grouped)
     [task] = [t for t in model.tasks if t.name.startswith("grouped")]
     fused = basteln(task.prim_func, None, 1.0)
     assert fused.decisions and all(d.depth > 0 for d in fused.decisions)  # the depthwise conv in the pw tiles
