@@ -313,7 +313,8 @@ def peak_gflops(target: Any, repeat: int, min_repeat_ms: int, iterations: int = 
     return {"gflops": flops / ms / 1e6, "lanes": lanes, "cores": cores, "instruction": ins.name if ins else None}
 
 
-def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms: int, torch: bool = True) -> dict:
+def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms: int, torch: bool = True,
+            variants: tuple[str, ...] = VARIANTS) -> dict:
     """One row: every variant built, checked against numpy and timed in its own process."""
     import numpy as np
 
@@ -335,6 +336,8 @@ def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms:
         save_inputs(folder / "inputs.npz", inputs)
         libs: dict[str, Path] = {}
         for variant, mod in mods.items():
+            if variant not in variants:
+                continue
             try:
                 libs[variant] = folder / f"{variant}.so"
                 row[f"{variant}_correct"], row[f"{variant}_err"] = _export_and_check(
@@ -342,7 +345,7 @@ def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms:
             except Exception as e:  # noqa: BLE001 - a failing variant is a cell that says why
                 row[f"{variant}_error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
                 libs.pop(variant)
-        if ms_budget > 0:
+        if ms_budget > 0 and "metaschedule" in variants:
             start = time.perf_counter()
             expected = ref.astype(out_dtype)
             base = metaschedule(func, target, ms_budget, inputs=inputs, expected=expected)
@@ -357,7 +360,7 @@ def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms:
             row[f"{variant}_ms"] = time_in_own_process(path, folder / "inputs.npz", (ref.shape, out_dtype), repeat,
                                                        min_repeat_ms)
         try:
-            if torch:
+            if torch and "torch" in variants:
                 row["torch_ms"] = torch_ms(case, torch_inputs, folder, repeat, min_repeat_ms)
         except Exception as e:  # noqa: BLE001
             row["torch_error"] = str(e)
@@ -417,16 +420,17 @@ def table(report: dict) -> str:
 
 
 def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log: Any = print,
-        torch: bool = True) -> dict:
+        torch: bool = True, variants: tuple[str, ...] = VARIANTS, peak: dict | None = None) -> dict:
+    """Measures `cases` (the `variants` of each) and the fp32 peak (unless given) and returns the report."""
     from compiler.target import resolve_target, target_key
 
     target = resolve_target("host")
-    peak = peak_gflops(target, repeat, min_repeat_ms)
+    peak = peak or peak_gflops(target, repeat, min_repeat_ms)
     log(f"fp32 peak: {peak['gflops']:.0f} GFLOP/s ({peak['instruction']}, {peak['cores']} cores)")
     rows = []
     for i, case in enumerate(cases):
         try:
-            rows.append(measure(case, target, ms_budget, repeat, min_repeat_ms, torch))
+            rows.append(measure(case, target, ms_budget, repeat, min_repeat_ms, torch, variants))
         except Exception as e:  # noqa: BLE001
             rows.append({"name": case.name, "kind": case.kind, "dtype": case.dtype, "error": f"{type(e).__name__}: {e}"})
         r = rows[-1]

@@ -17,15 +17,24 @@ def test_suite_covers_the_dtypes_and_shapes_asked_for():
     assert len(QUICK) <= 4
 
 
+def test_the_peak_loop_runs():
+    from bench.tensorize import peak_gflops
+    from compiler.target import resolve_target
+
+    peak = peak_gflops(resolve_target("host"), repeat=1, min_repeat_ms=1, iterations=1000)
+    assert peak["gflops"] > 0 and peak["cores"] >= 1 and peak["lanes"] in (4, 8, 16)
+
+
 def test_one_small_case_is_built_checked_and_timed():
+    # two variants built and checked, one timed in a process of its own (each process starts TVM: seconds)
     case = Case("gemm_bf16_tiny", "gemm", "bfloat16", {"m": 9, "n": 20, "k": 11})
-    report = run([case], ms_budget=0, repeat=1, min_repeat_ms=1, log=lambda _: None, torch=False)
+    report = run([case], ms_budget=0, repeat=1, min_repeat_ms=1, log=lambda _: None, torch=False,
+                 variants=("ours",), peak={"gflops": 100.0, "cores": 1, "lanes": 16, "instruction": "x"})
     (row,) = report["rows"]
     assert "error" not in row, row
     assert row["instructions"], row
-    assert all(row[f"{v}_correct"] for v in ("ours", "no-partition", "plain")), row
-    assert all(row[f"{v}_ms"] > 0 for v in ("ours", "no-partition", "plain")), row
-    assert report["peak"]["gflops"] > 0
+    assert row["ours_correct"] and row["ours_ms"] > 0, row
+    assert "plain_ms" not in row
     text = table(report)
     assert "gemm_bf16_tiny" in text and report["target"].startswith("llvm -mcpu=") and report["target"] in text
 
