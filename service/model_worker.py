@@ -51,7 +51,14 @@ def run_model_job(run: JobRun) -> None:
     """Tune, build and store a model job (the worker checked its attempts); ends in a finished status unless the lease is lost."""
     from compiler.arrays import random_inputs
     from compiler.target import resolve_target, target_key
-    from compiler.workloads.model import build_model, import_model, time_model, write_model_artifact
+    from compiler.workloads.model import (
+        build_checked,
+        build_model,
+        import_model,
+        reference_outputs,
+        time_model,
+        write_model_artifact,
+    )
     from compiler.workloads.pt2 import load_exported_program, static_shapes
     from service.worker import LeaseLost
     from tuner import LocalMeasurer, Task, Trial, apply_config, build_pipeline, tune
@@ -125,6 +132,7 @@ def run_model_job(run: JobRun) -> None:
             raise LeaseLost()
         return RoundResult(result.best.latency_ms if result.best is not None else None, len(result.trials))
 
+    default_ms: dict[int, float | None] = {}
     try:
         # known schedules first: one measurement each (none when this job already measured it)
         fresh = []
@@ -149,44 +157,123 @@ def run_model_job(run: JobRun) -> None:
                     b = best_of(prior[i])
                     scheduler.state.history[j].append(b.latency_ms if b is not None else None)
             scheduler.run()
+        if run.stop_reason != "lease":
+            # a tuned schedule is kept only when it beats the schedule its task gets otherwise (the default one
+            # `build_model` gives an untuned function), measured here the same way, not the raw function
+            for i, task in enumerate(tasks):
+                b = best[i] if best[i] is not None else best_of(prior[i])
+                if b is not None:
+                    default_ms[i] = _measure_default(measurer, task, target)
     finally:
         measurer.close()
     if run.stop_reason == "lease":
         raise LeaseLost()
 
-    schedules = {}
+    schedules, beaten = {}, []
     for i, task in enumerate(tasks):
         b = best[i] if best[i] is not None else best_of(prior[i])
-        if b is not None and (untuned[i] is None or b.latency_ms < untuned[i]):
+        if b is None:
+            continue
+        versus = default_ms.get(i)
+        versus = versus if versus is not None else untuned[i]
+        if versus is None or b.latency_ms < versus:
             schedules[task.workload_key] = apply_config(task, b.config)
-    built = build_model(model, target, schedules, pipeline=pipeline)
+        else:
+            beaten.append(task.workload_key)
+
+    # the whole-model check: the artifact against the exported program's own output; a schedule whose model
+    # does not match is removed (its task back to the default schedule) and the rest built again
     inputs = random_inputs([(tuple(x.shape), x.dtype) for x in model.inputs], seed)
+    expected = reference_outputs(ep, inputs)
+    checked = build_checked(model, target, schedules, inputs, expected, pipeline=pipeline)
+    names = {t.workload_key: t.name for t in model.tasks}
+    report: dict[str, Any] = {
+        "import_notes": list(model.notes),
+        "check": {
+            "passed": checked.built is not None,
+            "inputs": f"random, seed {seed}",
+            "reference": "torch: the exported program (ep.module())",
+            "builds": checked.builds,
+            "mismatches": checked.mismatches,
+            "removed_schedules": [{"task": names[k], "workload_key": k} for k in checked.removed],
+        },
+        "schedules": {"tuned": len(schedules), "kept": len(checked.schedules),
+                      "default_schedule_faster": [{"task": names[k], "workload_key": k} for k in beaten]},
+    }
+    if checked.built is None:
+        _save_report(run, spec, report)
+        run.finish("failed", error=f"not served: {checked.error}")
+        return
+    built = checked.built
     latency = time_model(built, inputs, target)
-    untuned_latency = time_model(build_model(model, target, pipeline=pipeline), inputs, target, repeat=3)
+    untuned_built = checked.untuned if checked.untuned is not None else (
+        built if not checked.schedules else build_model(model, target, pipeline=pipeline))
+    untuned_latency = latency if untuned_built is built else time_model(untuned_built, inputs, target, repeat=3)
+    torch_latency = _time_torch(ep, inputs)
+    report["latency_ms"] = {"artifact": latency, "untuned": untuned_latency, "torch_eager": torch_latency}
 
     task_facts = []
     for t in model.tasks:
         i = next((k for k, p in enumerate(picked) if p.workload_key == t.workload_key), None)
         b = (best[i] or best_of(prior[i])) if i is not None else None
         task_facts.append({"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "complex": t.complex,
-                           "tuned": t.workload_key in schedules, "latency_ms": b.latency_ms if b else None,
-                           "untuned_ms": untuned[i] if i is not None else None})
+                           "tuned": t.workload_key in checked.schedules, "latency_ms": b.latency_ms if b else None,
+                           "default_ms": default_ms.get(i) if i is not None else None,
+                           "untuned_ms": untuned[i] if i is not None else None,
+                           "removed_by_check": t.workload_key in checked.removed})
     run.settings.resolved_artifact_dir.mkdir(parents=True, exist_ok=True)
     run.store_artifact(write_model_artifact(run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz", model,
-                                            built, target, latency_ms=latency, tasks=task_facts, spec=spec))
+                                            built, target, latency_ms=latency, tasks=task_facts, spec=spec,
+                                            report=report))
     for i, task in enumerate(tasks):
         b = best[i] or best_of(prior[i])
-        if b is not None:  # kept even when the untuned program wins: the task need not be searched again
+        if b is not None and task.workload_key not in checked.removed:
+            # kept even when the default schedule wins: the task need not be searched again; never one the
+            # whole-model check removed
             run.store_schedule(task.workload_key, tkey, b.config, b.latency_ms)
     with session_scope(run.url) as s:
         for i, row_id in enumerate(rows):
             s.execute(update(TuningTask).where(TuningTask.id == row_id).values(budget=len(prior[i])))
         s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=latency,
                                                                  baseline_ms=untuned_latency))
+    _save_report(run, spec, report)
     if run.stop_reason == "cancel":
         run.finish("cancelled")
     else:
         run.finish("succeeded")
+
+
+def _measure_default(measurer: Any, task: Any, target: Any) -> float | None:
+    """Median latency of the task's default schedule (`compiler.workloads.model.default_schedule`), None when it
+    could not be measured."""
+    import tvm
+
+    from compiler.workloads.model import default_schedule
+    from tuner import Candidate
+
+    func = default_schedule(task.prim_func, target)
+    result = measurer.measure_one(task, Candidate({"schedule": "default"}, tvm.IRModule({"main": func})))
+    if result.latencies_ms is None:
+        log.warning("task %s: its default schedule failed: %s", task.name, result.error)
+        return None
+    lat = sorted(result.latencies_ms)
+    return lat[len(lat) // 2]
+
+
+def _time_torch(ep: Any, inputs: list) -> float | None:
+    from compiler.workloads.model import time_torch
+
+    try:
+        return time_torch(ep.module(), inputs)
+    except Exception:  # noqa: BLE001 - the reference ran once already; a timing failure is not the job's
+        log.exception("timing torch failed")
+        return None
+
+
+def _save_report(run: JobRun, spec: dict, report: dict) -> None:
+    """The job's report (the whole-model check, latencies), as `spec["report"]`: `JobPublic` shows the spec."""
+    with session_scope(run.url) as s:
+        s.execute(update(Job).where(Job.id == run.job_id).values(spec={**spec, "report": report}))
 
 
 def best_of(trials: list) -> Any:

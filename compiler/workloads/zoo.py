@@ -337,8 +337,8 @@ def _modules() -> dict[str, Any]:
             def layer(cin: int) -> nn.Sequential:
                 return nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, growth, 3, 1, 1, bias=False))
 
-            self.block1 = nn.ModuleList(layer(16 + i * growth) for i in range(3))
-            self.transition = nn.Sequential(nn.BatchNorm2d(40), nn.ReLU(), nn.Conv2d(40, 16, 1), nn.AvgPool2d(2))
+            self.block1 = nn.ModuleList(layer(16 + i * growth) for i in range(2))
+            self.transition = nn.Sequential(nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 16, 1), nn.AvgPool2d(2))
             self.block2 = nn.ModuleList(layer(16 + i * growth) for i in range(2))
             self.head = nn.Linear(32, classes)
 

@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from compiler.workloads import model as M  # noqa: E402
 from compiler.workloads import zoo  # noqa: E402
 from service.db import session_scope  # noqa: E402
 from service.models import Job, Schedule, TrialRow  # noqa: E402
@@ -71,7 +72,8 @@ def test_bad_uploads_are_422_and_leave_no_job(api, settings, tmp_path):
 
     fft = io.BytesIO()
     torch.export.save(torch.export.export(Spectrum(), (torch.randn(8),)), fft)
-    cases.append((fft.getvalue(), {}, ["body", "file"], "_fft_r2c"))
+    # an operator nobody converts: named with the graph node it is at
+    cases.append((fft.getvalue(), {}, ["body", "file"], "unsupported operator(s): _fft_r2c.default at node _fft_r2c"))
     for data, spec, loc, text in cases:
         r = _upload(api, data, **spec)
         assert r.status_code == 422, r.text
@@ -174,3 +176,45 @@ def test_zoo_list(api):
     assert small["input_shapes"] == [[1, 3, 16, 16]] and small["input_dtypes"] == ["float32"]
     assert small["description"] == zoo.MODELS["small_cnn"].description
     assert "built-in models" in api.get("/openapi.json").json()["paths"]["/api/v1/models/zoo"]["get"]["description"]
+
+
+@pytest.mark.slow
+def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch):
+    """A real zoo job (the feature pyramid: blocked layouts with a per-conv fallback, tiny budget) with one tuned schedule
+    replaced by a program that computes something else: the whole-model check finds it, the job removes it
+    (its task back to the default schedule), records the removal and the latencies, and serves an artifact that
+    matches torch."""
+    if settings.resolved_database_url.startswith("postgresql"):
+        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
+    import tuner
+    from tvm import te
+
+    import service.model_worker as model_worker
+
+    real_apply, wrong = tuner.apply_config, {}
+
+    def apply_config(task, config):
+        wrong.setdefault("key", task.workload_key)  # the first tuned schedule applied is made wrong
+        if task.workload_key != wrong["key"]:
+            return real_apply(task, config)
+        *ins, out = [te.placeholder(a.shape, a.dtype) for a in M.func_args(task.prim_func)]
+        return te.create_prim_func([*ins, te.compute(out.shape, lambda *_: te.const(0.5, out.dtype))])
+
+    monkeypatch.setattr(tuner, "apply_config", apply_config)
+    monkeypatch.setattr(model_worker, "_measure_default", lambda *_: float("inf"))  # every tuned schedule is kept
+    r = api.post("/api/v1/models/zoo", json={"model": "fpn", "budget": 2})
+    assert r.status_code == 201, r.text
+    job = _run_and_compare(api, settings, r.json()["id"], tmp_path, "fpn")
+    report = job["spec"]["report"]
+    assert "key" in wrong and report["check"]["passed"], report
+    assert [e["workload_key"] for e in report["check"]["removed_schedules"]] == [wrong["key"]], report
+    assert "wrong result" in report["check"]["mismatches"][0]
+    assert report["schedules"]["kept"] == report["schedules"]["tuned"] - 1
+    assert any("smooth.weight" in n for n in report["import_notes"]), report["import_notes"]
+    latency = report["latency_ms"]
+    assert latency["artifact"] == job["best_latency_ms"] and latency["untuned"] == job["baseline_ms"]
+    assert all(latency[k] > 0 for k in ("artifact", "untuned", "torch_eager")), latency
+    with session_scope(settings.resolved_database_url) as s:  # a removed schedule is never offered to later jobs
+        assert wrong["key"] not in {row.workload_key for row in s.query(Schedule).all()}
+    manifest = json.loads((tmp_path / f"job{job['id']}" / "manifest.json").read_text())
+    assert manifest["report"]["check"]["removed_schedules"] == report["check"]["removed_schedules"]

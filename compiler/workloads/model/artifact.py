@@ -99,7 +99,7 @@ if __name__ == "__main__":
 
 
 def make_model_manifest(model: ImportedModel, built: BuiltModel, target: Any, *, latency_ms: float | None = None,
-                        tasks: Sequence[dict] = (), spec: dict | None = None) -> dict:
+                        tasks: Sequence[dict] = (), spec: dict | None = None, report: dict | None = None) -> dict:
     """manifest.json of a model artifact: inputs, outputs, params (npz keys in call order), tasks."""
     import tvm
 
@@ -126,13 +126,15 @@ def make_model_manifest(model: ImportedModel, built: BuiltModel, target: Any, *,
         "device": "cpu" if kind == "llvm" else kind,
         "latency_ms": latency_ms,
         "spec": spec or {},
+        # how it was checked and measured (the whole-model check, latencies of the untuned model and torch)
+        "report": report or {},
         "tvm_version": tvm.__version__,
     }
 
 
 def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: BuiltModel, target: Any, *,
                          latency_ms: float | None = None, tasks: Sequence[dict] = (),
-                         spec: dict | None = None) -> Path:
+                         spec: dict | None = None, report: dict | None = None) -> Path:
     """Writes the model artifact (.tar.gz, atomically): lib.so, params.npz, manifest.json, run.py.
 
     Args:
@@ -143,12 +145,13 @@ def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: B
         latency_ms: measured end-to-end latency, if any.
         tasks: per-task facts for the manifest (name, key, weight, latency...); the model's tasks when empty.
         spec: the job spec, recorded as given.
+        report: the job's report (the whole-model check, latencies), recorded as given.
     """
     import numpy as np
 
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    manifest = make_model_manifest(model, built, target, latency_ms=latency_ms, tasks=tasks, spec=spec)
+    manifest = make_model_manifest(model, built, target, latency_ms=latency_ms, tasks=tasks, spec=spec, report=report)
     with tempfile.TemporaryDirectory(prefix="altune-model-") as tmp:
         folder = Path(tmp)
         built.ex.export_library(str(folder / "lib.so"))

@@ -137,6 +137,16 @@ def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int) -> tvm
     return sch.mod["main"]
 
 
+def default_schedule(func: tvm.tirx.PrimFunc, target: Any) -> tvm.tirx.PrimFunc:
+    """What `build_model` runs for a task without a tuned schedule on `target`: `default_cpu_schedule` with the
+    target's cores and vector width on CPUs, the function as it is elsewhere. A tuned schedule is worth keeping
+    only when it beats this."""
+    if target.kind.name != "llvm":
+        return func
+    cores = int(target.attrs.get("num-cores", 1) or 1)
+    return default_cpu_schedule(func, cores, vector_lanes(target))
+
+
 def _default_schedules(target: Any) -> Any:
     """dlight's `ApplyDefaultSchedule` pass with `default_cpu_schedule` as its one rule."""
     from tvm.s_tir.dlight.base import ApplyDefaultSchedule, ScheduleRule

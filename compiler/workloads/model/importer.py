@@ -121,17 +121,21 @@ def import_model(
         mod = _clip_as_min_max()(mod)
         # convolutions whose blocked layout TVM's layout pass or legalization cannot carry (through a transposed
         # conv, a resize, a concat of other blocks, ...) keep their own, with conversions at their boundary
-        converted, left = convert_layouts(mod, vector_lanes(target, "float32"), target)
-        if left:
+        lanes = vector_lanes(target, "float32")
+        for legalize in (False, True):  # the quick search first; the one that legalizes every try if it failed
+            converted, left = convert_layouts(mod, lanes, target, legalize=legalize)
+            try:
+                fused = _lower(converted, target)
+                break
+            except Exception as e:  # noqa: BLE001 - TVM failed on the converted graph after the layout pass
+                failed = f"{type(e).__name__}: {short_error(e, 160)}"
+        if fused is None:
+            notes.append(f"the blocked layout failed to lower ({failed}); every operator kept its own layout")
+        elif left:
             named = [names_by_var.get(v, v) for v in left]
             notes.append(f"{len(left)} conv2d kept their own layout (NCHW), with conversions at their boundary: "
                          f"TVM's layout pass fails with them blocked ({', '.join(named[:8])}"
                          f"{', ...' if len(named) > 8 else ''})")
-        try:
-            fused = _lower(converted, target)
-        except Exception as e:  # noqa: BLE001 - TVM failed on the converted graph: the model's own layouts
-            notes.append(f"the blocked layout failed to lower ({type(e).__name__}: {short_error(e, 160)}); "
-                         "every operator kept its own layout")
     if fused is None:
         try:
             fused = _lower(mod, target)

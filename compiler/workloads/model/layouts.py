@@ -85,16 +85,16 @@ def _blockable_convs(mod: Any, policy: Any) -> list[str]:
     return names
 
 
-def convert_layouts(mod: Any, lanes: int, target: Any) -> tuple[Any, list[str]]:
+def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False) -> tuple[Any, list[str]]:
     """`relax.transform.ConvertLayout` with the blocked policy (`blocked_conv_layouts`), for every conv2d it can
     be applied to: the result, and the weights (parameter names in "main") of the convs left in their own layout.
 
-    TVM's layout pass (and the legalization after it) fails on some graphs with an internal error ("Layouts
-    must have the same size" where a blocked tensor reaches a transposed conv or a resize, "Invalid layout axis"
-    at a concat of different blocks, `std::bad_alloc` on 1-D pooling). Then the convs are tried one at a time in
-    graph order, each kept blocked only if the graph with it (and those kept before) still converts and
-    legalizes; a conv left out keeps NCHW, so `ConvertLayout` puts conversions at its boundary. With no conv
-    blocked the module is returned as it is (no layout pass at all)."""
+    TVM's layout pass fails on some graphs with an internal error ("Layouts must have the same size" where a
+    blocked tensor reaches a transposed conv or a resize, "Invalid layout axis" at a concat of different blocks,
+    `std::bad_alloc` on 1-D pooling). Then the convs are tried one at a time in graph order, each kept blocked
+    only if the graph with it (and those kept before) still converts (and, with `legalize`, legalizes: slower,
+    for when the converted graph fails later); a conv left out keeps NCHW, so `ConvertLayout` puts conversions
+    at its boundary. With no conv blocked the module is returned as it is (no layout pass at all)."""
     from tvm import relax
 
     policy = blocked_conv_layouts(lanes)
@@ -111,8 +111,9 @@ def convert_layouts(mod: Any, lanes: int, target: Any) -> tuple[Any, list[str]]:
 
         try:
             converted = relax.transform.ConvertLayout({}, layouts)(mod)
-            with target:
-                relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d})(converted)
+            if legalize:
+                with target:
+                    relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d})(converted)
         except Exception:  # noqa: BLE001 - TVM's internal errors (InternalError, bad_alloc as RuntimeError)
             return None
         return converted
