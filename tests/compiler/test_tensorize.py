@@ -296,11 +296,15 @@ def test_avxvnni_target_gets_the_vex_form_without_avx512():
 
 @pytest.mark.skipif(not _host_has("avx512_vnni"), reason="this machine has no AVX-512 VNNI")
 def test_vnni_runs_exact_on_full_uint8(host_target):
-    mod, blk = _gemm_mod(19, 45, 130, "int8", host_target)
-    a, b, ref = _gemm_data(19, 45, 130, "int8", kernels.OPERANDS["int8"], np.random.default_rng(5))
-    got, lib = _run(mod, host_target, [a, kernels.pack_gemm_weight(b, blk.lanes, blk.group)], (19, 45), "int32")
+    # 40 columns = 32 + 8: the 8-lane remainder must not go to the saturating 8-lane vpmaddubsw (LAYOUT
+    # replaces an instruction only by an equivalent one)
+    mod, blk = _gemm_mod(19, 40, 130, "int8", host_target)
+    _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
+    assert set(report["main"].used) == {"dot_u8i8_vnni512"}, report
+    a, b, ref = _gemm_data(19, 40, 130, "int8", kernels.OPERANDS["int8"], np.random.default_rng(5))
+    got, lib = _run(mod, host_target, [a, kernels.pack_gemm_weight(b, blk.lanes, blk.group)], (19, 40), "int32")
     np.testing.assert_array_equal(got, ref)
-    assert "vpdpbusd" in _asm(lib)
+    assert "vpdpbusd" in _asm(lib) and "vpmaddubsw" not in _asm(lib)
 
 
 @pytest.mark.parametrize("dtype,instruction", [("float32", "fmla"), ("int8", "sdot")])

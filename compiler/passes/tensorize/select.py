@@ -269,6 +269,8 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
         candidates = candidates_for(target, str(a_buf.dtype), str(b_buf.dtype), c_dtype, group, exact)
         if not candidates:
             return None, ins, f"the target has no instruction for {a_buf.dtype} x {b_buf.dtype} -> {c_dtype}"
+        if candidates[0].exact:  # only an equivalent instruction may replace it: never a saturating one
+            candidates = tuple(c for c in candidates if c.exact)
         ins = next((c for c in candidates if _extent(l) % c.lanes == 0), None)
         if ins is None and outer is not None:
             ins = candidates[0]
