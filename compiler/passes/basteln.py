@@ -81,6 +81,51 @@ class Affine:
         return lo, hi + self.extent - 1
 
 
+@dataclass(frozen=True, eq=False)
+class Nonlinear:
+    """An index that is not affine (`ic // 16`, `ic % 16` of a blocked layout): its values over a box come
+    from TVM's integer-set analysis (a hull, as for the affine ones). `coeffs` names the variables it uses
+    (coefficient 0: not a plain variable)."""
+
+    expr: Any
+    variables: tuple[Any, ...]
+    extent: int
+
+    @property
+    def coeffs(self) -> tuple[tuple[str, int], ...]:
+        used: set[str] = set()
+        _vars_of(self.expr, used)
+        return tuple((v.name, 0) for v in self.variables if v.name in used)
+
+    @property
+    def const(self) -> int:
+        return 0
+
+    def interval(self, box: dict[str, tuple[int, int]]) -> tuple[int, int]:
+        from tvm import sym
+
+        dom = {v: sym.IntervalSet(box[v.name][0], box[v.name][1]) for v in self.variables if v.name in box}
+        found = sym.Analyzer().int_set(self.expr, dom)
+        return int(found.min_value), int(found.max_value) + self.extent - 1
+
+
+def _vars_of(expr: Any, out: set[str]) -> None:
+    """The names of the variables in `expr` (a walk over its operands)."""
+    from tvm import tirx
+
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, tirx.Var):
+            out.add(e.name)
+            continue
+        for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+            child = getattr(e, attr, None)
+            if child is not None and not isinstance(child, (int, float, str)):
+                stack.append(child)
+        stack.extend(getattr(e, "args", ()) or ())
+
+
 @dataclass(frozen=True)
 class Access:
     """A read or write of `buffer`: one `Affine` per buffer dimension, or None where one is not affine."""
@@ -141,7 +186,7 @@ class Space:
             for r in reads)
 
 
-def _affine(region: Any, variables: list[Any]) -> tuple[Affine, ...] | None:
+def _affine(region: Any, variables: list[Any]) -> tuple[Affine | Nonlinear, ...] | None:
     from tvm import sym
 
     names = [v.name for v in variables]
@@ -152,7 +197,8 @@ def _affine(region: Any, variables: list[Any]) -> tuple[Affine, ...] | None:
             return None
         coeffs = sym.detect_linear_equation(rng.min, variables)
         if len(coeffs) != len(variables) + 1 or not all(hasattr(c, "value") for c in coeffs):
-            return None
+            out.append(Nonlinear(rng.min, tuple(variables), int(extent if isinstance(extent, int) else extent.value)))
+            continue
         terms = tuple((n, int(c.value)) for n, c in zip(names, coeffs[:-1]) if int(c.value) != 0)
         out.append(Affine(terms, int(coeffs[-1].value), int(extent if isinstance(extent, int) else extent.value)))
     return tuple(out)
