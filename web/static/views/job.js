@@ -342,6 +342,11 @@ class JobView {
       stageText ? h('span', {class: 'muted'}, ` (${stageText})`) : null),
       fact('Best latency', h('strong', {id: 'job-best'}, fmtMs(job.best_latency_ms))),
       fact('Untuned', fmtMs(job.baseline_ms)),
+      // model jobs: torch's latency and the whole-model check of the artifact (service.model_worker's report)
+      job.spec?.report?.latency_ms ? fact('Torch (eager)', fmtMs(job.spec.report.latency_ms.torch_eager)) : null,
+      job.spec?.report?.check ? fact('Whole-model check', !job.spec.report.check.passed ? 'failed (not served)'
+        : job.spec.report.check.removed_schedules.length
+          ? `passed after removing ${job.spec.report.check.removed_schedules.length} wrong schedule(s)` : 'passed') : null,
       fact(h('abbr', {title: 'untuned latency / best latency'}, 'Speedup'),
         h('span', {id: 'job-speedup'}, fmtSpeedup(job.baseline_ms, job.best_latency_ms))),
       fact('Errors', h('span', {id: 'job-errors'}, `${job.errors}`),
