@@ -27,7 +27,7 @@ from service.worker import Worker
 
 KEY = "test-cpu"
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "dtype": "float32",
-         "epilogue": "none", "target": "host", "budget": 10, "seed": 0, "device": KEY}
+         "epilogue": "none", "target": "host", "budget": 6, "seed": 0, "device": KEY}
 
 
 def _free_port() -> int:
@@ -75,14 +75,16 @@ class Devices:
         self.address = f"127.0.0.1:{self.port}"
         self._servers: list[subprocess.Popen] = []
 
-    def start_server(self) -> subprocess.Popen:
+    def start_server(self, wait: bool = True) -> subprocess.Popen:
+        """A server of key KEY (it registers with the tracker once both are up); with `wait`, once registered."""
         port = _free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
              "--port-end", str(port + 1), "--tracker", self.address, "--key", KEY],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self._servers.append(proc)
-        _wait("the server to register", lambda: _registered(self.address) >= 1)
+        if wait:
+            _wait("the server to register", lambda: _registered(self.address) >= 1)
         return proc
 
     def kill_server(self, proc: subprocess.Popen) -> None:
@@ -104,6 +106,7 @@ def devices(tmp_path) -> Iterator[Devices]:
         d = Devices(log)
         with _tvm_process(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(d.port),
                            "--port-end", str(d.port + 1)], log):
+            d.first = d.start_server(wait=False)  # it retries until the tracker listens
             _wait("the tracker", lambda: _registered(d.address) >= 0)
             try:
                 yield d
@@ -125,7 +128,8 @@ def test_a_job_is_measured_on_the_tracker_device_and_waits_out_its_disappearance
 
     settings = Settings(database_url=sqlite_url, data_dir=tmp_path, rpc_tracker=devices.address, lease_seconds=5,
                         poll_seconds=0.2)
-    server = devices.start_server()
+    _wait("the server to register", lambda: _registered(devices.address) >= 1)
+    server = devices.first
     token = make_token(sqlite_url, "admin", "test-admin")
     with TestClient(create_app(settings), headers={"Authorization": f"Bearer {token}"}) as client:
         r = client.get("/api/v1/devices")
@@ -148,7 +152,7 @@ def test_a_job_is_measured_on_the_tracker_device_and_waits_out_its_disappearance
         devices.kill_server(server)  # the device disappears mid-job
         _wait("the tracker to notice", lambda: _registered(devices.address) == 0)
         stalled = len(_trials(sqlite_url, job_id))
-        time.sleep(2)
+        time.sleep(1)
         assert thread.is_alive(), "the job waits for a device"
         devices.start_server()
         thread.join(180)
