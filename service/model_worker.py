@@ -13,10 +13,16 @@
    resumed job continues from its stored trials).
 3. After every trial the job's `best_latency_ms` is the model's estimated
    latency, sum of weight x (best, else untuned) over the tuned tasks.
-4. At the end: the best configuration of every task that beats its untuned
-   program is applied, the model built and checked, its end-to-end latency
-   measured, the artifact (`compiler.workloads.model.write_model_artifact`)
-   stored, and the schedules table updated.
+4. At the end: a task's best configuration is applied only when it beats the task's default schedule (what
+   `build_model` gives an untuned function, measured once here by the same measurer; the raw unscheduled
+   function when that fails); the model is built and checked whole against the exported program's own
+   output (`compiler.workloads.model.build_checked`: a schedule whose model does not match is removed, its
+   task back to the default schedule, and never stored in `schedules`; when even the untuned model does not
+   match, the job fails and nothing is served); the artifact's, the untuned model's and torch eager's
+   end-to-end latencies are measured; the artifact (`write_model_artifact`) stored, and the schedules table
+   updated.
+5. The report (import notes, the check, removed schedules, latencies) is written to `spec["report"]` (the
+   job's public spec; `service/schemas.py` has no field for it) and to the artifact's manifest.
 """
 
 from __future__ import annotations

@@ -60,9 +60,11 @@ class ModelJobSpec(BaseModel):
     target: str = Field("host", max_length=32, description="where to tune and run: host, llvm, cuda (only where the "
                                                          "server has a GPU)")
     layout: Literal["blocked", "none"] = Field(
-        "blocked", description="graph-level layouts: `blocked` puts every dense conv2d in N C/c H W c (block "
-                               "factors for the target's vector width), weights packed at build time, the layout "
-                               "carried through element-wise, pooling and reduction operators; `none` keeps NCHW")
+        "blocked", description="graph-level layouts: `blocked` puts every dense and depthwise conv2d in N C/c H W "
+                               "c (block factors for the target's vector width), weights packed at build time, "
+                               "the layout carried through element-wise, pooling and reduction operators; a conv "
+                               "whose layout TVM's layout pass cannot carry keeps NCHW, with conversions at its "
+                               "boundary; `none` keeps NCHW everywhere")
     budget: int = Field(64, ge=1, le=MAX_INT32, description="on-device measurements for the whole model (at most "
                                                             "the server's ALTUNE_MAX_BUDGET)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search and of the check's inputs")

@@ -8,7 +8,7 @@
     outs = run_model(built, inputs)                    # numpy in, numpy out
     write_model_artifact(dest, model, built, target, ...)  # lib.so, params.npz, manifest.json, run.py
 
-Import: `relax.frontend.torch.from_exported_program(keep_params_as_input=True)`
+Import: torch's core-ATen decompositions, then `relax.frontend.torch.from_exported_program(keep_params_as_input=True)`
 (parameters stay arguments of "main", after the user inputs, so they ship
 beside the library and are never baked into it), then `DecomposeOpsForInference`,
 `LegalizeOps`, `AnnotateTIROpPattern`, `FoldConstant`, `FuseOps`, `FuseTIR`: the
@@ -27,10 +27,18 @@ tasks. Element-wise producers and consumers inside a fused task share its
 layout (FuseOps put them in the same PrimFunc); across tasks no propagation is
 done yet (see docs/design.md).
 
-The package, one module a step: `..pt2` (loading an upload safely), `importer` (import_model,
-ImportedModel), `layouts` (the graph-level layout policy), `tasks` (ModelTask, extract_tasks), `build`
-(build_model, run_model, time_model), `artifact` (the downloadable artifact). This module re-exports
-what the rest of altune uses.
+Import never hands a TVM internal error to the user: `converters` adds converters for common ATen operators
+TVM's importer lacks and names the operator and fx node of any it cannot import; a conv2d whose blocked layout
+TVM's `ConvertLayout` cannot carry keeps NCHW (conversions at its boundary), and a graph that fails to lower
+after the layout pass is lowered in the model's own layouts (`ImportedModel.notes` says which). `check`
+builds a model with its tuned schedules and checks it whole against the exported program, removing the
+schedules whose model does not match (`build_checked`).
+
+The package, one module a step: `..pt2` (loading an upload safely), `converters` (translate: torch.export ->
+Relax, our converters), `importer` (import_model, ImportedModel), `layouts` (the graph-level layout policy and
+its per-conv fallback), `tasks` (ModelTask, extract_tasks), `build` (build_model, run_model, time_model,
+default_schedule), `check` (build_checked, reference_outputs, time_torch), `artifact` (the downloadable
+artifact). This module re-exports what the rest of altune uses.
 
 Loading an upload safely: `load_exported_program` (`compiler.workloads.pt2`, re-exported here) checks
 the archive and every string of the program's JSON that torch would evaluate, import or unpickle

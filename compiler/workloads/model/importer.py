@@ -63,12 +63,14 @@ def import_model(
         input_shapes: the user's input shapes, checked against the program's; None: the program's.
         layout: "none" (the operators' own layouts, NCHW) or "blocked" (graph-level layouts: every
             dense and depthwise conv2d in `N C/c H W c` with weights `O/o I/i KH KW i o`, the block factors from
-            `conv_blocks`, propagated by `relax.transform.ConvertLayout`; see `MODEL_LAYOUTS`).
+            `conv_blocks`, propagated by `relax.transform.ConvertLayout`; see `MODEL_LAYOUTS`). Convs the layout
+            pass fails on keep NCHW; a converted graph that fails to lower is lowered unconverted (see `notes`).
         target: what the block factors are chosen for (its vector width); None: "llvm" defaults.
         max_tensor_elements: largest accepted input, parameter or intermediate tensor.
 
     Raises:
-        ModelError: "model" for unsupported operators (named) or a failed import;
+        ModelError: "model" for unsupported operators (named with their fx nodes), a failed conversion (operator
+            and node) or an operator that cannot be lowered even in the model's own layouts;
             "input_shapes" for shapes that differ from the program's, dynamic
             shapes, or a tensor over `max_tensor_elements`.
     """
