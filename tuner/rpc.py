@@ -151,8 +151,11 @@ def _child_run_rpc(
     phase("request")
     try:
         host, port = parse_tracker(rpc_options["tracker"])
-        session = rpc.connect_tracker(host, port).request(key, priority=1, max_retry=1,
-                                                          session_timeout=rpc_options["session_timeout"])
+        tracker = rpc.connect_tracker(host, port)
+        try:
+            session = tracker.request(key, priority=1, max_retry=1, session_timeout=rpc_options["session_timeout"])
+        finally:
+            tracker.close()  # the lease is the session with the server; the tracker only brokered it
         session.upload(lib_path, remote_name)
         lib = session.load_module(remote_name)
         dev = session.cpu(0) if target.kind.name == "llvm" else session.device(target.kind.name, 0)

@@ -106,8 +106,8 @@ def devices(tmp_path) -> Iterator[Devices]:
         d = Devices(log)
         with _tvm_process(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(d.port),
                            "--port-end", str(d.port + 1)], log):
-            d.first = d.start_server(wait=False)  # it retries until the tracker listens
             _wait("the tracker", lambda: _registered(d.address) >= 0)
+            d.first = d.start_server(wait=False)  # registers while the test sets up (before the tracker: 5 s retries)
             try:
                 yield d
             finally:
