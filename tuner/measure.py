@@ -124,8 +124,18 @@ def _child_arrays(path: str) -> Any:
 
     if path not in _CHILD_CACHE:
         with np.load(path) as data:
-            _CHILD_CACHE[path] = [data[f"arr_{i}"] for i in range(len(data.files))]
+            # np.savez stores an ml_dtypes bfloat16 array as 2-byte voids: the only such type we save
+            _CHILD_CACHE[path] = [_bfloat16(data[f"arr_{i}"]) for i in range(len(data.files))]
     return _CHILD_CACHE[path]
+
+
+def _bfloat16(array: Any) -> Any:
+    """`array` as bfloat16 where np.load gave 2-byte voids (a saved bfloat16 array), else itself."""
+    if array.dtype.kind != "V" or array.dtype.itemsize != 2:
+        return array
+    import ml_dtypes
+
+    return array.view(ml_dtypes.bfloat16)
 
 
 def _child_build(mod_json: str, target_config: dict, pipeline: Pipeline, lib_path: str,

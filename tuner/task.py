@@ -64,8 +64,15 @@ def task_from_spec(spec: Mapping[str, Any], *, max_tensor_elements: int | None =
     limit = {} if max_tensor_elements is None else {"max_tensor_elements": max_tensor_elements}
     workload = make_workload(spec["operator"], spec["params"], spec.get("dtype", "float32"),
                              spec.get("epilogue", "none"), **limit)
+    inputs = expected = None
+    if workload.dtype != "float32":
+        # the workload's own inputs (int8: every uint8/int8 value, signed weights; the measurer's default
+        # draws non-negative integers) and torch's output, so every search checks candidates against torch
+        inputs = workload.random_inputs(0)
+        expected = workload.reference(inputs)
     return Task(name=workload.operator, workload_key=workload.key, prim_func=workload.prim_func,
-                target=resolve_target(spec.get("target", "host")), workload=workload)
+                target=resolve_target(spec.get("target", "host")), inputs=inputs, expected=expected,
+                workload=workload)
 
 
 def build_pipeline(spec: Mapping[str, Any]) -> Pipeline:

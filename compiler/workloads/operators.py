@@ -10,6 +10,23 @@ transposed-convolution weights (in_channels, out_channels / groups, kh, kw), den
 weights (N, K) as in `torch.nn.functional.linear`, batch_matmul operands
 (B, M, K) x (B, K, N) as in `torch.bmm`. Kernels are square (cubic) and stride,
 padding and dilation are the same along every spatial axis.
+
+Element types (`DTYPES`; the operators that take each: `OperatorDef.dtypes`, checked by `validate`):
+
+- "float32": every operator; inputs, bias and output fp32.
+- "int8" (conv2d, dense, batch_matmul): uint8 activations x int8 weights, int32 accumulation, **int32 output**
+  (the raw accumulator) and an int32 bias. u8 x s8 is the form x86's dot-product instructions take (VNNI
+  `vpdpbusd`, `vpmaddubsw`) and what oneDNN, FBGEMM and TVM's QNN use for quantized convolutions and GEMMs;
+  the output is not requantized here: requantization (`round(acc * scale) + zero_point`, clipped) needs a
+  real-valued scale per tensor or channel that the catalog's integer parameters cannot carry, and a user who
+  tunes an operator wants the accumulator to requantize as their framework does (`torch.ao`'s and TVM's QNN
+  quantized linear/conv are an int32 accumulation followed by a separate requantize). Every uint8 and int8
+  value is allowed (the tensor instructions that saturate on activations >= 128 are never used for catalog
+  programs, see `compiler.passes.tensorize`); the reduction length is limited so the int32 accumulator
+  cannot overflow (`INT8_MAX_REDUCTION`). The torch reference computes in float64 and is exact.
+- "bfloat16" (conv2d, dense, batch_matmul): bfloat16 data and weight, fp32 accumulation, **float32 output**
+  and bias (the accumulator, not rounded back to bf16; a bf16 consumer rounds it once itself). The reference
+  widens the bf16 values to fp32 (exactly) and the check has the fp32 tolerance of `compiler.arrays`.
 """
 
 from __future__ import annotations
@@ -26,7 +43,15 @@ if TYPE_CHECKING:
     import tvm
 
 EPILOGUES = ("none", "bias", "relu", "bias_relu")
-DTYPES = ("float32",)
+DTYPES = ("float32", "int8", "bfloat16")
+# job dtype -> (data, weight, output and bias) element types: the operands and the accumulator
+STORAGE: dict[str, tuple[str, str, str]] = {
+    "float32": ("float32", "float32", "float32"),
+    "int8": ("uint8", "int8", "int32"),
+    "bfloat16": ("bfloat16", "bfloat16", "float32"),
+}
+# the longest int8 reduction whose int32 sums cannot overflow: 255 * 128 * n <= 2**31 - 1
+INT8_MAX_REDUCTION = (2**31 - 1) // (255 * 128)
 DEFAULT_MAX_TENSOR_ELEMENTS = 2**28
 
 
@@ -57,6 +82,7 @@ class OperatorDef:
     name: str
     description: str
     params: tuple[Param, ...]
+    dtypes: tuple[str, ...] = ("float32",)  # the element types it takes (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -130,6 +156,7 @@ OPERATORS: dict[str, OperatorDef] = {
             "conv2d",
             "2-D convolution, NCHW input x OIHW weight",
             _conv2d_params(dilation_default=1),
+            DTYPES,
         ),
         OperatorDef(
             "depthwise_conv2d",
@@ -209,6 +236,7 @@ OPERATORS: dict[str, OperatorDef] = {
                 Param("n", 1, _MAX_DIM, None, "rows of weight, columns of output (N)"),
                 Param("k", 1, _MAX_DIM, None, "reduction length (K)"),
             ),
+            DTYPES,
         ),
         OperatorDef(
             "batch_matmul",
@@ -219,6 +247,7 @@ OPERATORS: dict[str, OperatorDef] = {
                 Param("n", 1, _MAX_DIM, None, "columns of weight and output (N)"),
                 Param("k", 1, _MAX_DIM, None, "reduction length (K)"),
             ),
+            DTYPES,
         ),
     )
 }
@@ -226,6 +255,11 @@ OPERATORS: dict[str, OperatorDef] = {
 
 # ---------------------------------------------------------------------------
 # Per-operator shapes, checks, TE definitions and torch references.
+
+
+def _out_dtype(data: Any) -> str | None:
+    """The accumulator and output type of an operator reading `data` (None: topi's default, the input's)."""
+    return {"uint8": "int32", "int8": "int32", "bfloat16": "float32"}.get(str(data.dtype))
 
 
 def _conv_out(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -294,7 +328,7 @@ def _conv2d_te(p: dict[str, int], data: Any, weight: Any) -> Any:
 
     groups = p.get("groups", 1)
     if groups == 1:
-        return topi.nn.conv2d_nchw(data, weight, p["stride"], p["padding"], p["dilation"])
+        return topi.nn.conv2d_nchw(data, weight, p["stride"], p["padding"], p["dilation"], _out_dtype(data))
     return topi.nn.group_conv2d_nchw(data, weight, p["stride"], p["padding"], p["dilation"], groups)
 
 
@@ -467,7 +501,7 @@ def _dense_shapes(p: dict[str, int]) -> _Shapes:
 def _dense_te(p: dict[str, int], data: Any, weight: Any) -> Any:
     from tvm import topi
 
-    return topi.nn.dense(data, weight)
+    return topi.nn.dense(data, weight, out_dtype=_out_dtype(data))
 
 
 def _dense_ref(p: dict[str, int], x: Any, w: Any) -> Any:
@@ -484,7 +518,7 @@ def _bmm_shapes(p: dict[str, int]) -> _Shapes:
 def _bmm_te(p: dict[str, int], data: Any, weight: Any) -> Any:
     from tvm import topi
 
-    return topi.nn.batch_matmul(data, weight, transpose_a=False, transpose_b=False)
+    return topi.nn.batch_matmul(data, weight, transpose_a=False, transpose_b=False, out_dtype=_out_dtype(data))
 
 
 def _bmm_ref(p: dict[str, int], x: Any, w: Any) -> Any:
@@ -542,8 +576,11 @@ def validate(
     op = catalog.get(operator) if isinstance(operator, str) else None
     if op is None:
         raise WorkloadError("operator", f"unknown operator {operator!r}; known: {', '.join(catalog)}")
-    if dtype not in DTYPES:
-        raise WorkloadError("dtype", f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+    if dtype not in op.dtypes:
+        takes = ", ".join(name for name, o in OPERATORS.items() if dtype in o.dtypes) if dtype in DTYPES else ""
+        raise WorkloadError("dtype", f"unsupported dtype {dtype!r} for {operator}; supported for {operator}: "
+                            f"{', '.join(op.dtypes)}" + (f" ({dtype} is supported for {takes})" if takes else
+                                                         f"; known dtypes: {', '.join(DTYPES)}"))
     if epilogue not in EPILOGUES:
         raise WorkloadError("epilogue", f"unknown epilogue {epilogue!r}; known: {', '.join(EPILOGUES)}")
     if not isinstance(params, dict):
@@ -578,6 +615,10 @@ def validate(
         impl.check(normalized)
         shapes = impl.shapes(normalized)
         tensors = [("data", shapes.data), ("weight", shapes.weight), ("output", shapes.output)]
+        reduction = shapes.macs // math.prod(shapes.output)
+        if dtype == "int8" and reduction > INT8_MAX_REDUCTION:
+            raise WorkloadError("params", f"int8 {operator} sums {reduction} products per output, more than "
+                                f"{INT8_MAX_REDUCTION}: its int32 accumulator could overflow")
     for role, shape in tensors:
         size = math.prod(shape)
         if size > max_tensor_elements:
@@ -694,10 +735,20 @@ class Workload:
         return names[0]
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Uniform [-1, 1) inputs in call order, reproducible from `seed` (`compiler.arrays.random_inputs`)."""
+        """Inputs in call order, reproducible from `seed`: floats uniform in [-1, 1) (`compiler.arrays.
+        random_inputs`; bfloat16 rounded from them); int8 jobs every value of their types (uint8 data in
+        [0, 256), int8 weights in [-128, 128): the saturating u8 x s8 instructions are never used for catalog
+        programs, so the full range is valid and tests it) and an int32 bias in [-2**16, 2**16)."""
+        import numpy as np
+
         from compiler.arrays import random_inputs
 
-        return random_inputs([(tuple(s.shape), s.dtype) for s in self.inputs], seed)
+        if self.dtype != "int8":
+            arrays = random_inputs([(tuple(s.shape), "float32") for s in self.inputs], seed)
+            return [a.astype(_numpy_dtype(s.dtype)) for a, s in zip(arrays, self.inputs)]
+        rng = np.random.default_rng(seed)
+        bounds = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-2**16, 2**16)}
+        return [rng.integers(*bounds[s.dtype], size=s.shape).astype(s.dtype) for s in self.inputs]
 
     def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
         """Computes the workload with torch: the ground truth every candidate is checked against.
@@ -708,13 +759,17 @@ class Workload:
         Returns:
             The output as a numpy array of `output.shape`.
         """
+        import numpy as np
         import torch
 
         assert len(inputs) == len(self.inputs), f"{len(inputs)=} != {len(self.inputs)=}"
         for array, spec in zip(inputs, self.inputs):
             assert tuple(array.shape) == spec.shape, f"{spec.name}: {array.shape=} != {spec.shape=}"
+        # int8: float64 holds every sum of u8 x s8 products below 2**53 exactly (the result is rounded back
+        # to int32 below); bf16: its values widen to fp32 exactly, and fp32 is what our program accumulates in
+        wide = {"float32": np.float32, "int8": np.float64, "bfloat16": np.float32}[self.dtype]
         with torch.no_grad():
-            x, w, *rest = (torch.from_numpy(a) for a in inputs)
+            x, w, *rest = (torch.from_numpy(np.asarray(a).astype(wide)) for a in inputs)
             y = _IMPLS[self.operator].reference(self.params, x, w)
             if self.epilogue in ("bias", "bias_relu"):
                 view = [1] * y.dim()
@@ -723,8 +778,19 @@ class Workload:
             if self.epilogue in ("relu", "bias_relu"):
                 y = torch.relu(y)
         out = y.numpy()
+        if self.dtype == "int8":
+            out = np.rint(out).astype(np.int32)
         assert out.shape == self.output.shape, f"{out.shape=} != {self.output.shape=}"
         return out
+
+
+def _numpy_dtype(dtype: str) -> Any:
+    """The numpy type of a TVM dtype name (bfloat16 is `ml_dtypes.bfloat16`, which TVM also takes)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return dtype
 
 
 def make_workload(
@@ -757,9 +823,10 @@ def make_workload(
     if operator in SUBGRAPHS:  # a chain of operators, fused by `compiler.passes.basteln`
         return make_subgraph(operator, normalized, dtype, epilogue, workload_key(operator, normalized, dtype, epilogue))
     shapes = _IMPLS[operator].shapes(normalized)
-    inputs = [TensorSpec("data", shapes.data, dtype), TensorSpec("weight", shapes.weight, dtype)]
+    data_t, weight_t, out_t = STORAGE[dtype]
+    inputs = [TensorSpec("data", shapes.data, data_t), TensorSpec("weight", shapes.weight, weight_t)]
     if epilogue in ("bias", "bias_relu"):
-        inputs.append(TensorSpec("bias", (shapes.output[shapes.bias_axis],), dtype))
+        inputs.append(TensorSpec("bias", (shapes.output[shapes.bias_axis],), out_t))
     out_size = math.prod(shapes.output)
     epilogue_flops = out_size * (("bias" in epilogue) + ("relu" in epilogue))
     return Workload(
@@ -769,7 +836,7 @@ def make_workload(
         epilogue=epilogue,
         key=workload_key(operator, normalized, dtype, epilogue),
         inputs=tuple(inputs),
-        output=TensorSpec("output", shapes.output, dtype),
+        output=TensorSpec("output", shapes.output, out_t),
         flops=2 * shapes.macs + epilogue_flops,
         _bias_axis=shapes.bias_axis,
     )
