@@ -7,7 +7,9 @@ count. Detection runs once per process.
 LLVM names the CPU from its family and model, so a virtual machine that hides
 some of its vector units (a Zen 4 without AVX-512 here) still gets "znver4" and code
 that dies with SIGILL: `host_mattr` turns off every vector feature of that CPU
-which the kernel does not report (`/proc/cpuinfo`), and the target carries it.
+which the kernel does not report (`/proc/cpuinfo`), and the target carries it. The
+other way too: a CPU newer than LLVM's name for it (a "rocketlake" with bf16 and
+AVX-VNNI) gets those features turned on.
 
 TVM's CPU thread pool halves the logical core count on x86 (it assumes
 hyper-threading), so on a 2-core machine without SMT it ran every parallel loop
@@ -41,9 +43,18 @@ _CPUINFO_NAMES = {"bmi1": "bmi", "sha_ni": "sha", "pclmulqdq": "pclmul", "sse4_1
 _CHECKED = ("avx", "fma", "f16c", "gfni", "vaes", "vpclmulqdq", "amx", "sha", "bmi", "sse4")  # prefixes
 
 
+# vector features a CPU may have beyond what LLVM's model of it assumes (a newer CPU LLVM names after an
+# older model: a Sapphire Rapids VM seen as "rocketlake" has avx512_bf16 and avx_vnni): /proc/cpuinfo's
+# name -> LLVM's; only these are turned on, so LLVM never meets a name it does not know
+_ADDABLE = {"avx512_bf16": "avx512bf16", "avx_vnni": "avxvnni", "avx512_vnni": "avx512vnni",
+            "avx512_fp16": "avx512fp16", "avx512_vbmi2": "avx512vbmi2", "avx512_bitalg": "avx512bitalg",
+            "avx512_vpopcntdq": "avx512vpopcntdq", "gfni": "gfni", "vaes": "vaes", "vpclmulqdq": "vpclmulqdq"}
+
+
 @functools.cache
 def host_mattr() -> tuple[str, ...]:
-    """"-feature" for each vector feature LLVM assumes of `host_cpu` that this machine does not have.
+    """"-feature" for each vector feature LLVM assumes of `host_cpu` that this machine does not have, and
+    "+feature" for each of `_ADDABLE` it has that LLVM's model of the CPU lacks.
 
     Empty where the kernel's flags cannot be read (not Linux): LLVM's CPU model is then trusted.
     """
@@ -59,8 +70,9 @@ def host_mattr() -> tuple[str, ...]:
         return ()
     present = {_CPUINFO_NAMES.get(flag, flag.replace("_", "")) for flag in flags}
     assumed = codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()}))
-    return tuple(f"-{feature}" for feature in sorted(assumed)
-                 if feature.startswith(_CHECKED) and feature not in present)
+    off = [f"-{feature}" for feature in sorted(assumed) if feature.startswith(_CHECKED) and feature not in present]
+    on = [f"+{name}" for flag, name in sorted(_ADDABLE.items()) if flag in flags and name not in assumed]
+    return tuple(off + on)
 
 
 @dataclass(frozen=True)

@@ -300,7 +300,9 @@ def test_vnni_runs_exact_on_full_uint8(host_target):
     # replaces an instruction only by an equivalent one)
     mod, blk = _gemm_mod(19, 40, 130, "int8", host_target)
     _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
-    assert set(report["main"].used) == {"dot_u8i8_vnni512"}, report
+    # an 8-lane remainder may take AVX-VNNI's ymm form where the CPU has it: exact too
+    assert "dot_u8i8_vnni512" in report["main"].used, report
+    assert set(report["main"].used) <= {"dot_u8i8_vnni512", "dot_u8i8_avxvnni"}, report
     a, b, ref = _gemm_data(19, 40, 130, "int8", kernels.OPERANDS["int8"], np.random.default_rng(5))
     got, lib = _run(mod, host_target, [a, kernels.pack_gemm_weight(b, blk.lanes, blk.group)], (19, 40), "int32")
     np.testing.assert_array_equal(got, ref)
