@@ -7,6 +7,21 @@ timing methods. MetaSchedule tunes with as many on-device measurements as our
 budget (`max_trials_global=budget`), in a fresh work directory each call so that
 no earlier run's database warm-starts it, with its logs kept in that directory.
 
+MetaSchedule at its best (`metaschedule(..., layout_free=True)`): the constants
+(weight, bias: every input but the activations of `compiler.layout.program.ACTIVATIONS`,
+the ones ours packs for free) are marked layout-free (the PrimFunc attribute
+`layout_free_buffers`, as Relax's `AttachAttrLayoutFreeBuffers` marks constant weights),
+so its `RewriteLayout` postprocessor may store them in the layout its schedule reads
+best. Its builder times candidates with the rewrite block removed
+(`RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)`) and random arguments in the
+rewritten shapes; the best program here is split as Relax splits it
+(`relax.transform.SplitLayoutRewritePreproc`): a prepack function run once on the
+constants (`Prepacked`) and the compute function that is checked and timed on them.
+
+torch (`torch_operator`): the operator as an `nn.Module` whose constants are
+parameters, so `torch.compile(freezing=True)` may fold and prepack them as
+MetaSchedule's and our packing do; `bench.common.time_torch` times it as each variant.
+
 Only `bench` uses these (the product never times torch or MetaSchedule): bench -> tuner -> compiler.
 TVM, numpy and torch are imported inside functions.
 """
@@ -15,16 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.common import MIN_REPEAT_MS, REPEAT, calibrate
 from compiler.arrays import arg_specs, check_close, device, random_inputs
 from tuner.measure import one_line
 
@@ -34,8 +49,6 @@ if TYPE_CHECKING:
 
     from compiler.workloads import Workload
 
-MIN_REPEAT_MS = 50.0  # each timed repeat runs the program for at least this long
-REPEAT = 5  # repeats whose median is the latency
 _MS_LOGGER = "tvm.s_tir.meta_schedule"
 
 
@@ -53,6 +66,8 @@ class Baseline:
             program's; None when there was no program to check.
         work_dir: where the tuner's database and logs were written (removed
             afterwards when the caller gave no work_dir).
+        prepacked: with layout-free constants, how `mod`'s arguments are made from the
+            untransformed program's inputs (`Prepacked.args`); None: they are those inputs.
     """
 
     latency_ms: float | None
@@ -62,6 +77,101 @@ class Baseline:
     trials: int = 0
     correct: bool | None = None
     work_dir: str | None = None
+    prepacked: Prepacked | None = None
+
+    def args(self, inputs: Sequence[np.ndarray], target: tvm.target.Target) -> list[np.ndarray]:
+        """The inputs `mod`'s "main" takes for the untransformed program's `inputs` (constants prepacked)."""
+        return list(inputs) if self.prepacked is None else self.prepacked.args(inputs, target)
+
+
+@dataclass(frozen=True)
+class Prepacked:
+    """A program whose layout-free constants are rewritten once, beforehand (as Relax runs MetaSchedule's).
+
+    Attributes:
+        pack: "main"(the constants it rewrites..., their rewritten copies...) (an IRModule), None
+            when nothing was rewritten.
+        pack_inputs: which of the untransformed inputs `pack` takes, in its order.
+        main_args: for each input of the timed "main": ("input", i), the untransformed input i,
+            or ("packed", j), `pack`'s output j.
+        rewritten: names of the constants stored in another layout.
+    """
+
+    pack: Any
+    pack_inputs: tuple[int, ...]
+    main_args: tuple[tuple[str, int], ...]
+    rewritten: tuple[str, ...] = ()
+
+    def args(self, inputs: Sequence[np.ndarray], target: tvm.target.Target) -> list[np.ndarray]:
+        """The timed main's inputs: the untransformed `inputs`, the rewritten constants computed by `pack`."""
+        import numpy as np
+        import tvm
+
+        packed: list[np.ndarray] = []
+        if self.pack is not None:
+            dev = device(target)
+            outs = arg_specs(self.pack["main"])[len(self.pack_inputs):]
+            args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i]), dev) for i in self.pack_inputs]
+            args += [tvm.runtime.tensor(np.zeros(shape, dtype), dev) for shape, dtype in outs]
+            tvm.compile(self.pack, target=target).jit()["main"](*args)
+            packed = [a.numpy() for a in args[len(self.pack_inputs):]]
+        return [inputs[i] if kind == "input" else packed[i] for kind, i in self.main_args]
+
+
+def layout_free_indices(prim_func: tvm.tirx.PrimFunc) -> list[int]:
+    """The parameters Relax would mark layout-free: the constants (every input but the activations and the
+    output), found by their buffer names as `compiler.layout` names them."""
+    from compiler.layout.program import ACTIVATIONS
+
+    names = [str(v.name) for v in prim_func.params]
+    return [i for i, name in enumerate(names[:-1]) if name not in ACTIVATIONS]
+
+
+def split_layout_rewrite(mod: tvm.IRModule, prim_func: tvm.tirx.PrimFunc) -> tuple[tvm.IRModule, Prepacked]:
+    """Splits MetaSchedule's best program into the constants' prepack and the compute (Relax's
+    `SplitLayoutRewritePreproc`, on a Relax function that calls it as a model would).
+
+    Args:
+        mod: the scheduled module ("main", with `meta_schedule.layout_rewrite_preproc` blocks where
+            `RewriteLayout` rewrote a layout-free buffer).
+        prim_func: the untransformed program (its inputs name the arguments).
+
+    Returns:
+        ("main": the compute, taking the rewritten constants; how to make its arguments).
+    """
+    import tvm
+    from tvm import relax
+
+    func = mod["main"]
+    specs = arg_specs(prim_func)
+    names = [str(v.name) for v in prim_func.params]
+    params = [relax.Var(name, relax.TensorType(list(shape), dtype)) for name, (shape, dtype) in zip(names, specs[:-1])]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        compute = bb.add_func(func.without_attr("global_symbol"), "compute")
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_tir(compute, relax.Tuple(params), relax.TensorType(list(specs[-1][0]),
+                                                                                             specs[-1][1])))
+        bb.emit_func_output(out)
+    split = relax.transform.SplitLayoutRewritePreproc()(bb.get())
+    where: dict[Any, tuple[str, int]] = {p: ("input", i) for i, p in enumerate(params)}
+    pack_gv, pack_inputs, main_gv, main_args = None, (), compute, ()
+    for binding in split["main"].body.blocks[0].bindings:
+        value = binding.value
+        if isinstance(value, relax.Call) and isinstance(value.args[0], tvm.ir.GlobalVar):
+            args = tuple(where[a] for a in value.args[1].fields)
+            if value.args[0].name_hint.endswith("_prepack"):
+                pack_gv, pack_inputs = value.args[0], tuple(i for _, i in args)
+                where[binding.var] = ("packed", 0)  # one rewritten constant; several: a tuple, taken apart below
+            else:
+                main_gv, main_args = value.args[0], args
+        elif isinstance(value, relax.TupleGetItem):
+            where[binding.var] = ("packed", value.index)
+    timed = tvm.IRModule({"main": split[main_gv].with_attr("global_symbol", "main")})
+    pack = None if pack_gv is None else tvm.IRModule({"main": split[pack_gv].with_attr("global_symbol", "main")})
+    rewritten = tuple(names[i] for i in pack_inputs)
+    return timed, Prepacked(pack, pack_inputs, main_args or tuple(("input", i) for i in range(len(params))),
+                            rewritten)
 
 
 def time_ms(
@@ -115,6 +225,8 @@ def build_and_run(
     prim_func: tvm.tirx.PrimFunc,
     target: tvm.target.Target,
     inputs: Sequence[np.ndarray],
+    *,
+    pipeline: str | None = None,
 ) -> tuple[tvm.runtime.Module, list[tvm.runtime.Tensor], np.ndarray]:
     """Builds `mod` and runs it once on `inputs`.
 
@@ -123,6 +235,8 @@ def build_and_run(
         prim_func: the untransformed program (gives the output shape and dtype).
         target: the TVM target.
         inputs: input arrays in call order.
+        pipeline: one of our TIR pipelines (`compiler.build.compile_module`: how ours and its
+            artifacts are built); None: TVM's default (`tvm.compile`, how a baseline is built).
 
     Returns:
         (the compiled module, its arguments on the device, the output as an array): what
@@ -131,8 +245,10 @@ def build_and_run(
     import numpy as np
     import tvm
 
+    from compiler.build import compile_module
+
     dev = device(target)
-    lib = tvm.compile(mod, target=target).jit()
+    lib = (tvm.compile(mod, target=target) if pipeline is None else compile_module(mod, target, pipeline)).jit()
     shape, dtype = _output_spec(prim_func)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dtype), dev))
@@ -156,30 +272,6 @@ def run_and_time(
     """
     lib, args, out = build_and_run(mod, prim_func, target, inputs)
     return out, time_ms(lib, args, args[-1].device, repeat=repeat, min_repeat_ms=min_repeat_ms)
-
-
-def interleaved_ms(
-    timers: Mapping[str, Callable[[], float]], rounds: int = REPEAT, *, settle_s: float = 0.1
-) -> dict[str, float]:
-    """Each timer's median reading (ms) over `rounds` rounds that take the timers in turn.
-
-    A shared machine's speed drifts over minutes (this one ran the same program at
-    1.06 and at 1.22 ms a few minutes apart), so two latencies timed minutes apart
-    carry the drift into their ratio. Taken in turn, every program sees the same
-    moments. `settle_s` between two readings lets the last one's spinning threads
-    go to sleep.
-
-    Args:
-        timers: name -> a call that times one program once (e.g. `time_ms` with
-            repeat=1, a `TorchTimer`).
-        rounds: readings per timer.
-    """
-    readings: dict[str, list[float]] = {name: [] for name in timers}
-    for _ in range(rounds):
-        for name, timer in timers.items():
-            time.sleep(settle_s)
-            readings[name].append(timer())
-    return {name: statistics.median(values) for name, values in readings.items()}
 
 
 def untuned_latency(
@@ -288,6 +380,7 @@ def metaschedule(
     inputs: Sequence[np.ndarray] | None = None,
     expected: np.ndarray | None = None,
     num_tuning_cores: int | None = None,
+    layout_free: bool = False,
 ) -> Baseline:
     """Tunes `prim_func` with TVM MetaSchedule, then checks and times its best program.
 
@@ -303,6 +396,9 @@ def metaschedule(
             program when None.
         num_tuning_cores: cores for MetaSchedule's builder, runner and cost model;
             the target's num-cores (else all of this process's cores) when None.
+        layout_free: mark the constants layout-free (`layout_free_indices`), as Relax does, so
+            MetaSchedule may rewrite their layouts; the best program is then split into a prepack
+            run once and the compute that is checked and timed (`Baseline.prepacked`).
 
     Returns:
         A `Baseline`; a failure (no valid schedule, a crash, a wrong result) is
@@ -313,14 +409,15 @@ def metaschedule(
         with tempfile.TemporaryDirectory(prefix="altune-ms-") as tmp:
             result = metaschedule(
                 prim_func, target, budget, tmp, seed=seed, inputs=inputs, expected=expected,
-                num_tuning_cores=num_tuning_cores,
+                num_tuning_cores=num_tuning_cores, layout_free=layout_free,
             )
-        return Baseline(result.latency_ms, result.tune_s, result.mod, result.error, result.trials, result.correct)
+        return Baseline(result.latency_ms, result.tune_s, result.mod, result.error, result.trials, result.correct,
+                        prepacked=result.prepacked)
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="ms-", dir=work_dir))
     return _metaschedule_in(
         prim_func, target, budget, run_dir, seed=seed, inputs=inputs, expected=expected,
-        num_tuning_cores=num_tuning_cores,
+        num_tuning_cores=num_tuning_cores, layout_free=layout_free,
     )
 
 
@@ -344,9 +441,12 @@ def _metaschedule_in(
     inputs: Sequence[np.ndarray] | None,
     expected: np.ndarray | None,
     num_tuning_cores: int | None,
+    layout_free: bool = False,
 ) -> Baseline:
     from tvm.s_tir import meta_schedule as ms
 
+    if layout_free:
+        prim_func = prim_func.with_attr("layout_free_buffers", layout_free_indices(prim_func))
     mod = _as_module(prim_func)
     cores = num_tuning_cores or target_cores(target)
     # One-time process start-up, not search: kept out of tune_s.
@@ -375,20 +475,24 @@ def _metaschedule_in(
     if sch is None:
         return Baseline(None, tune_s, error=f"MetaSchedule found no valid schedule in {trials} trials",
                         trials=trials, work_dir=str(run_dir))
-    best = sch.mod
+    best, prepacked = sch.mod, None
     inputs = random_args(prim_func) if inputs is None else inputs
     try:
         if expected is None:
             expected = reference_output(prim_func, target, inputs)
-        out, ms_latency = run_and_time(best, prim_func, target, inputs)
+        args = list(inputs)
+        if layout_free:  # the constants rewritten once, beforehand; the compute checked and timed
+            best, prepacked = split_layout_rewrite(best, prim_func)
+            args = prepacked.args(inputs, target)
+        out, ms_latency = run_and_time(best, prim_func, target, args)
     except Exception as e:
         return Baseline(None, tune_s, best, f"MetaSchedule's best program failed to run: {one_line(e)}",
-                        trials, work_dir=str(run_dir))
+                        trials, work_dir=str(run_dir), prepacked=prepacked)
     mismatch = check_close(out, expected)
     if mismatch is not None:
         return Baseline(None, tune_s, best, f"MetaSchedule's best program is wrong: {mismatch}", trials,
-                        correct=False, work_dir=str(run_dir))
-    return Baseline(ms_latency, tune_s, best, None, trials, correct=True, work_dir=str(run_dir))
+                        correct=False, work_dir=str(run_dir), prepacked=prepacked)
+    return Baseline(ms_latency, tune_s, best, None, trials, correct=True, work_dir=str(run_dir), prepacked=prepacked)
 
 
 # ---------------------------------------------------------------------------
@@ -458,105 +562,32 @@ def torch_output(workload: Workload, inputs: Sequence[np.ndarray]) -> np.ndarray
         return _torch_op(workload)([torch.from_numpy(a) for a in inputs]).numpy()
 
 
-def torch_latency(
-    workload: Workload,
-    threads: int | None = None,
-    *,
-    repeat: int = REPEAT,
-    min_repeat_ms: float = MIN_REPEAT_MS,
-    seed: int = 0,
-) -> float:
-    """Median latency (ms) of the torch op computing `workload` (oneDNN on CPU).
-
-    Timed like `time_ms`, in a process of its own (`TorchTimer`): after a warm-up,
-    `repeat` repeats, each calling the op as often as needed to last
-    `min_repeat_ms`; the median of the per-call means. Inputs are torch tensors
-    made beforehand, so no conversion is timed.
-
-    Args:
-        workload: the operator instance (`compiler.workloads.make_workload`).
-        threads: torch intra-op threads; all of this process's cores when None.
-        repeat, min_repeat_ms: see `time_ms`.
-        seed: seed of the random inputs.
-    """
-    with TorchTimer(workload, seed=seed, threads=threads, min_repeat_ms=min_repeat_ms) as timer:
-        return statistics.median(timer() for _ in range(repeat))
-
-
-class TorchTimer:
-    """Times the torch op of a workload in a process of its own; each call is one reading (ms).
-
-    In a process where TVM has run, TVM's thread pool competes with torch's
-    OpenMP threads for the cores (BERT-tiny read 60 ms there, 1.35 ms alone:
-    `bench.models.torch_latency_fresh`). The spawned process imports torch and
-    never runs TVM's thread pool. The op is calibrated on the first reading; a
-    reading is the mean per call over at least `min_repeat_ms`.
-    """
-
-    def __init__(self, workload: Workload, *, seed: int = 0, threads: int | None = None,
-                 min_repeat_ms: float = MIN_REPEAT_MS, timeout_s: float = 600.0):
-        import concurrent.futures
-        import multiprocessing
-
-        self._args = (workload.operator, dict(workload.params), workload.dtype, workload.epilogue, seed,
-                      threads or affinity_cores(), min_repeat_ms)
-        self._timeout_s = timeout_s
-        self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-
-    def __call__(self) -> float:
-        return self._pool.submit(_torch_reading, *self._args).result(timeout=self._timeout_s)
-
-    def close(self) -> None:
-        self._pool.shutdown(cancel_futures=True)
-
-    def __enter__(self) -> TorchTimer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-_TORCH_CALLS: dict[tuple, tuple[Callable[[], Any], int]] = {}  # TorchTimer's child: calibrated calls
-
-
-def _torch_reading(operator: str, params: dict, dtype: str, epilogue: str, seed: int, threads: int,
-                   min_repeat_ms: float) -> float:
-    """One `TorchTimer` reading, in its child process."""
+def torch_operator(operator: str, params: dict, dtype: str = "float32", epilogue: str = "none",
+                   seed: int = 0) -> tuple[Any, list[Any]]:
+    """`bench.common.TorchProgram` factory: the workload as an `nn.Module` in eval mode whose constants (weight,
+    bias) are parameters, and its activation inputs; the arrays of `Workload.random_inputs(seed)`."""
     import torch
 
+    from compiler.layout.program import ACTIVATIONS
     from compiler.workloads import make_workload
 
-    torch.set_num_threads(threads)
-    key = (operator, tuple(sorted(params.items())), dtype, epilogue, seed, min_repeat_ms)
-    if key not in _TORCH_CALLS:
-        workload = make_workload(operator, params, dtype, epilogue)
-        op = _torch_op(workload)
-        tensors = [torch.from_numpy(a) for a in workload.random_inputs(seed)]
-        call = lambda: op(tensors)  # noqa: E731
-        with torch.inference_mode():
-            _TORCH_CALLS[key] = (call, calibrate(call, min_repeat_ms))
-    call, number = _TORCH_CALLS[key]
-    with torch.inference_mode():
-        start = time.perf_counter()
-        for _ in range(number):
-            call()
-        return (time.perf_counter() - start) / number * 1e3
+    workload = make_workload(operator, params, dtype, epilogue)
+    op = _torch_op(workload)
+    arrays = workload.random_inputs(seed)
+    constant = [s.name not in ACTIVATIONS for s in workload.inputs]
 
+    class Operator(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.constants = torch.nn.ParameterList(
+                [torch.nn.Parameter(torch.from_numpy(a), requires_grad=False) for a, c in zip(arrays, constant) if c])
 
-def calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
-    """Warms `call` up and returns how many calls last at least `min_repeat_ms`."""
-    call()  # first call: oneDNN picks and JIT-compiles its kernel
-    number = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(number):
-            call()
-        elapsed_ms = (time.perf_counter() - start) * 1e3
-        if elapsed_ms >= min_repeat_ms:
-            return number
-        # aim 20% past the threshold, at least doubling (TVM's time_evaluator grows the same way)
-        target = number * min_repeat_ms * 1.2 / elapsed_ms if elapsed_ms > 0 else number * 2
-        number = max(number * 2, math.ceil(target))
+        def forward(self, *activations: Any) -> Any:
+            given, kept = iter(activations), iter(self.constants)
+            return op([next(kept) if c else next(given) for c in constant])
+
+    activations = [torch.from_numpy(a) for a, c in zip(arrays, constant) if not c]
+    return Operator().eval(), activations
 
 
 def affinity_cores() -> int:
@@ -568,20 +599,21 @@ def affinity_cores() -> int:
 
 __all__ = [
     "Baseline",
-    "TorchTimer",
+    "Prepacked",
     "build_and_run",
-    "interleaved_ms",
     "affinity_cores",
     "calibrate",
     "fast_tvmscript_import",
+    "layout_free_indices",
     "metaschedule",
     "quiet_metaschedule",
     "random_args",
     "reference_output",
     "run_and_time",
+    "split_layout_rewrite",
     "target_cores",
     "time_ms",
-    "torch_latency",
+    "torch_operator",
     "torch_output",
     "torch_threads",
     "untuned_latency",

@@ -10,7 +10,16 @@ A report is one run on one target:
      "environment": {"commit": str | None, "cpu": str, ...}, ...}
 
 `bench.ops` rows also carry the commit they ran on: a suite run in pieces
-(`--resume`, `--merge`) may span versions of the code.
+(`--resume`, `--merge`) may span versions of the code. A case's "torch_ms" is the best
+of the torch variants it ran (`torch_variants_ms`: variant -> ms or null, `torch_best`:
+the fastest variant's name).
+
+Timing: every program is timed in a fresh process of its own, one at a time, in shuffled
+order (`time_fresh`): TVM's thread pool keeps a worker spinning for about 0.4 s after a
+run, which would steal a core from whatever runs next, and torch's OpenMP threads and
+TVM's compete in one process. A TVM program travels as an exported library and its
+arguments (`TvmProgram`), a torch program as a module-level factory that builds it in
+the child (`TorchProgram`), so the parent never runs torch or a timed TVM program.
 
 A speedup is the baseline's latency over ours (> 1: ours is faster); the
 geomean is the geometric mean of the per-case speedups over the cases where
@@ -24,8 +33,8 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +51,13 @@ CASE_FIELDS: dict[str, tuple[type | None, ...]] = {
     "layout": (str, None),
     "correct": (bool,),
 }
+# optional fields, checked where present
+OPTIONAL_CASE_FIELDS: dict[str, tuple[type | None, ...]] = {
+    "torch_variants_ms": (dict,),  # variant ("eager", "channels_last", "compile") -> ms or null
+    "torch_best": (str, None),
+    "timing": (str,),
+}
+TORCH_VARIANTS = ("eager", "channels_last", "compile")
 
 
 def speedup(baseline_ms: float | None, ours_ms: float | None) -> float | None:
@@ -87,10 +103,19 @@ def check_report(report: dict) -> None:
                        ("geomean", (dict,))):
         if key not in report or not is_a(report[key], kinds) or isinstance(report[key], bool):
             fail(key, report.get(key), " or ".join(k.__name__ for k in kinds if k))
+    def names(kinds: tuple[type | None, ...]) -> str:
+        return " or ".join(k.__name__ if k else "null" for k in kinds)
+
     for i, case in enumerate(report["cases"]):
         for key, kinds in CASE_FIELDS.items():
             if key not in case or not is_a(case[key], kinds):
-                fail(f"cases[{i}].{key}", case.get(key), " or ".join(k.__name__ if k else "null" for k in kinds))
+                fail(f"cases[{i}].{key}", case.get(key), names(kinds))
+        for key, kinds in OPTIONAL_CASE_FIELDS.items():
+            if key in case and not is_a(case[key], kinds):
+                fail(f"cases[{i}].{key}", case[key], names(kinds))
+        for variant, ms in case.get("torch_variants_ms", {}).items():
+            if variant not in TORCH_VARIANTS or not is_a(ms, (float, None)):
+                fail(f"cases[{i}].torch_variants_ms.{variant}", ms, f"float or null of a variant in {TORCH_VARIANTS}")
     for key in ("vs_metaschedule", "vs_torch"):
         if key not in report["geomean"] or not is_a(report["geomean"][key], (float, None)):
             fail(f"geomean.{key}", report["geomean"].get(key), "float or null")
@@ -198,3 +223,207 @@ def format_table(columns: Sequence[Column], rows: Sequence[dict], footer: Sequen
     if foot:
         out += [rule, *map(line, foot)]
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Timing, each program in a fresh process
+
+MIN_REPEAT_MS = 50.0  # each timed repeat runs the program for at least this long
+REPEAT = 5  # repeats whose median is the latency
+
+
+@dataclass(frozen=True)
+class TvmProgram:
+    """A compiled TVM program to time: an exported library and the arguments of its "main".
+
+    Attributes:
+        lib_path: the library (`export_library`).
+        args_path: an .npz of every argument in call order, the output last (`save_args`);
+            None: random arguments of `specs`.
+        specs: (shape, dtype) of every argument, when `args_path` is None.
+        vm: the library is a Relax VM executable (a model): its "main" takes the arguments
+            (inputs, then parameters; no output) and returns the output.
+    """
+
+    lib_path: str
+    args_path: str | None = None
+    specs: tuple = ()
+    vm: bool = False
+
+
+@dataclass(frozen=True)
+class TorchProgram:
+    """A torch program to time, built in the child by `factory(*args) -> (callable, inputs)`.
+
+    `factory` is a module-level function (the child imports it by name). `variant` is one of
+    `TORCH_VARIANTS`: "eager" runs the callable as it is (NCHW), "channels_last" converts its
+    4-D / 5-D inputs and an `nn.Module`'s parameters to channels-last memory first, "compile"
+    runs `torch.compile` (inductor) with `freezing=True`, so an `nn.Module`'s parameters are
+    constants it may fold and prepack.
+    """
+
+    factory: Callable[..., tuple[Any, list]]
+    args: tuple = ()
+    variant: str = "eager"
+
+
+def save_args(arrays: Sequence[Any], path: Path) -> str:
+    """Writes the arguments of a `TvmProgram` (numpy arrays, the output last) to `path` (.npz)."""
+    import numpy as np
+
+    with open(path, "wb") as f:
+        np.savez(f, *[np.ascontiguousarray(a) for a in arrays])
+    return str(path)
+
+
+def _load_args(program: TvmProgram, seed: int) -> list:
+    import numpy as np
+
+    if program.args_path is not None:
+        with np.load(program.args_path) as data:
+            return [data[f"arr_{i}"] for i in range(len(data.files))]
+    from compiler.arrays import random_inputs
+
+    return random_inputs([(tuple(s), d) for s, d in program.specs], seed)
+
+
+def time_library(program: TvmProgram, seed: int = 0) -> float:
+    """Child: loads the program's library and times "main" (ms: median of `REPEAT` repeats of at least
+    `MIN_REPEAT_MS`, `time_evaluator`, the method our measurer uses)."""
+    import statistics
+
+    import tvm
+
+    dev = tvm.cpu(0)
+    lib = tvm.runtime.load_module(program.lib_path)
+    args = [tvm.runtime.tensor(a, dev) for a in _load_args(program, seed)]
+    if program.vm:
+        from tvm import relax
+
+        lib = relax.VirtualMachine(lib, dev)
+    timer = lib.time_evaluator("main", dev, number=1, repeat=REPEAT, min_repeat_ms=int(MIN_REPEAT_MS))
+    return statistics.median(timer(*args).results) * 1e3
+
+
+def calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
+    """Warms `call` up and returns how many calls last at least `min_repeat_ms`."""
+    call()  # first call: oneDNN picks and JIT-compiles its kernel; torch.compile compiles
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        if elapsed_ms >= min_repeat_ms:
+            return number
+        # aim 20% past the threshold, at least doubling (TVM's time_evaluator grows the same way)
+        target = number * min_repeat_ms * 1.2 / elapsed_ms if elapsed_ms > 0 else number * 2
+        number = max(number * 2, math.ceil(target))
+
+
+def _channels_last(tensor: Any) -> Any:
+    import torch
+
+    if tensor.dim() == 4:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    if tensor.dim() == 5:
+        return tensor.contiguous(memory_format=torch.channels_last_3d)
+    return tensor
+
+
+def time_torch(program: TorchProgram, threads: int) -> float:
+    """Child: builds the torch program as its variant and times it like `time_library` (ms per call, median
+    of `REPEAT` readings of at least `MIN_REPEAT_MS` each, after `calibrate`'s warm-up)."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(threads)
+    fn, xs = program.factory(*program.args)
+    if program.variant not in TORCH_VARIANTS:
+        raise ValueError(f"unknown torch variant: {program.variant}")
+    if program.variant == "channels_last":
+        xs = [_channels_last(x) for x in xs]
+        if isinstance(fn, torch.nn.Module):
+            for param in fn.parameters():
+                param.data = _channels_last(param.data)
+    if program.variant == "compile":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.freezing = True
+        fn = torch.compile(fn)
+    with torch.inference_mode():
+        number = calibrate(lambda: fn(*xs), MIN_REPEAT_MS)
+        readings = []
+        for _ in range(REPEAT):
+            start = time.perf_counter()
+            for _ in range(number):
+                fn(*xs)
+            readings.append((time.perf_counter() - start) / number * 1e3)
+    return statistics.median(readings)
+
+
+def in_fresh_process(fn: Callable[..., float], *args: Any, timeout_s: float = 900, log: Any = None) -> float | None:
+    """`fn(*args)` in a new spawned process (one at a time); None when it fails (said on `log`, stderr by
+    default): a crash or a timeout of one program never hides the others."""
+    import concurrent.futures
+    import multiprocessing
+    import sys
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(fn, *args).result(timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001
+            print(f"  timing failed: {type(e).__name__}: {e}", file=log or sys.stderr, flush=True)
+            return None
+
+
+@dataclass
+class Timings:
+    """What `time_fresh` measured: program -> median ms (None: every reading failed), and the order."""
+
+    ms: dict[Hashable, float | None]
+    order: list[Hashable] = field(default_factory=list)
+
+
+def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram], *, seed: int = 0, rounds: int = 1,
+               threads: int | None = None, log: Any = None) -> Timings:
+    """Times every program in a fresh process of its own, one at a time, in shuffled order.
+
+    Args:
+        programs: name -> program.
+        seed: seeds the order (and random TVM arguments).
+        rounds: each round times every program once, in a new shuffled order; a program's
+            latency is the median of its rounds' readings.
+        threads: torch's intra-op threads (default: the cores this process may use).
+        log: where a line per reading goes (None: nowhere).
+    """
+    import random
+    import statistics
+
+    threads = threads or _affinity_cores()
+    rng = random.Random(seed)
+    readings: dict[Hashable, list[float]] = {name: [] for name in programs}
+    order: list[Hashable] = []
+    for _ in range(rounds):
+        names = list(programs)
+        rng.shuffle(names)
+        for name in names:
+            program = programs[name]
+            if isinstance(program, TvmProgram):
+                ms = in_fresh_process(time_library, program, seed, log=log)
+            else:
+                ms = in_fresh_process(time_torch, program, threads, log=log)
+            order.append(name)
+            if ms is not None:
+                readings[name].append(ms)
+            if log is not None:
+                print(f"    {name}: {fmt_ms(ms)} ms", file=log, flush=True)
+    return Timings({name: statistics.median(r) if r else None for name, r in readings.items()}, order)
+
+
+def _affinity_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

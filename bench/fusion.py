@@ -24,9 +24,7 @@ Only `bench` runs this (bench -> tuner -> compiler).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import math
-import multiprocessing
 import random
 import sys
 import tempfile
@@ -36,10 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Column, environment, fmt_ms, fmt_s, fmt_x, format_table, geomean, speedup
-from bench.common import RESULTS_DIR
-
-MIN_REPEAT_MS = 50.0
-REPEAT = 5
+from bench.common import RESULTS_DIR, TorchProgram, TvmProgram, in_fresh_process, time_library, time_torch
 
 
 @dataclass(frozen=True)
@@ -81,71 +76,19 @@ QUICK = ("mobilenet_v2 dw->pw", "bert-base attention")
 
 
 # ---------------------------------------------------------------------------
-# Timing in a fresh process.
+# Timing in a fresh process (`bench.common.time_library`, `time_torch`).
 
 
-def _time_library(lib_path: str, specs: list, seed: int) -> float:
-    """Child: loads an exported library and times "main" on random arguments (ms, median of repeats)."""
-    import statistics
-
-    import tvm
-
-    from compiler.arrays import random_inputs
-
-    lib = tvm.runtime.load_module(lib_path)
-    args = [tvm.runtime.tensor(a) for a in random_inputs([(tuple(s), d) for s, d in specs], seed)]
-    timer = lib.time_evaluator("main", tvm.cpu(0), number=1, repeat=REPEAT, min_repeat_ms=int(MIN_REPEAT_MS))
-    return statistics.median(timer(*args).results) * 1e3
-
-
-def _time_torch(operator: str, params: dict, variant: str, threads: int, seed: int) -> float:
-    """Child: the subgraph in torch as `variant` ("eager", "channels_last", "compile"), ms per call."""
+def _torch_subgraph(operator: str, params: dict, seed: int) -> tuple[Any, list]:
+    """`bench.common.TorchProgram` factory: the subgraph in torch (its reference) and its inputs, in the child."""
     import torch
 
     from compiler.workloads import make_workload
     from compiler.workloads.subgraphs import _DEFS
 
-    torch.set_num_threads(threads)
     w = make_workload(operator, params)
     xs = [torch.from_numpy(a) for a in w.random_inputs(seed)]
-    if variant == "channels_last":
-        xs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in xs]
-    fn = (lambda *t: _DEFS[operator].reference(w.params, list(t)))
-    if variant == "compile":
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True
-        fn = torch.compile(fn)
-    with torch.inference_mode():
-        for _ in range(3):
-            fn(*xs)
-        number, elapsed = 1, 0.0
-        while True:
-            start = time.perf_counter()
-            for _ in range(number):
-                fn(*xs)
-            elapsed = time.perf_counter() - start
-            if elapsed * 1e3 >= MIN_REPEAT_MS:
-                break
-            number *= 2
-        readings = []
-        for _ in range(REPEAT):
-            start = time.perf_counter()
-            for _ in range(number):
-                fn(*xs)
-            readings.append((time.perf_counter() - start) / number * 1e3)
-    readings.sort()
-    return readings[len(readings) // 2]
-
-
-def in_fresh_process(fn: Any, *args: Any, timeout_s: float = 900) -> float | None:
-    """`fn(*args)` in a new spawned process (one at a time); None when it fails."""
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        try:
-            return pool.submit(fn, *args).result(timeout=timeout_s)
-        except Exception as e:  # a crash or a timeout is reported, never hides the other programs
-            print(f"  timing failed: {type(e).__name__}: {e}", file=sys.stderr)
-            return None
+    return (lambda *t: _DEFS[operator].reference(w.params, list(t))), xs
 
 
 # ---------------------------------------------------------------------------
@@ -266,9 +209,10 @@ def time_all(rows: list[dict], threads: int, seed: int) -> None:
     random.Random(seed).shuffle(jobs)
     for row, name, program in jobs:
         if program[0] == "tvm":
-            ms = in_fresh_process(_time_library, program[1], program[2], seed)
+            ms = in_fresh_process(time_library, TvmProgram(program[1], specs=tuple(program[2])), seed)
         else:
-            ms = in_fresh_process(_time_torch, row["operator"], row["params"], program[1], threads, seed)
+            ms = in_fresh_process(time_torch, TorchProgram(_torch_subgraph, (row["operator"], row["params"], seed),
+                                                           program[1]), threads)
         row.setdefault("times", {})[name] = ms
         print(f"  {row['case']:<28} {name:<20} {fmt_ms(ms)} ms", flush=True)
     for row in rows:

@@ -1,73 +1,58 @@
-"""End-to-end benchmark: whole models, ours vs TVM MetaSchedule (Relax integration, same budget) vs torch eager.
+"""End-to-end benchmark: whole models, ours vs TVM MetaSchedule (Relax integration, same budget) vs torch.
 
     python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
                            [--layout blocked|none] [--no-metaschedule] [--no-torch] [--no-untuned]
+                           [--torch-variants eager,channels_last,compile] [--rounds N]
 
 Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
-mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model:
+mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side at its best:
 
 - ours: `compiler.workloads.model.import_model` (torch.export -> Relax,
   graph-level layouts (`--layout`, default "blocked": convs in N C/c H W c, carried
   through the graph), fused tasks), every task our loop space can tune searched with `tuner.tune` in rounds
   that `tuner.scheduler.GradientScheduler` spreads over the tasks (weight = calls),
-  `--budget` measurements in all; the best configuration of every tuned task
-  applied, the model built into a Relax VM executable, checked against torch
-  and timed;
-- MetaSchedule: `ms.relax_integration.tune_relax` with `max_trials_global` = the
-  same budget (its own gradient task scheduler), `compile_relax`, checked and timed;
-- torch: the eager module, all cores, timed in a fresh process (TVM's thread
-  pool slows torch down in a process where TVM has run).
+  `--budget` measurements in all; at the end the best few configurations of every task
+  are measured again and the fastest then kept (`tuner.tune.remeasure_best`, as an
+  operator job does); those applied, the model built into a Relax VM executable
+  (weights packed once, `main_transform_params`), checked against torch;
+- MetaSchedule: TVM's own static-shape tuning flow with CPU weight prepacking
+  (`relax.pipeline.static_shape_tuning_pipeline(cpu_weight_prepack=True)`, with our
+  builder): the weights are parameters marked layout-free (`AttachAttrLayoutFreeBuffers`),
+  `tune_relax` with `max_trials_global` = the same budget, the database applied, the
+  layout rewrites split off and lifted into `main_transform_params`
+  (`SplitLayoutRewritePreproc`, `LiftTransformParams`), run once; checked;
+- torch: eager NCHW, channels_last and `torch.compile` (inductor, `freezing=True`), each
+  reported (`torch_variants_ms`), the fastest the baseline (`torch_ms`).
 
-Latencies are medians of `time_evaluator` repeats of at least 50 ms (torch: the
-same calibration in Python). Prints a table and writes the report (the
-`bench.common` shape) to --json or under bench/results/.
+Every program (the untuned build, ours, MetaSchedule's, each torch variant) is timed in a
+fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
+medians of `time_evaluator` repeats of at least 50 ms (torch: the same calibration in
+Python). Prints a table and writes the report (the `bench.common` shape) to --json or
+under bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
+from collections.abc import Sequence
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Column, fmt_ms, fmt_s, fmt_x, format_table, geomeans, speedup, write_json
+from bench.common import (TORCH_VARIANTS, Column, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_x, format_table,
+                          geomeans, save_args, speedup, time_fresh, write_json)
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
 
 
-def torch_model_latency(module: Any, inputs: tuple, *, repeat: int = 5, min_repeat_ms: float = 50.0) -> float:
-    """Median latency (ms) of the eager module, timed like `bench.baselines.torch_latency`."""
-    import torch
+def torch_model(name: str, seed: int) -> tuple[Any, list]:
+    """`bench.common.TorchProgram` factory: zoo model `name` in eval mode (random weights from `seed`), its inputs."""
+    from compiler.workloads import zoo
 
-    from bench.baselines import affinity_cores, calibrate, torch_threads
-
-    with torch_threads(affinity_cores()), torch.inference_mode():
-        number = calibrate(lambda: module(*inputs), min_repeat_ms)
-        means = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            for _ in range(number):
-                module(*inputs)
-            means.append((time.perf_counter() - start) / number)
-    return statistics.median(means) * 1e3
-
-
-def torch_latency_fresh(name: str, seed: int) -> float:
-    """`torch_model_latency` of zoo model `name` in a fresh process.
-
-    In a process where TVM has run, its spinning thread pool competes with
-    torch's OpenMP threads for the two cores: BERT-tiny measured 60 ms there
-    and 1.35 ms in a fresh process. So torch is always timed alone.
-    """
-    import json
-    import subprocess
-
-    done = subprocess.run([sys.executable, "-m", "bench.models", "--torch-only", name, "--seed", str(seed)],
-                          capture_output=True, text=True, timeout=600, check=True)
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["torch_ms"])
+    module, inputs = zoo.create(name, seed)
+    return module, list(inputs)
 
 
 def _check(outs: list, expected: list) -> str | None:
@@ -94,10 +79,12 @@ def tunable(prim_func: Any) -> bool:
 
 
 def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: int, log: Any) -> dict:
-    """Tunes the model's tasks under the gradient scheduler, builds the best, returns facts and the executable."""
+    """Tunes the model's tasks under the gradient scheduler, re-measures every task's best few, builds the
+    picks; returns facts and the executable."""
     from compiler.workloads.model import build_model
     from tuner import LocalMeasurer, Task, apply_config, tune
     from tuner.scheduler import GradientScheduler, RoundResult, round_size
+    from tuner.tune import remeasure_best, remeasure_count
 
     start = time.perf_counter()
     picked = [t for t in model.tasks if tunable(t.prim_func)]
@@ -122,12 +109,21 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
         scheduler = GradientScheduler([t.weight for t in picked], tune_round, budget,
                                       trials_per_round=round_size(budget, len(tasks), trials_per_round), seed=seed)
         scheduler.run()
+        # pick by re-measurement: each task's best few measured again (rounds are too short to do it per round)
+        picks: list[tuple[Any, float | None]] = []
+        for task, task_trials, b in zip(tasks, trials, best):
+            count = remeasure_count(len(task_trials))
+            if b is None or count == 0:
+                picks.append((b, b.latency_ms if b is not None else None))
+                continue
+            pick, pick_ms, _ = remeasure_best(task, task_trials, measurer, count)
+            picks.append((pick, pick_ms))
     finally:
         measurer.close()
     schedules = {}
-    for task, trial, untuned in zip(tasks, best, baselines):
+    for task, (trial, trial_ms), untuned in zip(tasks, picks, baselines):
         # a schedule slower than the untransformed program (measured the same way) is not used
-        if trial is not None and (untuned is None or trial.latency_ms < untuned):
+        if trial is not None and (untuned is None or trial_ms < untuned):
             schedules[task.workload_key] = apply_config(task, trial.config)
     tune_s = time.perf_counter() - start
     built = build_model(model, target, schedules)
@@ -141,49 +137,60 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
         "ours_errors": sum(t.error is not None for ts in trials for t in ts),
         "task_rows": [
             {"name": p.name, "workload_key": p.workload_key, "weight": p.weight, "trials": len(ts),
-             "best_ms": b.latency_ms if b is not None else None, "untuned_ms": u}
-            for p, ts, b, u in zip(picked, trials, best, baselines)
+             "best_ms": b.latency_ms if b is not None else None, "picked_ms": pick_ms, "untuned_ms": u}
+            for p, ts, b, (_, pick_ms), u in zip(picked, trials, best, picks, baselines)
         ],
     }
 
 
 def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_round: int) -> dict:
-    """MetaSchedule's Relax integration at the same budget; returns its executable and tuning time."""
+    """MetaSchedule's Relax flow at the same budget, weights layout-free and prepacked once (TVM's
+    `static_shape_tuning_pipeline(cpu_weight_prepack=True)`, step by step so that the tuning gets our builder);
+    returns its executable, the transformed parameters and the tuning time."""
+    import numpy as np
     import tvm
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
     from tvm.s_tir import meta_schedule as ms
 
-    from bench.baselines import quiet_metaschedule, target_cores, fast_tvmscript_import
+    from bench.baselines import fast_tvmscript_import, quiet_metaschedule, target_cores
 
-    mod = relax.transform.DecomposeOpsForInference()(from_exported_program(ep))
+    mod, params = relax.frontend.detach_params(from_exported_program(ep, keep_params_as_input=True))
     cores = target_cores(target)
     fast_tvmscript_import()
     import tvm.s_tir.tensor_intrin  # noqa: F401 - start-up, not search
 
     run_dir = Path(tempfile.mkdtemp(prefix="ms-model-", dir=work_dir))
     start = time.perf_counter()
-    # tune_relax extracts the call_tir PrimFuncs it finds, so it gets the fused module; compile_relax
-    # fuses the plain one with the same passes, so the database keys match
-    fused = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR(),
-    ])(mod)
+    with target:
+        # the steps of static_shape_tuning_pipeline before tuning: the weights (parameters after the
+        # inputs) marked layout-free in the fused PrimFuncs
+        mod = tvm.transform.Sequential([
+            relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
+            relax.get_pipeline("zero"), relax.transform.AttachAttrLayoutFreeBuffers(),
+        ])(mod)
     with quiet_metaschedule(run_dir / "logs"):
         database = ms.relax_integration.tune_relax(
-            fused, None, target, str(run_dir), max_trials_global=budget, num_trials_per_iter=trials_per_round,
+            mod, None, target, str(run_dir), max_trials_global=budget, num_trials_per_iter=trials_per_round,
             builder=ms.builder.LocalBuilder(max_workers=cores, initializer=fast_tvmscript_import),
             seed=seed,
         )
     tune_s = time.perf_counter() - start
-    with tvm.transform.PassContext(opt_level=3):
-        ex = ms.relax_integration.compile_relax(database, mod, target, None)
-    return {"ex": ex, "metaschedule_tune_s": tune_s,
-            "metaschedule_trials": len(database.get_all_tuning_records())}
+    with target, tvm.transform.PassContext(opt_level=3):
+        # and after: the database applied, the layout rewrites split off and lifted into main_transform_params
+        mod = tvm.transform.Sequential([
+            relax.transform.MetaScheduleApplyDatabase(str(run_dir)), relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.LiftTransformParams(), relax.transform.FoldConstant(),
+        ])(mod)
+        ex = tvm.compile(mod, target=target)
+    vm = relax.VirtualMachine(ex, tvm.cpu(0))
+    transformed = vm["main_transform_params"]([tvm.runtime.tensor(p, tvm.cpu(0)) for p in params["main"]])
+    return {"ex": ex, "params": [np.ascontiguousarray(t.numpy()) for t in transformed],
+            "metaschedule_tune_s": tune_s, "metaschedule_trials": len(database.get_all_tuning_records())}
 
 
-def _run_vm(ex: Any, inputs: list, params: list, target: Any, time_it: bool) -> tuple[list, float | None]:
-    """Runs (and times) a VM executable on the inputs and the parameters it takes."""
+def _run_vm(ex: Any, inputs: list, params: list) -> list:
+    """Runs a VM executable once on the inputs and the parameters it takes; its outputs."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -194,11 +201,23 @@ def _run_vm(ex: Any, inputs: list, params: list, target: Any, time_it: bool) -> 
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
     args += [tvm.runtime.tensor(p, dev) for p in params]
-    outs = flatten_outputs(vm["main"](*args))
-    if not time_it:
-        return outs, None
-    timer = vm.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=50)
-    return outs, statistics.median(timer(*args).results) * 1e3
+    return flatten_outputs(vm["main"](*args))
+
+
+def _export_vm(ex: Any, inputs: list, params: list, path: Path) -> TvmProgram:
+    """A VM executable exported with its arguments (inputs, then parameters), for `time_fresh`."""
+    ex.export_library(str(path.with_suffix(".so")))
+    return TvmProgram(str(path.with_suffix(".so")), save_args([*inputs, *params], path.with_suffix(".npz")), vm=True)
+
+
+def torch_programs(name: str, seed: int, variants: Sequence[str]) -> dict[str, TorchProgram]:
+    """The torch variants of zoo model `name` (channels_last only where an input is 4-D or 5-D)."""
+    from compiler.workloads import zoo
+
+    _, inputs = zoo.create(name, seed)
+    spatial = any(x.dim() in (4, 5) for x in inputs)
+    return {f"torch_{v}": TorchProgram(torch_model, (name, seed), v) for v in variants
+            if v != "channels_last" or spatial}
 
 
 def run_model(name: str, target_name: str, budget: int, seed: int, options: dict, log: Any) -> dict:
@@ -219,21 +238,22 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
                                                                                       model.inputs]}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
 
+    programs: dict[str, Any] = {}  # every correct program, timed at the end, each in a fresh process
+    folder = Path(tempfile.mkdtemp(prefix=f"programs-{name}-", dir=options["work_dir"]))
     row["untuned_ms"] = None
     if options["untuned"]:
         untuned = build_model(model, target)
-        _, row["untuned_ms"] = _run_vm(untuned.ex, inputs, untuned.params, target, True)
+        programs["untuned"] = _export_vm(untuned.ex, inputs, untuned.params, folder / "untuned")
 
     row.update(ours_ms=None, ours_correct=False, error=None)
     try:
         ours = run_ours(model, target, budget, seed, options["trials_per_round"], log)
         built = ours.pop("built")
         row.update(ours)
-        outs, ms_ = _run_vm(built.ex, inputs, built.params, target, True)
-        mismatch = _check(outs, expected)
+        mismatch = _check(_run_vm(built.ex, inputs, built.params), expected)
         row["ours_correct"] = mismatch is None
         if mismatch is None:
-            row["ours_ms"] = ms_
+            programs["ours"] = _export_vm(built.ex, inputs, built.params, folder / "ours")
         else:
             row["error"] = f"ours: {mismatch}"
     except Exception as e:  # noqa: BLE001
@@ -245,18 +265,28 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     if options["metaschedule"]:
         try:
             ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["trials_per_round"])
-            ex = ms.pop("ex")
+            ex, params = ms.pop("ex"), ms.pop("params")
             row.update(ms)
-            outs, ms_ = _run_vm(ex, inputs, [], target, True)
-            mismatch = _check(outs, expected)
+            mismatch = _check(_run_vm(ex, inputs, params), expected)
             row["metaschedule_correct"] = mismatch is None
             if mismatch is None:
-                row["metaschedule_ms"] = ms_
+                programs["metaschedule"] = _export_vm(ex, inputs, params, folder / "metaschedule")
             else:
                 row["metaschedule_error"] = f"MetaSchedule: {mismatch}"
         except Exception as e:  # noqa: BLE001
             row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
-    row["torch_ms"] = torch_latency_fresh(name, seed) if options["torch"] else None
+    if options["torch"]:
+        programs.update(torch_programs(name, seed, options["torch_variants"]))
+    timings = time_fresh(programs, seed=seed, rounds=options["rounds"], log=log)
+    for key in ("untuned", "ours", "metaschedule"):
+        if key in timings.ms:
+            row[f"{key}_ms"] = timings.ms[key]
+    variants = {k[len("torch_"):]: v for k, v in timings.ms.items() if k.startswith("torch_")}
+    timed = {k: v for k, v in variants.items() if v is not None}
+    row["torch_variants_ms"] = variants
+    row["torch_best"] = min(timed, key=timed.get) if timed else None
+    row["torch_ms"] = timed[row["torch_best"]] if timed else None
+    row["timing"] = "fresh-process"
     row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
     row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
     row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
@@ -269,7 +299,7 @@ COLUMNS = (
     Column("untuned ms", lambda r: fmt_ms(r.get("untuned_ms"))),
     Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
     Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
-    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms"))),
+    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
     Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
     Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
     Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
@@ -283,8 +313,9 @@ def table(report: dict) -> str:
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
                "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
-    head = (f"models, target {report['target']}, budget {report['budget']} on-device measurements per model "
-            f"(ours and MetaSchedule); tasks = tuned/all; speedup = baseline ms / ours ms")
+    head = (f"models, target {report['target']} ({report.get('environment', {}).get('cpu', '?')}), budget "
+            f"{report['budget']} on-device measurements per model (ours and MetaSchedule); tasks = tuned/all; torch = "
+            f"the best of its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
     return "\n".join([head, format_table(COLUMNS, report["cases"], footer), *notes])
@@ -307,17 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-metaschedule", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-untuned", action="store_true")
-    parser.add_argument("--torch-only", metavar="NAME", help=argparse.SUPPRESS)  # torch_latency_fresh's child
+    parser.add_argument("--torch-variants", default=",".join(TORCH_VARIANTS),
+                        help=f"comma-separated torch variants to time (default: all of {', '.join(TORCH_VARIANTS)})")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="fresh-process readings per program, in a new shuffled order each round (median)")
     args = parser.parse_args(argv)
     from compiler.workloads import zoo
 
-    if args.torch_only:
-        import json
-
-        module, inputs = zoo.create(args.torch_only, args.seed)
-        print(json.dumps({"torch_ms": torch_model_latency(module, inputs)}))
-        return 0
-
+    variants = tuple(v for v in args.torch_variants.split(",") if v)
+    if not variants or set(variants) - set(TORCH_VARIANTS):
+        parser.error(f"--torch-variants: each of {', '.join(TORCH_VARIANTS)}, got {args.torch_variants!r}")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in zoo.MODELS]
     if unknown:
@@ -331,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
                    "untuned": not args.no_untuned, "layout": args.layout, "trials_per_round": args.trials_per_round,
-                   "work_dir": args.work_dir or Path(tmp)}
+                   "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds}
         rows = []
         for i, name in enumerate(names):
             print(f"[{i + 1}/{len(names)}] {name} (budget {args.budget}) ...", file=sys.stderr, flush=True)

@@ -2,25 +2,34 @@
 
     python -m bench.ops [--suite smoke|quick|full] [--cases NAME,...] [--spec FILE] [--budget N]
                         [--json PATH [--resume]] [--no-metaschedule] [--no-torch] [--no-untuned]
+                        [--torch-variants eager,channels_last,compile] [--rounds N]
     python -m bench.ops --merge REPORT [REPORT ...] [--json PATH]
 
-For each case: our tuner (`tuner.tune`: the ALT search, layouts and loops; then
-the best configuration applied and built), the ALT-OL ablation (ours, loops only
-in the fixed channels-last layout, same budget; column "ALT-OL", JSON
-`ours_loop_only_ms`), MetaSchedule's `tune_tir` with `max_trials_global` = the same
-budget on the operator as TVM's topi defines it (`Workload.topi_prim_func`: the
-same program as ours except conv2d_transpose, where topi multiplies the zeros of
-a dilated input and ours is the stride-phase form), and the torch op (oneDNN,
-all cores). Every program is checked against torch's output, then the case's
-programs (ours, ALT-OL, MetaSchedule's best) and torch are timed together at the
-end (`bench.baselines.interleaved_ms`): five rounds that take them in turn, each
-reading at least 50 ms (`time_evaluator`), the median per program, so the
-machine's drift between the searches does not enter a ratio. torch runs in a
-process of its own (`TorchTimer`): in this one, TVM's thread pool slows it. Prints one table and writes the JSON report
-(`bench.common`) to --json or under bench/results/. With --json the report is
-written after every case, so a stopped run keeps what it finished, and the same
-command with --resume goes on from there (a suite longer than one sitting runs
-in pieces); --merge joins reports of one target into one table.
+For each case, every side at its best:
+
+- ours: our tuner (`tuner.tune`: the ALT search, layouts and loops), the best few
+  configurations re-measured at the end (`tune(remeasure=...)`, as a job does) and the
+  pick built as the artifact is (our TIR pipeline, constants packed beforehand);
+- ALT-OL, the ablation: ours, loops only in the fixed channels-last layout, same budget
+  (column "ALT-OL", JSON `ours_loop_only_ms`);
+- MetaSchedule: `tune_tir` with `max_trials_global` = the same budget on the same program
+  as ours (`Workload.prim_func`: for conv2d_transpose the stride-phase form, not topi's
+  zero-dilated one with about 4x the multiply-adds at stride 2), the constants marked
+  layout-free as Relax marks weights and the layout rewrite run once beforehand, not in
+  the timed function (`bench.baselines.metaschedule(layout_free=True)`);
+- torch: eager NCHW, channels_last and `torch.compile` (inductor, `freezing=True`), the
+  constants as module parameters, all cores; each variant is reported
+  (`torch_variants_ms`) and the fastest is the baseline (`torch_ms`, `torch_best`).
+
+Every program is checked against torch's output, then every program of the case is timed
+in a fresh process of its own, one at a time, in shuffled order
+(`bench.common.time_fresh`: TVM's thread pool spins for about 0.4 s after a run and would
+steal a core from the next program; `--rounds N` times each N times, the median kept). A
+reading is the median of 5 repeats of at least 50 ms (`time_evaluator`; torch: the same in
+Python). Prints one table and writes the JSON report (`bench.common`) to --json or under
+bench/results/. With --json the report is written after every case, so a stopped run
+keeps what it finished, and the same command with --resume goes on from there (a suite
+longer than one sitting runs in pieces); --merge joins reports of one target into one table.
 
 Suites: `smoke` (two tiny cases, for CI), `quick` (one case per operator kind,
 ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`
@@ -32,8 +41,6 @@ operator job specs exactly as `POST /api/v1/jobs` accepts them.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import sys
 import tempfile
@@ -43,8 +50,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import (Column, check_report, environment, fmt_ms, fmt_s, fmt_x, format_table, geomean, geomeans,
-                          source_commit, speedup, write_json)
+from bench.common import (TORCH_VARIANTS, Column, TorchProgram, TvmProgram, check_report, environment, fmt_ms, fmt_s,
+                          fmt_x, format_table, geomean, geomeans, save_args, source_commit, speedup, time_fresh,
+                          write_json)
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,8 @@ class Options:
     work_dir: Path | None = None
     loop_only: bool = True  # the ALT-OL ablation column
     layout_levels: int = 1  # ours: one- or two-level layout templates
+    torch_variants: tuple[str, ...] = TORCH_VARIANTS
+    rounds: int = 1  # fresh-process readings per program (median)
 
 
 # ---------------------------------------------------------------------------
@@ -214,62 +224,97 @@ def _layout_of(trial: Any) -> str | None:
     return trial.extra.get("layout") if trial is not None else None
 
 
-def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, timers: dict[str, Callable[[], float]],
-             *, prefix: str = "ours", **options: Any) -> dict:
-    """Tunes `task` with our tuner (`options` go to `tune`), then builds and checks its best configuration.
+def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, programs: dict[str, Any],
+             folder: Path, *, prefix: str = "ours", **options: Any) -> dict:
+    """Tunes `task` with our tuner (`options` go to `tune`), then builds and checks the configuration it picks.
 
-    A configuration in tuned layouts runs as the artifact does: data and output in the
-    user's layouts, the constants packed once beforehand (not timed). A correct program's
-    timer (one reading per call) goes into `timers` under `prefix`: `run_case` times it
+    The best few configurations are measured again at the end (`remeasure_count(budget)`, as a job
+    does) and the fastest then is the pick. A configuration in tuned layouts runs as the artifact
+    does: data and output in the user's layouts, the constants packed once beforehand (not timed). A
+    correct program goes into `programs` under `prefix` (exported to `folder`): `run_case` times it
     with the others.
     """
-    from tuner import apply_config, layout_of_config, tune
-    from bench.baselines import build_and_run, time_ms
+    from bench.baselines import build_and_run
     from compiler.arrays import check_close
+    from tuner import apply_config, layout_of_config, tune
+    from tuner.tune import remeasure_count
 
     start = time.perf_counter()
-    result = tune(task, budget, seed=seed, **options)
+    result = tune(task, budget, seed=seed, remeasure=remeasure_count(budget), **options)
+    named = (lambda key: f"{prefix}_{key}") if prefix != "ours" else (lambda key: key)
     row: dict[str, Any] = {
         f"{prefix}_tune_s": time.perf_counter() - start,
         f"{prefix}_trials": len(result.trials),
         f"{prefix}_errors": sum(t.error is not None for t in result.trials),
         f"{prefix}_ms": None,
         f"{prefix}_correct": False,
-        f"{prefix}_layout" if prefix != "ours" else "layout": None,
-        f"{prefix}_config" if prefix != "ours" else "config": None,
+        named("layout"): None,
+        named("config"): None,
     }
-    if result.best is None:
+    pick = result.final
+    if pick is None:
         errors = {t.error for t in result.trials if t.error}
-        row[f"{prefix}_error" if prefix != "ours" else "error"] = (
-            f"{prefix}: no correct trial in {len(result.trials)}"
-            + (f" (e.g. {sorted(errors)[0][:200]})" if errors else ""))
+        row[named("error")] = (f"{prefix}: no correct trial in {len(result.trials)}"
+                               + (f" (e.g. {sorted(errors)[0][:200]})" if errors else ""))
         return row
-    row[f"{prefix}_config" if prefix != "ours" else "config"] = result.best.config
-    row[f"{prefix}_layout" if prefix != "ours" else "layout"] = _layout_of(result.best)
-    row[f"{prefix}_search_ms"] = result.best.latency_ms
-    error_key = f"{prefix}_error" if prefix != "ours" else "error"
+    row[named("config")] = pick.config
+    row[named("layout")] = _layout_of(pick)
+    row[f"{prefix}_search_ms"] = result.best.latency_ms  # the search's best reading (the winner's curse)
+    row[f"{prefix}_final_ms"] = result.final_ms  # the pick's re-measured latency
+    row[f"{prefix}_remeasured"] = len(result.remeasured_ms)
     try:
-        prog = layout_of_config(task, result.best.config)
+        prog = layout_of_config(task, pick.config)
         args = inputs if prog is None else prog.pack_inputs(inputs)
-        lib, targs, out = build_and_run(apply_config(task, result.best.config), task.prim_func, task.target, args)
+        mod = apply_config(task, pick.config)
+        _, _, out = build_and_run(mod, task.prim_func, task.target, args, pipeline="licm")
     except Exception as e:  # noqa: BLE001 - a failed case is reported, the others still run
-        row[error_key] = f"{prefix}: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
+        row[named("error")] = f"{prefix}: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
         return row
     mismatch = check_close(out, expected)
     row[f"{prefix}_correct"] = mismatch is None
     if mismatch is not None:
-        row[error_key] = f"{prefix}: {mismatch}"
+        row[named("error")] = f"{prefix}: {mismatch}"
         return row
-    timers[prefix] = functools.partial(time_ms, lib, targs, targs[-1].device, repeat=1)
+    programs[prefix] = _export(mod, task.prim_func, task.target, args, folder / prefix, pipeline="licm")
     return row
 
 
+def _export(mod: Any, prim_func: Any, target: Any, args: list, path: Path, pipeline: str | None = None) -> TvmProgram:
+    """`mod` built (our pipeline, or TVM's default when None) and exported, with its arguments, for `time_fresh`."""
+    import numpy as np
+    import tvm
+
+    from compiler.arrays import arg_specs
+    from compiler.build import compile_module
+
+    lib = tvm.compile(mod, target=target) if pipeline is None else compile_module(mod, target, pipeline)
+    lib.export_library(str(path.with_suffix(".so")))
+    shape, dtype = arg_specs(prim_func)[-1]
+    save_args([*args, np.zeros(shape, dtype)], path.with_suffix(".npz"))
+    return TvmProgram(str(path.with_suffix(".so")), str(path.with_suffix(".npz")))
+
+
+def torch_programs(case: Case, seed: int, variants: Sequence[str]) -> dict[str, TorchProgram]:
+    """The torch variants of a case (channels_last only where an input is 4-D or 5-D)."""
+    from bench.baselines import torch_operator
+    from compiler.workloads import make_workload
+
+    wl = make_workload(case.operator, case.params, case.dtype, case.epilogue)
+    out = {}
+    for variant in variants:
+        if variant == "channels_last" and len(wl.inputs[0].shape) not in (4, 5):
+            continue
+        out[f"torch_{variant}"] = TorchProgram(torch_operator, (case.operator, dict(case.params), case.dtype,
+                                                                case.epilogue, seed), variant)
+    return out
+
+
 def run_case(case: Case, target_name: str, budget: int, seed: int, options: Options) -> dict:
-    """Runs ours and the baselines on one case; never raises for a failure of one of them."""
+    """Runs ours and the baselines on one case, then times them; never raises for a failure of one of them."""
     from dataclasses import replace
 
+    from bench.baselines import metaschedule, untuned_latency
     from tuner import task_from_spec
-    from bench.baselines import TorchTimer, build_and_run, interleaved_ms, metaschedule, time_ms, untuned_latency
 
     # the task a job of this spec would tune (the worker and `altune tune` build it the same way)
     task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
@@ -289,34 +334,42 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         "untuned_ms": untuned_latency(wl.prim_func, target, inputs) if options.untuned else None,
     }
     task = replace(task, name=case.name, inputs=inputs, expected=expected)
-    timers: dict[str, Callable[[], float]] = {}  # every correct program, timed together at the end
-    row["layout_levels"] = options.layout_levels
-    row.update(run_ours(task, budget, seed, inputs, expected, timers, layout_levels=options.layout_levels))
-    if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
-        row.update(run_ours(task, budget, seed, inputs, expected, timers, prefix="ours_loop_only", layout={}))
+    programs: dict[str, Any] = {}  # every correct program, timed together at the end
+    with tempfile.TemporaryDirectory(prefix="altune-bench-programs-") as tmp:
+        folder = Path(tmp)
+        row["layout_levels"] = options.layout_levels
+        row.update(run_ours(task, budget, seed, inputs, expected, programs, folder,
+                            layout_levels=options.layout_levels))
+        if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
+            row.update(run_ours(task, budget, seed, inputs, expected, programs, folder, prefix="ours_loop_only",
+                                layout={}))
 
-    row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
-               metaschedule_correct=None, metaschedule_error=None)
-    if options.metaschedule:
-        # TVM's own definition of the operator, as a TVM user would tune it (ours differs for
-        # conv2d_transpose: stride-phase, without the zeros topi's dilated input multiplies)
-        ms = metaschedule(wl.topi_prim_func, target, budget, options.work_dir, seed=seed, inputs=inputs,
-                          expected=expected)
-        row.update(metaschedule_tune_s=ms.tune_s, metaschedule_trials=ms.trials, metaschedule_correct=ms.correct,
-                   metaschedule_error=ms.error, metaschedule_alone_ms=ms.latency_ms)
-        if ms.correct:
-            lib, targs, _ = build_and_run(ms.mod, wl.topi_prim_func, target, inputs)
-            timers["metaschedule"] = functools.partial(time_ms, lib, targs, targs[-1].device, repeat=1)
-    # Timed together, in turn (the machine's speed drifts between the searches); torch in a
-    # process of its own (TVM's thread pool slows torch's OpenMP threads in this one).
-    with contextlib.ExitStack() as stack:
+        row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
+                   metaschedule_correct=None, metaschedule_error=None)
+        if options.metaschedule:
+            # the same program as ours (the stride-phase conv2d_transpose too), constants layout-free
+            ms = metaschedule(wl.prim_func, target, budget, options.work_dir, seed=seed, inputs=inputs,
+                              expected=expected, layout_free=True)
+            row.update(metaschedule_tune_s=ms.tune_s, metaschedule_trials=ms.trials, metaschedule_correct=ms.correct,
+                       metaschedule_error=ms.error, metaschedule_alone_ms=ms.latency_ms,
+                       metaschedule_rewritten=list(ms.prepacked.rewritten) if ms.prepacked else [])
+            if ms.correct:
+                programs["metaschedule"] = _export(ms.mod, wl.prim_func, target, ms.args(inputs, target),
+                                                   folder / "metaschedule")
         if options.torch:
-            timers["torch"] = stack.enter_context(TorchTimer(wl, seed=seed))
-        latencies = interleaved_ms(timers)
-    for name, ms_value in latencies.items():
-        row[f"{name}_ms"] = ms_value
-    row["torch_ms"] = latencies.get("torch")
-    row["timing"] = "interleaved"
+            programs.update(torch_programs(case, seed, options.torch_variants))
+        # each in a fresh process, one at a time, in shuffled order
+        timings = time_fresh(programs, seed=seed, rounds=options.rounds)
+    for name in ("ours", "ours_loop_only", "metaschedule"):
+        if name in timings.ms:
+            row[f"{name}_ms"] = timings.ms[name]
+    variants = {name[len("torch_"):]: ms_ for name, ms_ in timings.ms.items() if name.startswith("torch_")}
+    timed = {v: ms_ for v, ms_ in variants.items() if ms_ is not None}
+    row["torch_variants_ms"] = variants
+    row["torch_best"] = min(timed, key=timed.get) if timed else None
+    row["torch_ms"] = timed[row["torch_best"]] if timed else None
+    row["timing"] = "fresh-process"
+    row["timing_order"] = [str(n) for n in timings.order]
 
     row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
     row["ours_gflops"] = wl.flops / row["ours_ms"] / 1e6 if row["ours_ms"] else None
@@ -381,11 +434,12 @@ def run(
                 continue
             print(f"[{i + 1}/{len(plan)}] {case.name} (budget {case_budget}) ...", file=log, flush=True)
             row = run_case(case, target_name, case_budget, case_seed, opts)
+            torch_text = ", ".join(f"{v} {fmt_ms(ms_)}" for v, ms_ in row.get("torch_variants_ms", {}).items())
             print(f"    ours {fmt_ms(row['ours_ms'])} ms ({row.get('layout')}), "
                   f"loop-only {fmt_ms(row.get('ours_loop_only_ms'))} ms, "
                   f"MetaSchedule {fmt_ms(row['metaschedule_ms'])} ms, "
-                  f"torch {fmt_ms(row['torch_ms'])} ms" + (f"  [{row['error']}]" if row.get("error") else ""),
-                  file=log, flush=True)
+                  f"torch {fmt_ms(row['torch_ms'])} ms ({torch_text})"
+                  + (f"  [{row['error']}]" if row.get("error") else ""), file=log, flush=True)
             rows.append(row)
             if on_case is not None:
                 on_case(report(suite, target_text, budgets or [budget or default_budget], rows))
@@ -461,7 +515,7 @@ COLUMNS = (
     Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
     Column("ALT-OL ms", lambda r: fmt_ms(r.get("ours_loop_only_ms"))),
     Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
-    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms"))),
+    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
     Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
     Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
     Column("vs OL", lambda r: fmt_x(r.get("vs_loop_only"))),
@@ -479,8 +533,9 @@ def table(report: dict) -> str:
     footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
                "vs_loop_only": g.get("vs_loop_only"),
                "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
-    head = (f"suite {report['suite']}, target {report['target']}, budget {report['budget']} "
-            f"on-device measurements each (ours and MetaSchedule); speedup = baseline ms / ours ms")
+    head = (f"suite {report['suite']}, target {report['target']} ({report.get('environment', {}).get('cpu', '?')}), "
+            f"budget {report['budget']} on-device measurements each (ours and MetaSchedule); torch = the best of "
+            f"its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
     notes += [f"  {r['name']}: {r['ours_loop_only_error']}" for r in report["cases"] if r.get("ours_loop_only_error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
@@ -505,6 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-untuned", action="store_true", help="skip timing the untuned program")
     parser.add_argument("--no-loop-only", action="store_true",
                         help="skip the ALT-OL ablation (ours, loops only, fixed channels-last layout)")
+    parser.add_argument("--torch-variants", default=",".join(TORCH_VARIANTS),
+                        help=f"comma-separated torch variants to time (default: all of {', '.join(TORCH_VARIANTS)})")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="fresh-process readings per program, in a new shuffled order each round (median)")
     parser.add_argument("--layout-levels", type=int, default=1, choices=(1, 2),
                         help="ours: one-level layout templates (default, the paper's) or two-level output tiling")
     parser.add_argument("--resume", action="store_true",
@@ -516,6 +575,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--budget must be >= 1")
     if args.resume and args.json is None:
         parser.error("--resume needs --json: the report to go on with")
+    variants = tuple(v for v in args.torch_variants.split(",") if v)
+    if not variants or set(variants) - set(TORCH_VARIANTS):
+        parser.error(f"--torch-variants: each of {', '.join(TORCH_VARIANTS)}, got {args.torch_variants!r}")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
 
     if args.merge:
         try:
@@ -538,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir,
-                      not args.no_loop_only, args.layout_levels)
+                      not args.no_loop_only, args.layout_levels, variants, args.rounds)
     # with --json, the report is written after every case: an interrupted run keeps what it finished
     save = (lambda partial: write_json(partial, args.json)) if args.json is not None else None
     final = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options, done=done,

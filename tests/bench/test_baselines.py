@@ -1,4 +1,5 @@
-"""The baselines: MetaSchedule at a tiny budget, torch, the untuned program."""
+"""The baselines: MetaSchedule at a tiny budget (constants layout-free), torch and its variants, the untuned
+program, and timing each program in a fresh process in shuffled order."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import os
 
 import pytest
 
-from bench.baselines import (Baseline, TorchTimer, interleaved_ms, metaschedule, torch_latency, torch_output,
-                             untuned_latency)
+from bench import common
+from bench.baselines import Baseline, metaschedule, torch_operator, torch_output, untuned_latency
 
 TINY_DENSE = {"m": 16, "n": 16, "k": 16}
 
@@ -28,14 +29,22 @@ def _host():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_metaschedule_tiny_dense_is_correct_and_uses_the_budget(tmp_path):
+    """With the weight layout-free: the best program is split into a prepack and the compute, checked on them."""
+    import numpy as np
+
     wl = _workload("dense", TINY_DENSE)
     inputs = wl.random_inputs()
 
-    result = metaschedule(wl.prim_func, _host(), 4, tmp_path, inputs=inputs, expected=wl.reference(inputs))
+    result = metaschedule(wl.prim_func, _host(), 4, tmp_path, inputs=inputs, expected=wl.reference(inputs),
+                          layout_free=True)
 
     assert isinstance(result, Baseline)
     assert result.error is None, result.error
     assert result.correct is True
+    args = result.args(inputs, _host())
+    assert len(args) == 2 and np.array_equal(args[0], inputs[0]), "the data goes in as it is"
+    if result.prepacked.rewritten:  # MetaSchedule chose another layout for the weight: packed beforehand
+        assert result.prepacked.rewritten == ("weight",) and args[1].size == inputs[1].size
     assert result.latency_ms is not None and math.isfinite(result.latency_ms) and result.latency_ms > 0
     assert result.tune_s > 0
     assert result.mod is not None
@@ -46,31 +55,40 @@ def test_metaschedule_tiny_dense_is_correct_and_uses_the_budget(tmp_path):
     assert (run_dirs[0] / "logs" / "console.log").exists()
 
 
-def test_torch_latency_is_finite():
-    ms = torch_latency(_workload("dense", TINY_DENSE), repeat=3, min_repeat_ms=5)
+def test_time_fresh_times_each_program_once_per_round_in_shuffled_order(monkeypatch):
+    spawned = []
+
+    def fake_in_fresh_process(fn, program, *args, log=None):
+        spawned.append(program.lib_path)
+        return {"a": 1.0, "b": 2.0, "c": None}[program.lib_path] if len(spawned) <= 3 else 3.0
+
+    monkeypatch.setattr(common, "in_fresh_process", fake_in_fresh_process)
+    programs = {name: common.TvmProgram(name) for name in "abc"}
+    timings = common.time_fresh(programs, seed=1, rounds=2)
+    assert sorted(spawned[:3]) == sorted(spawned[3:]) == ["a", "b", "c"], "each round times each program once"
+    assert timings.order == spawned
+    assert timings.ms == {"a": 2.0, "b": 2.5, "c": 3.0}, "the median of each program's readings; failures left out"
+    orders = {tuple(common.time_fresh(programs, seed=s).order) for s in range(8)}
+    assert len(orders) > 1, "the order is shuffled"
+
+
+def test_a_torch_variant_is_timed_and_a_program_runs_in_a_fresh_process(monkeypatch):
+    """The child's work, here in this process (the smoke suite runs every variant in fresh processes)."""
+    import torch
+
+    monkeypatch.setattr(common, "MIN_REPEAT_MS", 1.0)
+    threads = torch.get_num_threads()
+    try:
+        program = common.TorchProgram(torch_operator, ("conv2d", {"batch": 1, "in_channels": 4, "height": 8,
+                                                                   "width": 8, "out_channels": 4, "kernel": 3},
+                                                       "float32", "bias"), "channels_last")
+        ms = common.time_torch(program, 1)
+    finally:
+        torch.set_num_threads(threads)
     assert math.isfinite(ms) and ms > 0
-
-
-def test_torch_timer_reads_in_a_process_of_its_own():
-    wl = _workload("dense", TINY_DENSE)
-    with TorchTimer(wl, min_repeat_ms=5) as timer:
-        readings = [timer(), timer()]
-        child = timer._pool.submit(os.getpid).result()
-    assert all(math.isfinite(ms) and ms > 0 for ms in readings)
-    assert child != os.getpid()
-
-
-def test_interleaved_timers_are_taken_in_turn_and_give_their_medians():
-    calls = []
-
-    def timer(name, values):
-        values = iter(values)
-        return lambda: calls.append(name) or next(values)
-
-    result = interleaved_ms({"a": timer("a", [3.0, 1.0, 2.0]), "b": timer("b", [10.0, 30.0, 20.0])}, rounds=3,
-                            settle_s=0)
-    assert result == {"a": 2.0, "b": 20.0}
-    assert calls == ["a", "b"] * 3
+    with pytest.raises(ValueError, match="unknown torch variant"):
+        common.time_torch(common.TorchProgram(program.factory, program.args, "nchw"), 1)
+    assert common.in_fresh_process(os.getpid) != os.getpid()
 
 
 def test_untuned_latency_is_finite():
@@ -102,6 +120,12 @@ def test_untuned_latency_is_finite():
 def test_torch_baseline_computes_the_workload(operator, params, epilogue):
     import numpy as np
 
+    import torch
+
     wl = _workload(operator, params, epilogue)
     inputs = wl.random_inputs()
     np.testing.assert_allclose(torch_output(wl, inputs), wl.reference(inputs), rtol=1e-5, atol=1e-5)
+    module, activations = torch_operator(operator, params, epilogue=epilogue)  # what the torch variants run
+    assert len(activations) == 1 and len(list(module.parameters())) == len(inputs) - 1, "the constants are parameters"
+    with torch.inference_mode():
+        np.testing.assert_allclose(module(*activations).numpy(), wl.reference(inputs), rtol=1e-5, atol=1e-5)

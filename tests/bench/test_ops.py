@@ -17,10 +17,12 @@ def _finite(value) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
-    """Ours, MetaSchedule and torch on both smoke cases at budget 4 (about 1.5 minutes on 2 busy cores)."""
+    """Ours, MetaSchedule (weights layout-free) and torch's variants on both smoke cases at budget 4, every
+    program timed in a fresh process of its own (ALT-OL left out: it is ours again, in a fixed layout, and the
+    fresh processes cost what it saves)."""
     path = tmp_path / "smoke.json"
 
-    assert ops.main(["--suite", "smoke", "--budget", "4", "--json", str(path)]) == 0
+    assert ops.main(["--suite", "smoke", "--budget", "4", "--json", str(path), "--no-loop-only"]) == 0
 
     report = json.loads(path.read_text())
     common.check_report(report)
@@ -33,8 +35,17 @@ def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
         for key in ("ours_ms", "metaschedule_ms", "torch_ms", "untuned_ms", "ours_tune_s", "metaschedule_tune_s"):
             assert _finite(case[key]), f"{case['name']}.{key} = {case[key]!r}"
         assert case["ours_trials"] <= 4 and case["metaschedule_trials"] <= 4
-        assert case["timing"] == "interleaved" and _finite(case["ours_loop_only_ms"])
+        assert _finite(case["ours_final_ms"]) and "ours_loop_only_ms" not in case
         assert case["commit"] == report["environment"]["commit"] == common.source_commit()
+        variants = case["torch_variants_ms"]  # channels_last only where the data has channels
+        assert list(variants) == (["eager", "channels_last", "compile"] if case["operator"] == "conv2d"
+                                  else ["eager", "compile"])
+        assert all(_finite(ms) for ms in variants.values()), variants
+        assert case["torch_ms"] == min(variants.values()) == variants[case["torch_best"]]
+        assert isinstance(case["metaschedule_rewritten"], list)
+        # each program once, in a fresh process, in shuffled order
+        assert case["timing"] == "fresh-process"
+        assert sorted(case["timing_order"]) == sorted(["ours", "metaschedule", *(f"torch_{v}" for v in variants)])
     assert _finite(report["geomean"]["vs_metaschedule"]) and _finite(report["geomean"]["vs_torch"])
     out = capsys.readouterr().out
     assert "geomean" in out and "conv2d_tiny" in out and str(path) in out
@@ -57,6 +68,12 @@ def test_check_report_names_the_bad_field():
     report = {"suite": "s", "target": "llvm", "budget": 4, "cases": [_case("a", 1.0, 2.0, 0.5)],
               "geomean": common.geomeans([_case("a", 1.0, 2.0, 0.5)])}
     common.check_report(report)
+    report["cases"][0]["torch_variants_ms"] = {"eager": 1.0, "channels_last": None, "compile": 0.5}
+    common.check_report(report)
+    report["cases"][0]["torch_variants_ms"]["nchw"] = 1.0
+    with pytest.raises(ValueError, match=r"cases\[0\]\.torch_variants_ms\.nchw"):
+        common.check_report(report)
+    del report["cases"][0]["torch_variants_ms"]
     del report["cases"][0]["layout"]
     with pytest.raises(ValueError, match=r"cases\[0\]\.layout"):
         common.check_report(report)
