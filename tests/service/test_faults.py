@@ -332,12 +332,15 @@ def outage(request, tmp_path):
         yield url, down, "sqlite"
         return
 
+    from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    from conftest import _reset_postgres
-
     real = request.getfixturevalue("postgres_url")
-    _reset_postgres(real)
+    engine = create_engine(real)  # an empty schema (`from conftest import` may find tests/web/conftest.py)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
     upgrade(real)
     parsed = make_url(real)
     proxy = TcpProxy((parsed.host or "127.0.0.1", parsed.port or 5432))
