@@ -180,10 +180,10 @@ def test_zoo_list(api):
 
 @pytest.mark.slow
 def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch):
-    """A real zoo job (the feature pyramid: blocked layouts with a per-conv fallback, tiny budget) with one tuned schedule
-    replaced by a program that computes something else: the whole-model check finds it, the job removes it
-    (its task back to the default schedule), records the removal and the latencies, and serves an artifact that
-    matches torch."""
+    """A real zoo job (the feature pyramid: blocked layouts with a per-conv fallback, tiny budget) with one
+    tuned schedule replaced by a program that computes something else: the whole-model check finds it, the job
+    removes it (its task back to the default schedule), records the removal and the latencies, and serves an
+    artifact that matches torch."""
     if settings.resolved_database_url.startswith("postgresql"):
         pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
     import tuner
@@ -210,6 +210,8 @@ def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch)
     assert [e["workload_key"] for e in report["check"]["removed_schedules"]] == [wrong["key"]], report
     assert "wrong result" in report["check"]["mismatches"][0]
     assert report["schedules"]["kept"] == report["schedules"]["tuned"] - 1
+    assert report["served"] in ("tuned", "untuned: faster end to end than with the tuned schedules",
+                                "untuned (no tuned schedule kept)"), report["served"]
     assert any("smooth.weight" in n for n in report["import_notes"]), report["import_notes"]
     latency = report["latency_ms"]
     assert latency["artifact"] == job["best_latency_ms"] and latency["untuned"] == job["baseline_ms"]
