@@ -63,9 +63,6 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     check_schema(settings.resolved_database_url)
-    # TVM (seconds) now, not after claiming a job whose lease runs
-    import tvm  # noqa: F401
-    import tuner.tune  # noqa: F401
     worker = Worker(settings)
     # SIGTERM (from `altune serve`, a process manager, or the kernel when the server dies) stops the worker:
     # the job in hand is released for the next worker, which resumes it from its trials
