@@ -82,11 +82,20 @@ def test_converters_for_operators_tvm_lacks(host_target):
             return (torch.amax(x, dim=(2, 3)) + torch.amin(x, dim=-1).sum(-1) + var + mean,
                     values, torch.exp2(x) + torch.hypot(x, x), nn.functional.adaptive_max_pool3d(x[None], 2))
 
-    x = torch.randn(1, 4, 8, 7)
-    ep = torch.export.export(Ops(), (x,))
-    model = M.import_model(ep, target=host_target)
-    outs = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)
-    assert M.compare_outputs(outs, M.reference_outputs(ep, [x.numpy()])) is None
+    class Video(nn.Module):  # torch decomposes 3-D upsampling into index arithmetic TVM cannot import
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.ConvTranspose3d(4, 4, 3, 2, 1, output_padding=1)
+
+        def forward(self, x):
+            return (self.up(x) + nn.functional.interpolate(x, scale_factor=2)
+                    + nn.functional.interpolate(x, scale_factor=2, mode="trilinear"))
+
+    for module, x in ((Ops(), torch.randn(1, 4, 8, 7)), (Video().eval(), torch.randn(1, 4, 3, 6, 5))):
+        ep = torch.export.export(module, (x,))
+        model = M.import_model(ep, target=host_target)
+        outs = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)
+        assert M.compare_outputs(outs, M.reference_outputs(ep, [x.numpy()])) is None
 
 
 def test_unsupported_operator_names_its_node():

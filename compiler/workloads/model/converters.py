@@ -123,7 +123,55 @@ def _hypot(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.sqrt(relax.op.add(relax.op.multiply(a, a), relax.op.multiply(b, b))))
 
 
-# aten operator (overload) -> converter, for what TVM 0.27's importer has none of
+def _upsample3d(method: str) -> Callable[[Any, Any], Any]:
+    """upsample_nearest3d.vec(x, output_size, scale_factors) / upsample_trilinear3d.vec(x, output_size,
+    align_corners, scale_factors) -> `relax.op.image.resize3d` (torch's decomposition of these into index
+    arithmetic is what TVM's importer fails on, so `translate` keeps them whole)."""
+
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        x = importer.env[node.args[0]]
+        size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+        if method == "nearest_neighbor":
+            scales = node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors")
+            mode, rounding = "asymmetric", "floor"  # torch's "nearest": src = floor(dst * in / out)
+        else:
+            align = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("align_corners", False))
+            scales = node.args[3] if len(node.args) > 3 else node.kwargs.get("scale_factors")
+            mode, rounding = ("align_corners" if align else "half_pixel"), ""
+        shape = [int(d) for d in x.ty.shape]
+        if not size:
+            scales = scales if isinstance(scales, list | tuple) else [scales] * 3
+            size = [int(shape[2 + i] * float(scales[i])) for i in range(3)]
+        return importer.block_builder.emit(relax.op.image.resize3d(
+            x, [int(d) for d in size], layout="NCDHW", method=method, coordinate_transformation_mode=mode,
+            rounding_method=rounding))
+
+    return convert
+
+
+def _convolution(node: Any, importer: Any) -> Any:
+    """convolution.default: a 3-D transposed convolution as `relax.op.nn.conv3d_transpose` (TVM's converter
+    refuses it); everything else by TVM's own converter."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    transposed = bool(node.args[6]) if len(node.args) > 6 else False
+    if not (transposed and x.ty.ndim == 5):
+        return importer._convolution(node)
+    weight = importer.env[node.args[1]]
+    bias = importer.env.get(node.args[2]) if node.args[2] is not None else None
+    stride, padding, dilation, _, output_padding, groups = node.args[3:9]
+    out = importer.block_builder.emit(relax.op.nn.conv3d_transpose(
+        x, weight, strides=stride, padding=padding, output_padding=output_padding, dilation=dilation,
+        groups=int(groups), data_layout="NCDHW", kernel_layout="IODHW"))
+    if bias is not None:
+        out = importer.block_builder.emit(relax.op.add(out, relax.op.reshape(bias, (1, -1, 1, 1, 1))))
+    return out
+
+
+# aten operator (overload) -> converter, for what TVM 0.27's importer has none of (or fails on)
 CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "amax.default": _reduce("max"),
     "amin.default": _reduce("min"),
@@ -132,7 +180,13 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "var_mean.correction": _var_mean,
     "exp2.default": _exp2,
     "hypot.default": _hypot,
+    "upsample_nearest3d.vec": _upsample3d("nearest_neighbor"),
+    "upsample_trilinear3d.vec": _upsample3d("linear"),
+    "convolution.default": _convolution,
 }
+
+# operators torch's default decompositions would break up into what TVM's importer cannot convert
+_KEPT_WHOLE = ("upsample_nearest3d.vec", "upsample_trilinear3d.vec")
 
 
 def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
@@ -145,8 +199,14 @@ def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
     from tvm.relax.frontend.torch import from_exported_program
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
+    import torch
+
+    table = torch.export.default_decompositions()
+    for name in _KEPT_WHOLE:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
     try:
-        ep = ep.run_decompositions()
+        ep = ep.run_decompositions(table)
     except Exception as e:  # noqa: BLE001 - torch's decompositions refuse the program
         raise ModelError("model", f"torch could not decompose the program: {type(e).__name__}: "
                                   f"{short_error(e)}") from e
