@@ -113,3 +113,25 @@ def test_remeasure_count_grows_with_the_budget_up_to_the_finalists():
     from tuner.tune import FINALISTS, remeasure_count
 
     assert [remeasure_count(b) for b in (0, 8, 31, 32, 64, 128, 1000)] == [0, 0, 0, 1, 2, 3, FINALISTS]
+
+
+def test_remeasure_best_without_the_search_measures_configurations_as_apply_config_builds_them():
+    """As `bench.models` calls it after its rounds: loop configurations measured in the task itself."""
+    import numpy as np
+
+    from tuner import LoopSpace, Trial, config_key
+    from tuner.tune import remeasure_best
+
+    task = task_of(workload("dense", DENSE))
+    configs = LoopSpace(task.prim_func).sample(np.random.default_rng(0), 3)
+    trials = [Trial(i, c, [1.0 + i], None) for i, c in enumerate(configs)]
+    again = {config_key(c): 3.0 - i for i, c in enumerate(configs)}
+    measurer = _Drifting(lambda c: 0.1, lambda c: again[config_key(c)])
+    measurer.measured += configs
+    seen = []
+    measure_one = measurer.measure_one
+    measurer.measure_one = lambda t, candidate: seen.append((t, candidate.mod)) or measure_one(t, candidate)
+
+    pick, pick_ms, readings = remeasure_best(task, trials, measurer, 2)
+    assert (pick.index, pick_ms) == (1, 2.0) and sorted(readings) == [0, 1]
+    assert all(t is task and "main" in [gv.name_hint for gv in mod.functions] for t, mod in seen)
