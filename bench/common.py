@@ -155,6 +155,17 @@ def source_commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+def cpu_model() -> str | None:
+    """The processor's name as the OS reports it (/proc/cpuinfo "model name"), None where unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def environment() -> dict[str, Any]:
     """Versions and machine facts recorded with every report."""
     import torch
@@ -165,6 +176,7 @@ def environment() -> dict[str, Any]:
     return {
         "commit": source_commit(),
         "cpu": host_cpu(),
+        "cpu_model": cpu_model(),
         "cores": host_cores(),
         "machine": platform.machine(),
         "tvm": tvm.__version__,

@@ -309,11 +309,16 @@ COLUMNS = (
 )
 
 
+def _cpu(report: dict) -> str:
+    env = report.get("environment", {})
+    return ", ".join(str(v) for v in (env.get("cpu_model"), env.get("cpu")) if v) or "CPU unknown"
+
+
 def table(report: dict) -> str:
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
                "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
-    head = (f"models, target {report['target']} ({report.get('environment', {}).get('cpu', '?')}), budget "
+    head = (f"models, target {report['target']} ({_cpu(report)}), budget "
             f"{report['budget']} on-device measurements per model (ours and MetaSchedule); tasks = tuned/all; torch = "
             f"the best of its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]

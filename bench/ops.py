@@ -234,7 +234,6 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, pro
     correct program goes into `programs` under `prefix` (exported to `folder`): `run_case` times it
     with the others.
     """
-    from bench.baselines import build_and_run
     from compiler.arrays import check_close
     from tuner import apply_config, layout_of_config, tune
     from tuner.tune import remeasure_count
@@ -265,8 +264,8 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, pro
     try:
         prog = layout_of_config(task, pick.config)
         args = inputs if prog is None else prog.pack_inputs(inputs)
-        mod = apply_config(task, pick.config)
-        _, _, out = build_and_run(mod, task.prim_func, task.target, args, pipeline="licm")
+        program, out = _export(apply_config(task, pick.config), task.prim_func, task.target, args, folder / prefix,
+                               pipeline="licm")
     except Exception as e:  # noqa: BLE001 - a failed case is reported, the others still run
         row[named("error")] = f"{prefix}: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
         return row
@@ -275,23 +274,28 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, pro
     if mismatch is not None:
         row[named("error")] = f"{prefix}: {mismatch}"
         return row
-    programs[prefix] = _export(mod, task.prim_func, task.target, args, folder / prefix, pipeline="licm")
+    programs[prefix] = program
     return row
 
 
-def _export(mod: Any, prim_func: Any, target: Any, args: list, path: Path, pipeline: str | None = None) -> TvmProgram:
-    """`mod` built (our pipeline, or TVM's default when None) and exported, with its arguments, for `time_fresh`."""
+def _export(mod: Any, prim_func: Any, target: Any, args: list, path: Path,
+            pipeline: str | None = None) -> tuple[TvmProgram, Any]:
+    """`mod` built once (our pipeline, or TVM's default when None), exported with its arguments for
+    `time_fresh`, and run once on them; (the program, its output)."""
     import numpy as np
     import tvm
 
     from compiler.arrays import arg_specs
     from compiler.build import compile_module
 
-    lib = tvm.compile(mod, target=target) if pipeline is None else compile_module(mod, target, pipeline)
-    lib.export_library(str(path.with_suffix(".so")))
+    built = tvm.compile(mod, target=target) if pipeline is None else compile_module(mod, target, pipeline)
+    built.export_library(str(path.with_suffix(".so")))
     shape, dtype = arg_specs(prim_func)[-1]
-    save_args([*args, np.zeros(shape, dtype)], path.with_suffix(".npz"))
-    return TvmProgram(str(path.with_suffix(".so")), str(path.with_suffix(".npz")))
+    arrays = [*args, np.zeros(shape, dtype)]
+    tensors = [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays]
+    built.jit()["main"](*tensors)
+    program = TvmProgram(str(path.with_suffix(".so")), save_args(arrays, path.with_suffix(".npz")))
+    return program, tensors[-1].numpy()
 
 
 def torch_programs(case: Case, seed: int, variants: Sequence[str]) -> dict[str, TorchProgram]:
@@ -354,8 +358,8 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
                        metaschedule_error=ms.error, metaschedule_alone_ms=ms.latency_ms,
                        metaschedule_rewritten=list(ms.prepacked.rewritten) if ms.prepacked else [])
             if ms.correct:
-                programs["metaschedule"] = _export(ms.mod, wl.prim_func, target, ms.args(inputs, target),
-                                                   folder / "metaschedule")
+                programs["metaschedule"], _ = _export(ms.mod, wl.prim_func, target, ms.args(inputs, target),
+                                                      folder / "metaschedule")
         if options.torch:
             programs.update(torch_programs(case, seed, options.torch_variants))
         # each in a fresh process, one at a time, in shuffled order
@@ -527,13 +531,18 @@ COLUMNS = (
 )
 
 
+def _cpu(report: dict) -> str:
+    env = report.get("environment", {})
+    return ", ".join(str(v) for v in (env.get("cpu_model"), env.get("cpu")) if v) or "CPU unknown"
+
+
 def table(report: dict) -> str:
     """The report as a text table, with a geomean row and the failures below it."""
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
                "vs_loop_only": g.get("vs_loop_only"),
                "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
-    head = (f"suite {report['suite']}, target {report['target']} ({report.get('environment', {}).get('cpu', '?')}), "
+    head = (f"suite {report['suite']}, target {report['target']} ({_cpu(report)}), "
             f"budget {report['budget']} on-device measurements each (ours and MetaSchedule); torch = the best of "
             f"its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
