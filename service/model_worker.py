@@ -44,11 +44,16 @@ TRIALS_PER_ROUND = 8
 
 
 def _tunable(prim_func: Any) -> bool:
+    """A task the search can tune: one reduction (`LoopSpace`) or several (basteln's `FusionSpace`)."""
     from tuner import LoopSpace
+    from tuner.fusion_space import FusionSpace, reductions
 
     try:
-        LoopSpace(prim_func)
-    except Exception:  # element-wise and multi-reduction functions stay untuned
+        if reductions(prim_func) > 1:
+            FusionSpace(prim_func)
+        else:
+            LoopSpace(prim_func)
+    except Exception:  # element-wise functions and programs neither space takes stay untuned
         return False
     return True
 
@@ -85,7 +90,7 @@ def run_model_job(run: JobRun) -> None:
                                max_unpacked_bytes=settings.max_unpacked_bytes, max_ratio=settings.max_zip_ratio)
     ep = static_shapes(ep, spec.get("input_shapes"), max_tensor_elements=settings.max_tensor_elements)
     model = import_model(ep, spec.get("input_shapes"), layout=spec.get("layout", "none"), target=target,
-                         max_tensor_elements=settings.max_tensor_elements)
+                         max_tensor_elements=settings.max_tensor_elements, fusion=spec.get("fusion", "none"))
     tkey = target_key(spec["target"])
     seed = int(spec.get("seed", 0))
 

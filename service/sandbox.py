@@ -99,7 +99,7 @@ def _slots(processes: int) -> threading.BoundedSemaphore:
 
 
 def import_upload(path: str | os.PathLike, settings: Settings, *, input_shapes: list[list[int]] | None,
-                  layout: str, target: str) -> ModelSummary:
+                  layout: str, target: str, fusion: str = "none") -> ModelSummary:
     """Loads and imports an uploaded `.pt2` in the sandbox (`compiler.workloads.model.import_model` there).
 
     Raises:
@@ -115,7 +115,7 @@ def import_upload(path: str | os.PathLike, settings: Settings, *, input_shapes: 
     if not zipfile.is_zipfile(path):  # reads the end-of-archive record only; spares junk a child process
         raise ModelError("file", "not a torch.export program (.pt2): the file is not a zip archive")
     request = {
-        "input_shapes": input_shapes, "layout": layout, "target": target,
+        "input_shapes": input_shapes, "layout": layout, "target": target, "fusion": fusion,
         "max_tensor_elements": settings.max_tensor_elements, "max_bytes": settings.max_upload_bytes,
         "max_unpacked_bytes": settings.max_unpacked_bytes, "max_ratio": settings.max_zip_ratio,
     }
@@ -311,7 +311,7 @@ def _import(request: dict, _facts: dict) -> dict:
     ep = static_shapes(ep, request["input_shapes"], max_tensor_elements=request["max_tensor_elements"])
     model = import_model(ep, request["input_shapes"], layout=request["layout"],
                          target=resolve_target(request["target"]),
-                         max_tensor_elements=request["max_tensor_elements"])
+                         max_tensor_elements=request["max_tensor_elements"], fusion=request.get("fusion", "none"))
     return {"inputs": [[s.name, list(s.shape), s.dtype] for s in model.inputs],
             "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight} for t in model.tasks]}
 

@@ -215,8 +215,15 @@ def group_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: 
     new_main = relax.Function(main.params, relax.SeqExpr([relax.DataflowBlock(new_bindings)], main.body.body),
                               main.ret_ty, main.is_pure, main.attrs)
     updated[updated.get_global_var("main")] = new_main
-    fused = relax.transform.FuseTIR()(updated)
-    return relax.transform.DeadCodeElimination()(fused), chains
+    fused = relax.transform.DeadCodeElimination()(relax.transform.FuseTIR()(updated))
+    # mark the merged PrimFuncs, so a build knows them (`compiler.workloads.model.build.default_cpu_schedule`)
+    marked = {}
+    for gv, func in fused.functions.items():
+        if gv.name_hint in new_funcs and not isinstance(func, relax.Function):
+            marked[gv] = func.with_attr("altune.grouped", True)
+    for gv, func in marked.items():
+        fused[gv] = func
+    return fused, chains
 
 
 def group_model(model: Any, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,

@@ -65,6 +65,11 @@ class ModelJobSpec(BaseModel):
                                "the layout carried through element-wise, pooling and reduction operators; a conv "
                                "whose layout TVM's layout pass cannot carry keeps NCHW, with conversions at its "
                                "boundary; `none` keeps NCHW everywhere")
+    fusion: Literal["none", "chains"] = Field(
+        "none", description="`chains`: chains of complex operators whose results are used once (conv -> conv, "
+                            "depthwise -> pointwise, matmul -> softmax -> matmul) and whose intermediates hold at least "
+                            "half the L2 cache become one task each, tiled and fused by basteln and tuned in its "
+                            "space; `none`: Relax's own fusion (element-wise operators into a complex one)")
     budget: int = Field(64, ge=1, le=MAX_INT32, description="on-device measurements for the whole model (at most "
                                                             "the server's ALTUNE_MAX_BUDGET)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search and of the check's inputs")
@@ -97,6 +102,7 @@ def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]
     try:
         ep = load_exported_program(data, max_bytes=settings.max_upload_bytes)
         return import_model(ep, spec.input_shapes, layout=spec.layout, target=resolve_target(spec.target),
+                            fusion=spec.fusion,
                             max_tensor_elements=settings.max_tensor_elements)
     except ModelError as e:
         raise _model_error(e, loc) from None
@@ -199,7 +205,7 @@ def _create_from_upload(settings: Any, upload: Upload, caller: Caller) -> JobPub
     _check_spec(parsed, settings, "spec")
     try:
         imported = import_upload(upload.path, settings, input_shapes=parsed.input_shapes, layout=parsed.layout,
-                                 target=parsed.target)
+                                 target=parsed.target, fusion=parsed.fusion)
     except ModelError as e:
         raise _model_error(e, ("body", "file")) from None
     except SandboxError as e:  # the server's fault (limits too low for torch and TVM): try later

@@ -104,7 +104,8 @@ def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any],
 
 def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int) -> tvm.tirx.PrimFunc:
     """A cheap schedule for a PrimFunc nobody tuned (element-wise, pooling, layout conversions, a task the
-    budget did not reach). Without it such functions run on one thread in TE's loop order.
+    budget did not reach). Without it such functions run on one thread in TE's loop order. A grouped chain of
+    complex operators gets basteln's default tiling and fusion instead.
 
     dlight's preamble (`normalize_prim_func`, `try_inline_contiguous_spatial`), then for every block left:
     its leading spatial loops fused and parallel (until `cores * 8` iterations), its innermost loop
@@ -115,6 +116,13 @@ def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int) -> tvm
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 
+    if _grouped(func):  # a chain of complex operators (`compiler.passes.grouping`): basteln tiles and fuses it
+        from compiler.passes.basteln import basteln
+
+        try:
+            return basteln(func, None, 1.0, vector=4 * lanes).sch.mod["main"]
+        except Exception:  # noqa: BLE001 - a program basteln cannot tile gets the plain schedule below
+            pass
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     if infos is None:
@@ -135,6 +143,12 @@ def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int) -> tvm
         if total > 1:
             _try(lambda: sch.parallel(sch.fuse(*picked) if len(picked) > 1 else picked[0]))
     return sch.mod["main"]
+
+
+def _grouped(func: Any) -> bool:
+    """A function `compiler.passes.grouping` merged from a chain (its "altune.grouped" attribute)."""
+    attrs = getattr(func, "attrs", None)
+    return attrs is not None and "altune.grouped" in attrs
 
 
 def default_schedule(func: tvm.tirx.PrimFunc, target: Any) -> tvm.tirx.PrimFunc:

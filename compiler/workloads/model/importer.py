@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     import tvm
 
 
+MODEL_FUSIONS = ("none", "chains")  # "chains": `compiler.passes.grouping` merges chains of complex operators
+
+
 @dataclass(eq=False)
 class ImportedModel:
     """A model as Relax, fused and legalized, with its parameters and tasks.
@@ -55,6 +58,7 @@ def import_model(
     layout: str = "none",
     target: tvm.target.Target | str | None = None,
     max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+    fusion: str = "none",
 ) -> ImportedModel:
     """torch.export program -> fused Relax, parameters and tasks.
 
@@ -67,6 +71,8 @@ def import_model(
             pass fails on keep NCHW; a converted graph that fails to lower is lowered unconverted (see `notes`).
         target: what the block factors are chosen for (its vector width); None: "llvm" defaults.
         max_tensor_elements: largest accepted input, parameter or intermediate tensor.
+        fusion: "none" (Relax's own fusion: element-wise operators into a complex one) or "chains" (also
+            chains of complex operators into one task, `compiler.passes.grouping`, tiled and fused by basteln).
 
     Raises:
         ModelError: "model" for unsupported operators (named with their fx nodes), a failed conversion (operator
@@ -147,6 +153,14 @@ def import_model(
     model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs,
                           notes=notes)
     model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
+    if fusion not in MODEL_FUSIONS:
+        raise ModelError("fusion", f"unknown fusion {fusion!r}; one of {', '.join(MODEL_FUSIONS)}")
+    if fusion == "chains":  # chains of complex operators become one task each, tiled and fused by basteln
+        from compiler.passes.grouping import group_model
+
+        chains = group_model(model, max_tensor_elements=max_tensor_elements)
+        if chains:
+            model.notes.append(f"{len(chains)} chain(s) of complex operators grouped into one task each")
     return model
 
 
