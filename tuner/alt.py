@@ -91,7 +91,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GENERIC_KNOB_FEATURES = 16  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
+GENERIC_KNOB_FEATURES = 17  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
 IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
 
 

@@ -5,8 +5,8 @@ Two parts, concatenated:
 * knob features (always): log2 of every tile factor at every level (level 0
   included), the other knobs as numbers, and derived sizes (log2 of the parallel
   extent, of the register tile, of the level-2+3 tile, of the inner reduction
-  tile, of the vector length). Cheap and exact, but only comparable within one
-  space.
+  tile, of the vector length), then `tensorize` (0 where the space has no such
+  knob). Cheap and exact, but only comparable within one space.
 * MetaSchedule's per-store features (`PerStoreFeature`, 164 per buffer store:
   arithmetic, memory access, reuse, loop annotations), pooled over the stores
   of a program by mean and max into a fixed vector. They work in TVM 0.27 with
@@ -61,6 +61,7 @@ def knob_features(space: SearchSpace, config: Config) -> list[float]:
         level_volume(range(SPATIAL_LEVELS - 2, SPATIAL_LEVELS), spatial_factors),  # levels 2+3
         level_volume(range(1, 2), reduce_factors),  # inner reduction tile
         math.log2(spatial_factors[-1][-1]) * config["vectorize"],  # vector length
+        float(config.get("tensorize", 0)),  # the register block marked for a tensor instruction
     ]
     return out
 

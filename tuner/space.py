@@ -49,7 +49,8 @@ MAX_EPILOGUE_VECTOR = 64
 # still in cache, a halo recomputed) the cost model learns late, so a search tries them on its best
 PLACEMENT_KNOBS = ("read_at", "inline", "write_at")
 # knobs added after configurations were stored: the value a configuration without one means
-LATER_KNOBS: dict[str, int] = {"read_at": 0, "licm": 1}
+LATER_KNOBS: dict[str, int] = {"read_at": 0, "licm": 1, "tensorize": 0}
+TENSORIZE_ORDER = 0  # SSRSRS: the only order whose inner reduction level directly holds the register block
 REGISTER_ROWS = 16  # `blocked_config`'s register block: at most this many rows (and the unit's accumulators)
 
 Config = dict[str, int]
@@ -328,6 +329,14 @@ class LoopSpace(SearchSpace):
             no parallel loop of its own (a small operator loses more to the thread pool's fork/join
             than the halo costs) and the tile still in cache when read; must be 0 when inline is 1,
             and 0 or >= parallel. A stored configuration without it (older than the knob) means 0.
+        tensorize: 1 marks the register block for a tensor instruction (`compiler.passes.tensorize`): the
+            innermost loop of the inner reduction level that is not a unit loop (the last one where all are)
+            gets the "outer_product" mark, so the build rewrites `for r / for rows / [for v] / for lanes`
+            into the target's fp32 FMA micro-kernel (accumulators in registers across r) where the nest
+            matches, and leaves it exactly as it was (vectorized as `vectorize` says) where it does not or
+            the target has no instruction. Only under order SSRSRS (`TENSORIZE_ORDER`: elsewhere the register
+            block is not directly under a reduction loop; `validate` turns it off there) and only offered
+            for float32 programs (`tensorizable`). A stored configuration without it means 0.
     """
 
     def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, unit: VectorUnit | None = None):
@@ -363,6 +372,8 @@ class LoopSpace(SearchSpace):
         ]
         if self.structure.inlinable:
             knobs += [Knob("inline", (0, 1)), Knob("read_at", (0, 1, 2))]
+        if tensorizable(self.mod, self.structure):
+            knobs.append(Knob("tensorize", (0, 1)))
         self._knobs = tuple(knobs)
         self._by_name = {k.name: k for k in knobs}
 
@@ -408,6 +419,8 @@ class LoopSpace(SearchSpace):
                 raise InvalidConfig(f"{name}={out[name]} lies inside the fused parallel loop (parallel={out['parallel']})")
         if out.get("read_at") and out["inline"]:
             raise InvalidConfig(f"read_at={out['read_at']} places producers that inline=1 inlines")
+        if out.get("tensorize") and out["order"] != TENSORIZE_ORDER:
+            out["tensorize"] = 0  # no register block directly under a reduction loop: nothing to mark
         return out
 
     def untuned_config(self) -> Config:
@@ -500,6 +513,8 @@ class LoopSpace(SearchSpace):
         config["vectorize"] = int(rng.random() < 0.8)
         config["unroll"] = UNROLL_STEPS[int(rng.integers(len(UNROLL_STEPS)))]
         config["licm"] = int(rng.random() < 0.75)
+        if "tensorize" in self._by_name:
+            config["tensorize"] = int(config["order"] == TENSORIZE_ORDER and rng.random() < 0.5)
         places = self._by_name["write_at"].choices
         config["write_at"] = int(rng.choice(_placeable(places, config["parallel"])))
         if self.structure.inlinable:
@@ -650,12 +665,26 @@ class LoopSpace(SearchSpace):
             sch.annotate(fused, "pragma_auto_unroll_max_step", config["unroll"])
             # explicit: LLVM codegen ignores the implicit unroll hint
             sch.annotate(fused, "pragma_unroll_explicit", 1)
+        if config.get("tensorize", 0):
+            from compiler.passes.tensorize import mark
+
+            mark(sch, self._tensorize_loop(config, levels[("R", REDUCE_LEVELS - 1)]), "outer_product")
         first_reduce = levels[("R", 0)][0]
         sch.decompose_reduction(main, first_reduce)
         if not config.get("inline", 0) and not read_at:
             for name in st.inlinable:
                 self._schedule_root(sch, sch.get_sblock(name), config)
         return sch
+
+    def _tensorize_loop(self, config: Config, inner_reduce: list):
+        """The loop `tensorize` marks: of the inner reduction level (one loop per reduction axis, in axis
+        order, directly above the register block), the last that is no unit loop; TVM's lowering drops the
+        unit loops after it, so the mark holds the register block. The last one where all are unit loops
+        (the mark keeps it)."""
+        factors = [self.factors(config, a)[-1] for a in self.structure.reduce]
+        assert len(factors) == len(inner_reduce), f"{len(factors)=} != {len(inner_reduce)=}"
+        wide = [k for k, f in enumerate(factors) if f > 1]
+        return inner_reduce[wide[-1] if wide else -1]
 
     @staticmethod
     def _vectorize_tail(sch: tvm.s_tir.Schedule, block, config: Config) -> None:
@@ -681,6 +710,21 @@ class LoopSpace(SearchSpace):
         extent = int(sch.get(inner).extent)
         if config["vectorize"] and 1 < extent <= MAX_EPILOGUE_VECTOR:
             sch.vectorize(inner)
+
+
+def tensorizable(mod: tvm.IRModule, st: Structure) -> bool:
+    """Whether `tensorize` is offered: the main block computes in float32 from float32 operands, the form of the
+    fp32 FMA micro-kernels. An int8 (u8 x s8 -> s32) or bf16 (-> fp32) program is not offered it: their dot-
+    product instructions take groups of 4 (2) consecutive reduction elements of weights packed
+    `[N/L, K/G, L, G]` (`compiler.passes.tensorize.kernels`), a group loop innermost below the lanes that no
+    order of this space makes and a layout that neither the catalog's weights nor ALT's templates have; marked,
+    their nests would never match."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(mod)
+    block = sch.get(sch.get_sblock(st.main))
+    buffers = [block.writes[0].source, *(r.source for r in block.reads)]
+    return all(str(b.dtype) == "float32" for b in buffers)
 
 
 def _placeable(levels: Sequence[int], parallel: int) -> list[int]:

@@ -279,3 +279,48 @@ def test_licm_is_a_knob_and_older_configurations_keep_it_on():
         assert (attrs is not None and "altune.licm" in attrs and not attrs["altune.licm"]) == (licm == 0)
         np.testing.assert_allclose(run(mod, inputs, wl.output.shape), wl.reference(inputs), rtol=1e-4, atol=1e-4)
     assert {c["licm"] for c in space.sample(np.random.default_rng(0), 40)} == {0, 1}
+
+
+def test_tensorize_is_a_knob_that_marks_the_register_block():
+    """tensorize=1 marks the inner reduction loop above the register block; where the nest is an outer product
+    (NCHW conv: rows over output channels, lanes over the width) the build runs the target's fp32 FMA
+    micro-kernel and computes the same; where it is not (rows over the height: the input depends on them) or
+    the target has no instruction, the nest is left as it was. 0, and configurations older than the knob,
+    give today's program; int8 and bf16 programs are not offered it (their dot products need packed weights)."""
+    import tvm
+
+    from compiler.passes.tensorize import ANNOTATION, tensorize_module
+    from compiler.target import resolve_target
+    from compiler.workloads import make_workload
+    from tuner import LoopSpace
+    from tuner.features import knob_features
+
+    wl = workload("conv2d", dict(batch=1, in_channels=8, height=6, width=16, out_channels=8, kernel=3, padding=1),
+                  "bias_relu")
+    space = LoopSpace(wl.prim_func)
+    assert space.knobs[[k.name for k in space.knobs].index("tensorize")].choices == (0, 1)
+    blocked = space.blocked_config()
+    older = {k: v for k, v in blocked.items() if k != "tensorize"}
+    assert space.validate(older)["tensorize"] == 0 and blocked["tensorize"] == 0
+    assert space.validate({**blocked, "tensorize": 1, "order": 1})["tensorize"] == 0  # no block under a reduction
+    assert space.apply(older).mod.script() == space.apply(blocked).mod.script()
+    assert ANNOTATION not in space.apply(blocked).mod.script()
+    outer_product = space.validate({**blocked, "tile.yy.3": 1, "tile.ff.3": 4, "tensorize": 1})
+    across_rows = space.validate({**blocked, "tensorize": 1})  # rows over yy: the input depends on them
+    inputs = wl.random_inputs(3)
+    host = resolve_target("host")
+    bare = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})  # SSE2 only: no FMA
+    for config, target, used in ((outer_product, host, True), (across_rows, host, False),
+                                 (outer_product, bare, False)):
+        mod = space.apply(config).mod
+        _, reports = tensorize_module(mod, target)
+        assert bool(reports["main"].used) == used and (target is bare) <= bool(reports["main"].left), reports
+        if target is host:
+            np.testing.assert_allclose(run(mod, inputs, wl.output.shape), wl.reference(inputs), rtol=1e-4, atol=1e-4)
+    assert knob_features(space, outer_product)[-1] == 1.0 and knob_features(space, blocked)[-1] == 0.0
+    samples = space.sample(np.random.default_rng(0), 40)
+    assert {c["tensorize"] for c in samples} == {0, 1}
+    assert all(c["order"] == 0 for c in samples if c["tensorize"])
+    for dtype in ("int8", "bfloat16"):
+        assert "tensorize" not in {k.name for k in LoopSpace(make_workload("dense", {"m": 8, "n": 16, "k": 8},
+                                                                            dtype).prim_func).knobs}

@@ -143,13 +143,21 @@ def _extent(loop: Any) -> int:
     return _ir.const_int(loop.extent)
 
 
+def _column_kinds() -> tuple[Any, ...]:
+    from tvm import tirx
+
+    # a column loop the schedule vectorized (the tuner's lane loop) matches too: the rewrite replaces the
+    # loops; where the match fails, the nest keeps its vectorized loop, as without the mark
+    return (tirx.ForKind.SERIAL, tirx.ForKind.VECTORIZED)
+
+
 def _chain(loop: Any) -> tuple[list[Any], Any]:
     """The perfect nest under `loop` (loops of constant range, one statement each) and its innermost statement."""
     from tvm import tirx
 
     loops, s = [], loop.body
     while isinstance(s, tirx.For) and _ir.const_int(s.min) is not None and _ir.const_int(s.extent) is not None \
-            and s.kind == tirx.ForKind.SERIAL:
+            and s.kind in _column_kinds():
         loops.append(s)
         s = s.body
     return loops, s
@@ -214,8 +222,8 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
     from tvm import tirx
     from tvm_ffi import structural_equal
 
-    if nest.kind != tirx.ForKind.SERIAL or _ir.const_int(nest.min) is None or _ir.const_int(nest.extent) is None:
-        return None, ins, "a column loop is not serial over a constant range"
+    if nest.kind not in _column_kinds() or _ir.const_int(nest.min) is None or _ir.const_int(nest.extent) is None:
+        return None, ins, "a column loop is not serial (or vectorized) over a constant range"
     loops, store = _chain(nest)
     loops = [nest, *loops]
     if not isinstance(store, tirx.BufferStore) or len(loops) > 3:
