@@ -21,9 +21,10 @@ Element types (`DTYPES`; the operators that take each: `OperatorDef.dtypes`, che
   real-valued scale per tensor or channel that the catalog's integer parameters cannot carry, and a user who
   tunes an operator wants the accumulator to requantize as their framework does (`torch.ao`'s and TVM's QNN
   quantized linear/conv are an int32 accumulation followed by a separate requantize). Every uint8 and int8
-  value is allowed (the tensor instructions that saturate on activations >= 128 are never used for catalog
-  programs, see `compiler.passes.tensorize`); the reduction length is limited so the int32 accumulator
-  cannot overflow (`INT8_MAX_REDUCTION`). The torch reference computes in float64 and is exact.
+  value is allowed: `vpmaddubsw`, which saturates on activations >= 128, is never used for catalog programs
+  (the tuner marks only float32 programs for tensor instructions: `tuner.space.tensorizable`); the reduction
+  length is limited so the int32 accumulator cannot overflow (`INT8_MAX_REDUCTION`). The torch reference
+  computes in float64 and is exact.
 - "bfloat16" (conv2d, dense, batch_matmul): bfloat16 data and weight, fp32 accumulation, **float32 output**
   and bias (the accumulator, not rounded back to bf16; a bf16 consumer rounds it once itself). The reference
   widens the bf16 values to fp32 (exactly) and the check has the fp32 tolerance of `compiler.arrays`.
