@@ -459,5 +459,5 @@ def make_search(kind: SearchKind, task: Task, space: SearchSpace, measurer: Meas
     if kind == "xgb":
         return XGBSearch(task, space, measurer, **options)
     if kind == "random":
-        return XGBSearch(task, space, measurer, cost_model="random", **options)
+        return XGBSearch(task, space, measurer, **{**options, "cost_model": "random"})
     raise ValueError(f"unknown search: {kind}")

@@ -116,3 +116,16 @@ def test_tune_small_conv2d_keeps_its_best_and_is_correct():
     assert all(t.latencies_ms and t.latency_ms > 0 for t in result.trials)
     out = run(apply_config(task, result.best.config), inputs, wl.output.shape)
     np.testing.assert_allclose(out, task.expected, rtol=1e-3, atol=1e-3)
+
+
+def test_random_search_through_tune_ranks_at_random():
+    """`tune(search="random")` (the no-model ablation) passes its own cost model, whatever the caller's options."""
+    from tuner import make_search
+    from tuner.cost_model import RandomModel
+    from tuner.search import XGBSearch
+    from tuner.space import loop_space
+
+    task = task_of(workload("dense", {"m": 16, "n": 16, "k": 16}))
+    space = loop_space(task.prim_func)
+    search = make_search("random", task, space, FakeMeasurer(space), cost_model="xgb", seed=0)
+    assert isinstance(search, XGBSearch) and isinstance(search.model, RandomModel)
