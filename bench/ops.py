@@ -158,6 +158,14 @@ class Options:
     layout_levels: int = 1  # ours: one- or two-level layout templates
     torch_variants: tuple[str, ...] = TORCH_VARIANTS
     rounds: int = 1  # fresh-process readings per program (median)
+    ablation: bool = False  # also the seeds with random walks, and the XGBoost search without PPO (ABLATIONS)
+
+
+# the search ablation (`--ablation`): name -> `tune` options; full ALT is "ours", ALT-OL "ours_loop_only"
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "ablation_seeds_random": {"ppo": False, "cost_model": "random"},  # (a) the seeds, random layouts and walks
+    "ablation_xgb": {"ppo": False},  # (b) the seeds, random layouts and walks, ranked by the cost model
+}
 
 
 # ---------------------------------------------------------------------------
@@ -347,6 +355,10 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
             row.update(run_ours(task, budget, seed, inputs, expected, programs, folder, prefix="ours_loop_only",
                                 layout={}))
+        if options.ablation:  # what the agents and the model add over the seeds, at the same budget
+            for prefix, tune_options in ABLATIONS.items():
+                row.update(run_ours(task, budget, seed, inputs, expected, programs, folder, prefix=prefix,
+                                    layout_levels=options.layout_levels, **tune_options))
 
         row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
                    metaschedule_correct=None, metaschedule_error=None)
@@ -364,7 +376,7 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
             programs.update(torch_programs(case, seed, options.torch_variants))
         # each in a fresh process, one at a time, in shuffled order
         timings = time_fresh(programs, seed=seed, rounds=options.rounds)
-    for name in ("ours", "ours_loop_only", "metaschedule"):
+    for name in ("ours", "ours_loop_only", "metaschedule", *ABLATIONS):
         if name in timings.ms:
             row[f"{name}_ms"] = timings.ms[name]
     variants = {name[len("torch_"):]: ms_ for name, ms_ in timings.ms.items() if name.startswith("torch_")}
@@ -380,6 +392,9 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
     row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
     row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
     row["vs_loop_only"] = speedup(row.get("ours_loop_only_ms"), row["ours_ms"])
+    for prefix in ABLATIONS:
+        if f"{prefix}_ms" in row:
+            row[f"vs_{prefix}"] = speedup(row[f"{prefix}_ms"], row["ours_ms"])
     return row
 
 
@@ -458,7 +473,9 @@ def report(suite: str, target: str, budgets: list[int], rows: list[dict], env: d
         "budget": max(budgets),
         "budgets": sorted(set(budgets)),
         "cases": rows,
-        "geomean": {**geomeans(rows), "vs_loop_only": geomean(r.get("vs_loop_only") for r in rows)},
+        "geomean": {**geomeans(rows), "vs_loop_only": geomean(r.get("vs_loop_only") for r in rows),
+                    **{f"vs_{p}": geomean(r.get(f"vs_{p}") for r in rows) for p in ABLATIONS
+                       if any(f"vs_{p}" in r for r in rows)}},
         "environment": env if env is not None else environment(),
     }
 
@@ -536,6 +553,28 @@ def _cpu(report: dict) -> str:
     return ", ".join(str(v) for v in (env.get("cpu_model"), env.get("cpu")) if v) or "CPU unknown"
 
 
+ABLATION_COLUMNS = (
+    Column("case", lambda r: r["name"], right=False),
+    Column("(a) seeds+random ms", lambda r: fmt_ms(r.get("ablation_seeds_random_ms"))),
+    Column("(b) xgb, no PPO ms", lambda r: fmt_ms(r.get("ablation_xgb_ms"))),
+    Column("(c) ALT ms", lambda r: fmt_ms(r.get("ours_ms"))),
+    Column("(d) ALT-OL ms", lambda r: fmt_ms(r.get("ours_loop_only_ms"))),
+    Column("c vs a", lambda r: fmt_x(r.get("vs_ablation_seeds_random"))),
+    Column("c vs b", lambda r: fmt_x(r.get("vs_ablation_xgb"))),
+    Column("c vs d", lambda r: fmt_x(r.get("vs_loop_only"))),
+)
+
+
+def ablation_table(report: dict) -> str:
+    """The search ablation of `--ablation` (same budget, same seeds): (a) the seeds with random layouts,
+    walks and ranking, (b) the same ranked by the XGBoost model, (c) full ALT, (d) ALT-OL."""
+    g = report["geomean"]
+    footer = [{"name": "geomean", "vs_ablation_seeds_random": g.get("vs_ablation_seeds_random"),
+               "vs_ablation_xgb": g.get("vs_ablation_xgb"), "vs_loop_only": g.get("vs_loop_only")}]
+    return "\n".join([f"search ablation, budget {report['budget']} each, {_cpu(report)}",
+                      format_table(ABLATION_COLUMNS, report["cases"], footer)])
+
+
 def table(report: dict) -> str:
     """The report as a text table, with a geomean row and the failures below it."""
     g = report["geomean"]
@@ -577,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="ours: one-level layout templates (default, the paper's) or two-level output tiling")
     parser.add_argument("--resume", action="store_true",
                         help="go on with the report at --json: its finished cases are kept, not run again")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also (a) the seeds with random layouts and walks, (b) the XGBoost search without PPO, "
+                             "at the same budget, beside (c) ALT and (d) ALT-OL")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="REPORT",
                         help="run nothing: merge these reports (one target) into one table and --json")
     args = parser.parse_args(argv)
@@ -611,12 +653,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir,
-                      not args.no_loop_only, args.layout_levels, variants, args.rounds)
+                      not args.no_loop_only, args.layout_levels, variants, args.rounds, args.ablation)
     # with --json, the report is written after every case: an interrupted run keeps what it finished
     save = (lambda partial: write_json(partial, args.json)) if args.json is not None else None
     final = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options, done=done,
                 on_case=save)
     print(table(final))
+    if args.ablation:
+        print(ablation_table(final))
     path = write_json(final, args.json)
     print(f"wrote {path}")
     return 0
