@@ -18,19 +18,21 @@ def _finite(value) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
-    """Ours, MetaSchedule (weights layout-free) and torch's variants on both smoke cases at budget 4, every
+    """Ours, MetaSchedule (weights layout-free) and torch's variants on the smoke conv at budget 4, every
     program timed in a fresh process of its own (ALT-OL left out: it is ours again, in a fixed layout, and the
     fresh processes cost what it saves)."""
     path = tmp_path / "smoke.json"
 
-    assert ops.main(["--suite", "smoke", "--budget", "4", "--json", str(path), "--no-loop-only"]) == 0
+    # one case: the conv has every torch variant (the dense case adds nothing the test checks, only minutes)
+    assert ops.main(["--suite", "smoke", "--cases", "conv2d_tiny", "--budget", "4", "--json", str(path),
+                     "--no-loop-only"]) == 0
 
     report = json.loads(path.read_text())
     common.check_report(report)
     assert report["suite"] == "smoke"
     assert report["budget"] == 4
     assert report["target"].startswith("llvm -mcpu=")
-    assert [c["name"] for c in report["cases"]] == [c.name for c in ops.SMOKE]
+    assert [c["name"] for c in report["cases"]] == ["conv2d_tiny"]
     for case in report["cases"]:
         assert case["correct"] is True, case.get("error") or case.get("metaschedule_error")
         for key in ("ours_ms", "metaschedule_ms", "torch_ms", "untuned_ms", "ours_tune_s", "metaschedule_tune_s"):

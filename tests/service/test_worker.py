@@ -79,6 +79,8 @@ class _Crash(BaseException):
 
 @pytest.mark.slow
 def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
+    if settings.resolved_database_url.startswith("postgresql"):
+        pytest.skip("the lease takeover on PostgreSQL is covered by test_faults.py's kill -9 of a real worker")
     from service import worker as worker_mod
 
     settings = settings.model_copy(update={"lease_seconds": 1.0})
@@ -116,6 +118,8 @@ def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
 
 
 def test_two_level_layout_job_searches_the_larger_space(settings):
+    if settings.resolved_database_url.startswith("postgresql"):
+        pytest.skip("the search space is the same on both backends")
     url = settings.resolved_database_url
     # 30% of 32 for the joint stage: a round in the user's layouts, then tiled ones
     (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 32, "layout_levels": 2})
@@ -162,6 +166,8 @@ def test_cancel_running_job_stops_within_seconds(settings):
 def test_an_error_inside_the_search_fails_the_job_with_it_and_keeps_its_trials(settings, monkeypatch):
     """A bug the search does not expect (not an invalid configuration or a failed build) ends the job as
     failed, naming the error, with the trials measured before it in the database; the worker lives on."""
+    if settings.resolved_database_url.startswith("postgresql"):
+        pytest.skip("the search's failure path is the same on both backends")
     from tuner.alt import ALTSearch
 
     url = settings.resolved_database_url
