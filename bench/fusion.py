@@ -138,6 +138,9 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int) -> d
     from tuner.fusion_space import FusionSpace
 
     w = make_workload(case.operator, case.params)
+    # a folder per case: every case exports "ours", "part0", ... and they must not replace each other's
+    folder = folder / case.operator
+    folder.mkdir(parents=True, exist_ok=True)
     row: dict[str, Any] = {"case": case.name, "operator": case.operator, "params": case.params, "programs": {}}
     spec = {"operator": case.operator, "params": case.params, "target": "host"}
     task = task_from_spec(spec)
