@@ -621,14 +621,11 @@ def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], outp
             block = sch.get_sblock(name)
         except Exception:  # inlined
             continue
-        fused_depth = d if member_in(groups, output_groups, name, shared) else placed.get(name, 0)
+        in_outputs = any(name in g.blocks and g.anchor in shared for g in output_groups)
+        fused_depth = d if in_outputs else placed.get(name, 0)
         if fused_depth:
             fused_depth -= collapsed
         _inner(sch, block, space, fused_depth, vector=vector, register=register, parallel=parallel and fused_depth == 0)
-
-
-def member_in(groups: dict[str, Group], output_groups: list[Group], name: str, shared: list[str]) -> bool:
-    return any(name in g.blocks and g.anchor in shared for g in output_groups)
 
 
 def _extent(loop: Any, sch: Any) -> int | None:

@@ -87,7 +87,6 @@ def find_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: i
     if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
         return []
     bindings = list(blocks[0].bindings)
-    call_tir = relax.op.get("relax.call_tir") if hasattr(relax.op, "get") else None
     uses: dict[Any, int] = {}
 
     def count(expr: Any) -> None:
@@ -121,7 +120,6 @@ def find_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: i
         for arg in b.value.args[1].fields:
             if isinstance(arg, relax.Var) and arg in position:
                 consumer.setdefault(arg, i) if consumer.get(arg, i) == i else consumer.__setitem__(arg, -1)
-    del call_tir
     chains: list[Chain] = []
     taken: set[int] = set()
     for start, b in enumerate(bindings):
