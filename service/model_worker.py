@@ -43,19 +43,62 @@ log = logging.getLogger("altune.model_worker")
 TRIALS_PER_ROUND = 8
 
 
-def _tunable(prim_func: Any) -> bool:
-    """A task the search can tune: one reduction (`LoopSpace`) or several (basteln's `FusionSpace`)."""
-    from tuner import LoopSpace
-    from tuner.fusion_space import FusionSpace, reductions
+JOINT_SHARE = 0.3  # of a "search" job's budget, for the joint stage (ALT's graph-level layout search)
 
-    try:
-        if reductions(prim_func) > 1:
-            FusionSpace(prim_func)
-        else:
-            LoopSpace(prim_func)
-    except Exception:  # element-wise functions and programs neither space takes stay untuned
-        return False
-    return True
+
+def _task_rows(s: Any, job_id: int, model_tasks: list) -> dict[str, TuningTask]:
+    """The job's task rows by workload key, with a row added for each of `model_tasks` that has none (a task of a
+    layout the joint stage tried, or of a job made before tasks were stored at submission)."""
+    by_key = {r.workload_key: r for r in TuningTask.where_job(s, job_id)}
+    for t in model_tasks:
+        if t.workload_key not in by_key:
+            row = TuningTask(job_id=job_id, index=len(by_key), name=t.name[:128], workload_key=t.workload_key,
+                             weight=t.weight, budget=0)
+            s.add(row)
+            s.flush()
+            by_key[t.workload_key] = row
+    return by_key
+
+
+def _search_layouts(run: JobRun, graph: Any, target: Any, measurer: Any, budget: int, seed: int,
+                    fusion: str) -> tuple[Any, dict]:
+    """ALT's joint stage (`tuner.graph_layout`) on `JOINT_SHARE` of the budget: every measurement recorded on its
+    task's row (rows added as layouts make tasks); a resumed job's measured tasks are not measured again.
+    Returns the model in the chosen layouts and the report's "layout_search"."""
+    from dataclasses import replace
+
+    from tuner.graph_layout import search_layouts
+    from tuner.task import Trial, best_trial
+
+    rows: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    known: dict[str, float] = {}
+    with session_scope(run.url) as s:
+        for row in TuningTask.where_job(s, run.job_id):
+            rows[row.workload_key] = row.id
+            trials = TrialRow.where_task(s, row.id)
+            counts[row.workload_key] = len(trials)
+            best = best_trial([Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error)
+                               for r in trials])
+            if best is not None:
+                known[row.workload_key] = best.latency_ms
+
+    def on_measure(task: Any, trial: Any) -> None:
+        if task.workload_key not in rows:
+            with session_scope(run.url) as s:
+                rows.update({k: r.id for k, r in _task_rows(s, run.job_id, [task]).items()})
+        index = counts.get(task.workload_key, 0)
+        counts[task.workload_key] = index + 1
+        run.record_trial(rows[task.workload_key], replace(trial, index=index))
+
+    result = search_layouts(graph, target, measurer, max(1, int(budget * JOINT_SHARE)), seed=seed, fusion=fusion,
+                            max_tensor_elements=run.settings.max_tensor_elements, known=known,
+                            on_measure=on_measure, should_stop=run.should_stop)
+    report = {"measurements": result.measurements, "rule_estimate_ms": result.rule_ms,
+              "chosen_estimate_ms": result.estimate_ms, "rounds": result.rounds, "blocks": result.blocks,
+              "note": "estimates: sum over the model's tasks of calls x measured latency (a short loop search for "
+                      "convs, the default schedule for the rest), conversions included"}
+    return result.model, report
 
 
 def run_model_job(run: JobRun) -> None:
@@ -66,15 +109,17 @@ def run_model_job(run: JobRun) -> None:
         build_checked,
         build_model,
         compare_outputs,
-        import_model,
         reference_outputs,
         run_model,
         time_model,
         write_model_artifact,
     )
+    from compiler.workloads.model.importer import graph_blocks, lower_graph, translate_model
+    from compiler.workloads.model.tasks import conversions
     from compiler.workloads.pt2 import load_exported_program, static_shapes
     from service.worker import LeaseLost
     from tuner import LocalMeasurer, Task, Trial, apply_config, build_pipeline, tune
+    from tuner.graph_layout import tunable
     from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
 
     with session_scope(run.url) as s:
@@ -89,25 +134,37 @@ def run_model_job(run: JobRun) -> None:
     ep = load_exported_program(Path(spec["model_file"]), max_bytes=settings.max_upload_bytes,
                                max_unpacked_bytes=settings.max_unpacked_bytes, max_ratio=settings.max_zip_ratio)
     ep = static_shapes(ep, spec.get("input_shapes"), max_tensor_elements=settings.max_tensor_elements)
-    model = import_model(ep, spec.get("input_shapes"), layout=spec.get("layout", "none"), target=target,
-                         max_tensor_elements=settings.max_tensor_elements, fusion=spec.get("fusion", "none"))
+    layout, fusion = spec.get("layout", "none"), spec.get("fusion", "none")
+    graph = translate_model(ep, spec.get("input_shapes"), max_tensor_elements=settings.max_tensor_elements)
     tkey = target_key(spec["target"])
     seed = int(spec.get("seed", 0))
+    pipeline = build_pipeline(spec)
+    measurer = LocalMeasurer(timeout_s=run.settings.measure_timeout, pipeline=pipeline)
+    search_report: dict[str, Any] | None = spec.get("layout_search")
+    try:
+        if layout == "search" and "blocks" not in spec:  # ALT's joint stage (a resumed job has its blocks)
+            model, search_report = _search_layouts(run, graph, target, measurer, budget, seed, fusion)
+            if run.stop_reason == "lease":
+                raise LeaseLost()
+            spec["blocks"], spec["layout_search"] = model.blocks, search_report
+            with session_scope(run.url) as s:
+                s.execute(update(Job).where(Job.id == run.job_id).values(spec=dict(spec)))
+        else:
+            blocks = graph_blocks(graph, spec["blocks"], target) if spec.get("blocks") else None
+            model = lower_graph(graph, layout=layout, target=target, fusion=fusion, blocks=blocks,
+                                max_tensor_elements=settings.max_tensor_elements)
+    except BaseException:
+        measurer.close()
+        raise
 
-    picked = [t for t in model.tasks if _tunable(t.prim_func)]
+    picked = [t for t in model.tasks if tunable(t.prim_func)]
     tasks = [Task(t.name, t.workload_key, t.prim_func, target) for t in picked]
     rows: list[int] = []
     prior: list[list[Trial]] = []
     known: list[dict | None] = []
     with session_scope(run.url) as s:
-        by_key = {r.workload_key: r for r in TuningTask.where_job(s, run.job_id)}
-        for index, t in enumerate(model.tasks):
-            if t.workload_key not in by_key:  # a job made before tasks were stored at submission
-                row = TuningTask(job_id=run.job_id, index=len(by_key) + index, name=t.name[:128],
-                                 workload_key=t.workload_key, weight=t.weight, budget=0)
-                s.add(row)
-                s.flush()
-                by_key[t.workload_key] = row
+        by_key = _task_rows(s, run.job_id, model.tasks)
+        spent = sum(TrialRow.stage_summary(s, run.job_id)[0].values())  # the joint stage's too, kept task or not
         for t in picked:
             row = by_key[t.workload_key]
             rows.append(row.id)
@@ -128,9 +185,6 @@ def run_model_job(run: JobRun) -> None:
             with session_scope(run.url) as s:
                 s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=estimate))
 
-    pipeline = build_pipeline(spec)
-    measurer = LocalMeasurer(timeout_s=run.settings.measure_timeout, pipeline=pipeline)
-
     def tune_round(i: int, n: int, start_from: list[dict] = ()) -> RoundResult:
         result = tune(tasks[i], len(prior[i]) + n, seed=seed, prior=prior[i], start_from=start_from,
                       on_trial=lambda trial: run.record_trial(rows[i], trial), should_stop=run.should_stop,
@@ -146,7 +200,7 @@ def run_model_job(run: JobRun) -> None:
         return RoundResult(result.best.latency_ms if result.best is not None else None, len(result.trials))
 
     default_ms: dict[int, float | None] = {}
-    try:
+    try:  # the measurer is closed at the end, whatever happens
         # known schedules first: one measurement each (none when this job already measured it)
         fresh = []
         for i, config in enumerate(known):
@@ -155,7 +209,7 @@ def run_model_job(run: JobRun) -> None:
                 continue
             measured = any(t.config == config for t in prior[i])
             tune_round(i, 0 if measured else 1, [] if measured else [config])
-        spent = sum(len(p) for p in prior)
+            spent += 0 if measured else 1
         if fresh and budget > spent:
             local = {j: i for j, i in enumerate(fresh)}
             per_round = round_size(budget - spent, len(fresh), TRIALS_PER_ROUND)
@@ -176,7 +230,7 @@ def run_model_job(run: JobRun) -> None:
             for i, task in enumerate(tasks):
                 b = best[i] if best[i] is not None else best_of(prior[i])
                 if b is not None:
-                    default_ms[i] = _measure_default(measurer, task, target)
+                    default_ms[i] = _measure_default(measurer, task)
     finally:
         measurer.close()
     if run.stop_reason == "lease":
@@ -212,7 +266,10 @@ def run_model_job(run: JobRun) -> None:
         },
         "schedules": {"tuned": len(schedules), "kept": len(checked.schedules),
                       "default_schedule_faster": [{"task": names[k], "workload_key": k} for k in beaten]},
+        "conversions": conversions(model.mod),
     }
+    if search_report is not None:
+        report["layout_search"] = search_report
     if checked.built is None:
         _save_report(run, spec, report)
         run.finish("failed", error=f"not served: {checked.error}")
@@ -266,21 +323,15 @@ def run_model_job(run: JobRun) -> None:
         run.finish("succeeded")
 
 
-def _measure_default(measurer: Any, task: Any, target: Any) -> float | None:
-    """Median latency of the task's default schedule (`compiler.workloads.model.default_schedule`), None when it
-    could not be measured."""
-    import tvm
+def _measure_default(measurer: Any, task: Any) -> float | None:
+    """Median latency of the task's default schedule, None when it could not be measured."""
+    from tuner.graph_layout import default_schedule_latency
 
-    from compiler.workloads.model import default_schedule
-    from tuner import Candidate
-
-    func = default_schedule(task.prim_func, target)
-    result = measurer.measure_one(task, Candidate({"schedule": "default"}, tvm.IRModule({"main": func})))
-    if result.latencies_ms is None:
-        log.warning("task %s: its default schedule failed: %s", task.name, result.error)
+    latencies, error = default_schedule_latency(measurer, task)
+    if latencies is None:
+        log.warning("task %s: its default schedule failed: %s", task.name, error)
         return None
-    lat = sorted(result.latencies_ms)
-    return lat[len(lat) // 2]
+    return sorted(latencies)[len(latencies) // 2]
 
 
 def _time_torch(ep: Any, inputs: list) -> float | None:

@@ -59,12 +59,15 @@ class ModelJobSpec(BaseModel):
     )
     target: str = Field("host", max_length=32, description="where to tune and run: host, llvm, cuda (only where the "
                                                          "server has a GPU)")
-    layout: Literal["blocked", "none"] = Field(
+    layout: Literal["blocked", "search", "none"] = Field(
         "blocked", description="graph-level layouts: `blocked` puts every dense and depthwise conv2d in N C/c H W "
                                "c (block factors for the target's vector width), weights packed at build time, "
                                "the layout carried through element-wise, pooling and reduction operators; a conv "
                                "whose layout TVM's layout pass cannot carry keeps NCHW, with conversions at its "
-                               "boundary; `none` keeps NCHW everywhere")
+                               "boundary; `search`: the same, with the channel blocks chosen by ALT's joint stage "
+                               "(a layout actor proposes blocks across the graph, each choice measured whole with "
+                               "its conversions, about 30% of the budget; the tasks listed at submission are the "
+                               "rule's, the job adds those of the layouts it tries); `none` keeps NCHW everywhere")
     fusion: Literal["none", "chains"] = Field(
         "none", description="`chains`: chains of complex operators whose results are used once (conv -> conv, "
                             "depthwise -> pointwise, matmul -> softmax -> matmul) and whose intermediates hold at least "

@@ -60,7 +60,7 @@ def test_bad_uploads_are_422_and_leave_no_job(api, settings, tmp_path):
         (_pt2("small_cnn"), {"budget": 10**9}, ["body", "spec", "budget"], "at most"),
         (_pt2("small_cnn"), {"target": "tpu"}, ["body", "spec", "target"], "unknown target"),
         (_pt2("small_cnn"), {"bogus": 1}, ["body", "spec", "bogus"], "Extra inputs"),
-        (_pt2("small_cnn"), {"layout": "NHWC"}, ["body", "spec", "layout"], "'blocked' or 'none'"),
+        (_pt2("small_cnn"), {"layout": "NHWC"}, ["body", "spec", "layout"], "'search' or 'none'"),
     ]
     buf = io.BytesIO()
     torch.save(Evil(str(marker)), buf)

@@ -15,7 +15,7 @@ from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
 
 from .converters import translate
-from .layouts import MODEL_LAYOUTS, convert_layouts, legalize_conv2d, vector_lanes
+from .layouts import MODEL_LAYOUTS, conv_sites, convert_layouts, legalize_conv2d, vector_lanes
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ class ImportedModel:
         tasks: one per distinct fused PrimFunc, by descending weight then name.
         notes: what the import changed from the requested policy, in words (convolutions left in their own
             layout because TVM's layout pass or lowering failed with them blocked).
+        blocks: the blocked convs' [input block, output block], by their weight's torch name; {} with no
+            blocked conv.
     """
 
     mod: tvm.IRModule
@@ -49,6 +51,34 @@ class ImportedModel:
     outputs: list[TensorSpec]
     tasks: list[ModelTask] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    blocks: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ModelGraph:
+    """A translated program before its layouts are chosen: what `lower_graph` lowers, once per layout choice
+    (the graph-level layout search lowers one program many times and translates it once).
+
+    Attributes:
+        mod: Relax "main" (inputs, then parameters), inference-decomposed, not yet legalized.
+        params, param_names, inputs, outputs: as in `ImportedModel`.
+        names_by_var: "main"'s parameter names -> the torch names of the parameters ("p_conv1_weight" ->
+            "conv1.weight").
+    """
+
+    mod: tvm.IRModule
+    params: list[np.ndarray]
+    param_names: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    names_by_var: dict[str, str]
+
+    def torch_name(self, var: str) -> str:
+        return self.names_by_var.get(var, var)
+
+    def var_name(self, torch_name: str) -> str | None:
+        """The "main" parameter named after torch's `torch_name`, None when there is none."""
+        return next((v for v, t in self.names_by_var.items() if t == torch_name), None)
 
 
 def import_model(
@@ -59,29 +89,72 @@ def import_model(
     target: tvm.target.Target | str | None = None,
     max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
     fusion: str = "none",
+    blocks: dict[str, Sequence[int]] | None = None,
 ) -> ImportedModel:
-    """torch.export program -> fused Relax, parameters and tasks.
+    """torch.export program -> fused Relax, parameters and tasks (`translate_model`, then `lower_graph`).
 
     Args:
         ep: the exported program (static shapes).
         input_shapes: the user's input shapes, checked against the program's; None: the program's.
-        layout: "none" (the operators' own layouts, NCHW) or "blocked" (graph-level layouts: every
+        layout: "none" (the operators' own layouts, NCHW), "blocked" or "search" (graph-level layouts: every
             dense and depthwise conv2d in `N C/c H W c` with weights `O/o I/i KH KW i o`, the block factors from
-            `conv_blocks`, propagated by `relax.transform.ConvertLayout`; see `MODEL_LAYOUTS`). Convs the layout
-            pass fails on keep NCHW; a converted graph that fails to lower is lowered unconverted (see `notes`).
+            `conv_blocks` or `blocks`, propagated by `relax.transform.ConvertLayout`; see `MODEL_LAYOUTS`). Convs
+            the layout pass fails on keep NCHW; a converted graph that fails to lower is lowered unconverted (see
+            `notes`). "search" imports like "blocked": the job's graph-level search (`tuner.graph_layout`) then
+            chooses the blocks.
         target: what the block factors are chosen for (its vector width); None: "llvm" defaults.
         max_tensor_elements: largest accepted input, parameter or intermediate tensor.
         fusion: "none" (Relax's own fusion: element-wise operators into a complex one) or "chains" (also
             chains of complex operators into one task, `compiler.passes.grouping`, tiled and fused by basteln).
+        blocks: with "blocked", the (input block, output block) of convs named by their weight's torch name
+            ("layer1.0.conv1.weight"), as the graph-level layout search chose them; the others by `conv_blocks`.
 
     Raises:
         ModelError: "model" for unsupported operators (named with their fx nodes), a failed conversion (operator
             and node) or an operator that cannot be lowered even in the model's own layouts;
             "input_shapes" for shapes that differ from the program's, dynamic
-            shapes, or a tensor over `max_tensor_elements`.
+            shapes, or a tensor over `max_tensor_elements`; "layout" for an unknown layout or a block that
+            names no conv or does not divide its channels.
     """
-    import numpy as np
+    graph = translate_model(ep, input_shapes, max_tensor_elements=max_tensor_elements)
+    if blocks:
+        blocks = graph_blocks(graph, blocks, target)
+    return lower_graph(graph, layout=layout, target=target, max_tensor_elements=max_tensor_elements, fusion=fusion,
+                       blocks=blocks)
+
+
+def graph_blocks(graph: ModelGraph, blocks: dict[str, Sequence[int]], target: Any) -> dict[str, tuple[int, int]]:
+    """User-facing blocks (torch weight names) -> "main"'s weight names, each checked against the conv's
+    candidates (`ConvSite.in_blocks`, `out_blocks`).
+
+    Raises:
+        ModelError: "layout", naming the weight and what it accepts.
+    """
     import tvm
+
+    target = tvm.target.Target(target or "llvm") if not isinstance(target, tvm.target.Target) else target
+    sites = {s.weight: s for s in conv_sites(graph.mod, vector_lanes(target, "float32"))}
+    out: dict[str, tuple[int, int]] = {}
+    for name, pair in blocks.items():
+        var = graph.var_name(name) or (name if name in sites else None)
+        site = sites.get(var) if var is not None else None
+        if site is None:
+            known = ", ".join(graph.torch_name(w) for w in sites) or "none"
+            raise ModelError("layout", f"blocks: {name!r} is not the weight of a conv2d the blocked layout applies "
+                                       f"to; the model's are: {known}")
+        ib, ob = (int(b) for b in pair)
+        if ib not in site.in_blocks or ob not in site.out_blocks or (site.depthwise and ib != ob):
+            raise ModelError("layout", f"blocks: {name!r} takes an input block in {list(site.in_blocks)} and an "
+                                       f"output block in {list(site.out_blocks)}"
+                                       f"{' (equal: a depthwise conv)' if site.depthwise else ''}, got {[ib, ob]}")
+        out[site.weight] = (ib, ob)
+    return out
+
+
+def translate_model(ep: torch.export.ExportedProgram, input_shapes: Sequence[Sequence[int]] | None = None, *,
+                    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS) -> ModelGraph:
+    """torch.export program -> Relax with its parameters detached, before layouts (see `import_model`)."""
+    import numpy as np
     from tvm import relax
     from tvm.relax.frontend import detach_params
 
@@ -119,25 +192,41 @@ def import_model(
             raise ModelError("input_shapes", f"tensor {spec.name} {'x'.join(map(str, spec.shape))} has "
                                              f"{spec.size} elements, more than the limit {max_tensor_elements}")
 
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    return ModelGraph(mod, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs,
+                      names_by_var)
+
+
+def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.Target | str | None = None,
+                max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS, fusion: str = "none",
+                blocks: dict[str, tuple[int, int]] | None = None) -> ImportedModel:
+    """A translated program in a layout policy -> fused, legalized Relax and its tasks (see `import_model`;
+    `blocks` is keyed by "main"'s weight names, as `graph_blocks` gives them)."""
+    import tvm
+
+    names_by_var = graph.names_by_var
+    mod = graph.mod
     if layout not in MODEL_LAYOUTS:
         raise ModelError("layout", f"unknown layout {layout!r}; one of {', '.join(MODEL_LAYOUTS)}")
     target = tvm.target.Target(target or "llvm") if not isinstance(target, tvm.target.Target) else target
-    mod = relax.transform.DecomposeOpsForInference()(mod)
     notes: list[str] = []
-    fused = None
-    if layout == "blocked":
+    fused, chosen = None, {}
+    if layout in ("blocked", "search"):
         mod = _clip_as_min_max()(mod)
         # convolutions whose blocked layout TVM's layout pass or legalization cannot carry (through a transposed
         # conv, a resize, a concat of other blocks, ...) keep their own, with conversions at their boundary
         lanes = vector_lanes(target, "float32")
         for legalize in (False, True):  # the quick search first; the one that legalizes every try if it failed
-            converted, left = convert_layouts(mod, lanes, target, legalize=legalize)
+            converted, left = convert_layouts(mod, lanes, target, legalize=legalize, blocks=blocks)
             try:
                 fused = _lower(converted, target)
+                chosen = {graph.torch_name(s.weight): list((blocks or {}).get(s.weight, s.default))
+                          for s in conv_sites(mod, lanes) if s.weight not in left}
                 break
             except Exception as e:  # noqa: BLE001 - TVM failed on the converted graph after the layout pass
                 failed = f"{type(e).__name__}: {short_error(e, 160)}"
         if fused is None:
+            chosen = {}
             notes.append(f"the blocked layout failed to lower ({failed}); every operator kept its own layout")
         elif left:
             named = [names_by_var.get(v, v) for v in left]
@@ -150,8 +239,8 @@ def import_model(
         except Exception as e:  # noqa: BLE001 - an operator Relax imports but cannot legalize: named if found
             raise ModelError("model", f"lowering failed{_failing_operator(mod, target)}: {type(e).__name__}: "
                                       f"{short_error(e)}") from e
-    model = ImportedModel(fused, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs,
-                          notes=notes)
+    model = ImportedModel(fused, graph.params, graph.param_names, graph.inputs, graph.outputs, notes=notes,
+                          blocks=chosen)
     model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
     if fusion not in MODEL_FUSIONS:
         raise ModelError("fusion", f"unknown fusion {fusion!r}; one of {', '.join(MODEL_FUSIONS)}")

@@ -6,6 +6,7 @@ Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy ar
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
 # puts every dense and depthwise conv2d in N C/c H W c (weights O/o I/i KH KW i o, transformed at build time) and
 # lets ConvertLayout carry the layout along element-wise, pooling and reduction paths, so conversions
 # remain only where an operator cannot take it (inputs, outputs, flatten, grouped convs).
-MODEL_LAYOUTS = ("blocked", "none")
+# "search" imports as "blocked" (the rule's blocks, where the search starts); `tuner.graph_layout` then chooses the
+# blocks of the convs' layout groups, which `import_model(blocks=...)` applies.
+MODEL_LAYOUTS = ("blocked", "search", "none")
 
 
 def vector_lanes(target: Any, dtype: str = "float32") -> int:
@@ -68,6 +71,77 @@ def blocked_conv_layouts(lanes: int) -> Any:
     return layouts
 
 
+def block_candidates(channels: int, lanes: int) -> tuple[int, ...]:
+    """The channel blocks the graph-level layout search may give a conv's tensor of `channels` channels: the
+    powers of two from a quarter of the vector width to twice it that divide `channels` (at least 4), and
+    `conv_blocks`' choice (a whole block for 3 RGB channels)."""
+    ours = conv_blocks(channels, channels, lanes)[0]
+    blocks = {b for b in (lanes // 4, lanes // 2, lanes, 2 * lanes) if b >= 4 and channels % b == 0}
+    return tuple(sorted(blocks | {ours}))
+
+
+@dataclass(frozen=True)
+class ConvSite:
+    """A conv2d of a model whose layout the graph-level search chooses (ALT sec. 4.2: the complex operators).
+
+    Attributes:
+        weight: the name of its weight, a parameter of "main" ("p_conv1_weight"): which conv it is.
+        out_channels, in_channels: its channel counts.
+        depthwise: one block serves data and output (`NCHW{b}c` in and out).
+        spatial: output height x width (for the layout actor's state).
+        kernel: kernel height x width.
+        in_blocks, out_blocks: the candidate channel blocks of its input and output (`block_candidates`).
+        default: `conv_blocks`' (input block, output block), the rule the search starts from.
+    """
+
+    weight: str
+    out_channels: int
+    in_channels: int
+    depthwise: bool
+    spatial: int
+    kernel: int
+    in_blocks: tuple[int, ...]
+    out_blocks: tuple[int, ...]
+    default: tuple[int, int]
+
+
+def conv_sites(mod: Any, lanes: int) -> list[ConvSite]:
+    """The conv2d calls of "main" the blocked layout applies to (dense and depthwise, NCHW/OIHW), in graph
+    order, one per weight."""
+    from tvm import relax
+
+    sites: dict[str, ConvSite] = {}
+    policy = blocked_conv_layouts(lanes)
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.conv2d"
+                    and isinstance(call.args[1], relax.Var)) or call.args[1].name in sites:
+                continue
+            wanted = policy(call)["relax.nn.conv2d"]
+            if wanted[0] == str(call.attrs.data_layout):  # not blockable (grouped, or another layout)
+                continue
+            out_c, in_c, kh, kw = (int(d) for d in call.args[1].ty.shape)
+            depthwise = int(call.attrs.groups) > 1
+            out_shape = [int(d) for d in binding.var.ty.shape]
+            default = conv_blocks(out_c, out_c if depthwise else in_c, lanes)
+            sites[call.args[1].name] = ConvSite(
+                weight=call.args[1].name, out_channels=out_c, in_channels=out_c if depthwise else in_c,
+                depthwise=depthwise, spatial=out_shape[2] * out_shape[3], kernel=kh * kw,
+                in_blocks=block_candidates(out_c if depthwise else in_c, lanes),
+                out_blocks=block_candidates(out_c, lanes), default=(default[1], default[0]))
+    return list(sites.values())
+
+
+def site_layouts(site: ConvSite, blocks: tuple[int, int]) -> list[str]:
+    """`ConvertLayout`'s [data, kernel, out] layouts of a conv in blocks (input block, output block)."""
+    ib, ob = blocks
+    if site.depthwise:
+        assert ib == ob, f"depthwise conv {site.weight}: one block for data and output, got {blocks}"
+        return [f"NCHW{ob}c", f"OIHW1i{ob}o", f"NCHW{ob}c"]
+    return [f"NCHW{ib}c", f"OIHW{ib}i{ob}o", f"NCHW{ob}c"]
+
+
 def _blockable_convs(mod: Any, policy: Any) -> list[str]:
     """Names of the weights of "main"'s conv2d calls that `policy` would block, in graph order (a weight is a
     parameter of "main", so its name says which conv a `ConvertLayout` callback is looking at)."""
@@ -85,9 +159,13 @@ def _blockable_convs(mod: Any, policy: Any) -> list[str]:
     return names
 
 
-def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False) -> tuple[Any, list[str]]:
+def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False,
+                    blocks: dict[str, tuple[int, int]] | None = None) -> tuple[Any, list[str]]:
     """`relax.transform.ConvertLayout` with the blocked policy (`blocked_conv_layouts`), for every conv2d it can
     be applied to: the result, and the weights (parameter names in "main") of the convs left in their own layout.
+
+    `blocks` (weight name -> (input block, output block), the graph-level search's choice) overrides the
+    policy's blocks of the convs it names; where neighbours disagree `ConvertLayout` puts a conversion.
 
     TVM's layout pass fails on some graphs with an internal error ("Layouts must have the same size" where a
     blocked tensor reaches a transposed conv or a resize, "Invalid layout axis" at a concat of different blocks,
@@ -97,7 +175,16 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     at its boundary. With no conv blocked the module is returned as it is (no layout pass at all)."""
     from tvm import relax
 
-    policy = blocked_conv_layouts(lanes)
+    rule = blocked_conv_layouts(lanes)
+    sites = {site.weight: site for site in conv_sites(mod, lanes)} if blocks else {}
+
+    def policy(call: Any) -> dict:
+        name = (getattr(call.args[1], "name", None)
+                if getattr(getattr(call, "op", None), "name", "") == "relax.nn.conv2d" else None)
+        if name in sites and name in blocks:
+            return {"relax.nn.conv2d": site_layouts(sites[name], tuple(blocks[name]))}
+        return rule(call)
+
     convs = _blockable_convs(mod, policy)
 
     def attempt(blocked: set[str]) -> Any:
@@ -178,3 +265,114 @@ def depthwise_conv2d_nchwc(data: Any, kernel: Any, strides: Any, padding: Any, d
             * kernel[oc, 0, kh, kw, 0, c].astype(out_dtype), axis=[kh, kw]),
         name="depthwise_conv2d_NCHWc",
     )
+
+
+@dataclass(frozen=True)
+class LayoutGroup:
+    """Tensors of a model that must share one channel block: those joined by element-wise, pooling and other
+    non-conv operators (ALT's propagation along element-wise paths), with the convs that write and read them.
+
+    TVM's `ConvertLayout` converts between a blocked and the plain layout, but not between two blocks of the
+    same rank (it takes that for a transpose and fails), so the layout a conv gives its output is propagated
+    to every tensor the group holds and to the input of every conv that reads it: the graph-level search
+    chooses one block per group, and a conv's (input block, output block) is its two groups' blocks.
+
+    Attributes:
+        index: position among the model's groups (graph order of first appearance).
+        channels: the channel counts of its tensors.
+        candidates: the blocks every member's channel count takes (`block_candidates`); one: nothing to choose.
+        default: the block `conv_blocks` gives its first conv (the rule the search starts from).
+        writers: weights of the convs whose output it holds.
+        readers: weights of the convs whose input it holds.
+    """
+
+    index: int
+    channels: tuple[int, ...]
+    candidates: tuple[int, ...]
+    default: int
+    writers: tuple[str, ...]
+    readers: tuple[str, ...]
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.writers, *self.readers)))
+
+
+def layout_groups(mod: Any, lanes: int) -> list[LayoutGroup]:
+    """The layout groups of "main" (before `ConvertLayout`) that hold a blockable conv's input or output."""
+    from tvm import relax
+
+    sites = {s.weight: s for s in conv_sites(mod, lanes)}
+    parent: dict[Any, Any] = {}
+
+    def find(v: Any) -> Any:  # Python wrappers of one TVM object differ: compared with same_as
+        while not parent.setdefault(v, v).same_as(v):
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    def union(a: Any, b: Any) -> None:
+        parent[find(a)] = find(b)
+
+    def rank4(v: Any) -> bool:
+        ty = getattr(v, "ty", None)
+        return isinstance(ty, relax.TensorType) and ty.ndim == 4
+
+    reads: list[tuple[str, Any]] = []
+    writes: list[tuple[str, Any]] = []
+    tuples: dict[Any, Any] = {}  # var bound to a tuple -> its fields (batch norm returns one)
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if isinstance(call, relax.Tuple):
+                tuples[binding.var] = call.fields
+            elif isinstance(call, relax.TupleGetItem) and call.tuple_value in tuples:
+                field = tuples[call.tuple_value][call.index]
+                if isinstance(field, relax.Var) and rank4(field) and rank4(binding.var):
+                    union(field, binding.var)
+            if not isinstance(call, relax.Call):
+                continue
+            weight = call.args[1] if len(call.args) > 1 else None
+            if getattr(call.op, "name", "") == "relax.nn.conv2d" and getattr(weight, "name", None) in sites:
+                reads.append((weight.name, call.args[0]))
+                writes.append((weight.name, binding.var))
+                if sites[weight.name].depthwise:
+                    union(call.args[0], binding.var)
+                continue
+            if getattr(call.op, "name", "") == "relax.nn.conv2d" or not rank4(binding.var):
+                continue  # another conv (kept in its own layout) or a change of rank: no propagation
+            for arg in call.args:
+                if isinstance(arg, relax.Var) and rank4(arg):
+                    union(arg, binding.var)
+
+    roots = list(dict.fromkeys(find(v) for _, v in [*reads, *writes]))
+    members: dict[Any, list[Any]] = {}
+    for v in list(parent):
+        members.setdefault(find(v), []).append(v)
+    order = sorted(roots, key=lambda r: min(i for i, (_, v) in enumerate(writes + reads) if find(v).same_as(r)))
+    groups = []
+    for index, root in enumerate(order):
+        channels = tuple(sorted({int(v.ty.shape[1]) for v in members[root] if rank4(v)}))
+        candidates = set(block_candidates(channels[0], lanes))
+        for c in channels[1:]:
+            candidates &= set(block_candidates(c, lanes))
+        writers = tuple(w for w, v in writes if find(v).same_as(root))
+        readers = tuple(w for w, v in reads if find(v).same_as(root))
+        first = writers[0] if writers else readers[0]
+        default = sites[first].default[1] if writers else sites[first].default[0]
+        groups.append(LayoutGroup(index, channels, tuple(sorted(candidates)) or (default,), default, writers,
+                                  readers))
+    return groups
+
+
+def group_blocks(groups: list[LayoutGroup], choice: dict[int, int], sites: list[ConvSite]) -> dict[str, tuple[int, int]]:
+    """Each conv's (input block, output block) when group `i` has block `choice[i]` (a group not in `choice`: its
+    default)."""
+    block = {g.index: choice.get(g.index, g.default) for g in groups}
+    out = {s.weight: s.default for s in sites}
+    for g in groups:
+        for w in g.readers:
+            out[w] = (block[g.index], out[w][1])
+        for w in g.writers:
+            out[w] = (out[w][0], block[g.index])
+    return out

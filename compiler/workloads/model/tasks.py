@@ -128,3 +128,64 @@ def extract_tasks(mod: tvm.IRModule, *, max_tensor_elements: int = DEFAULT_MAX_T
         ))
     tasks.sort(key=lambda t: (-t.weight, t.name, t.workload_key))
     return tasks
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    """Where a conv sits in the lowered "main": the function that computes it (with its fused epilogue) and the
+    layout conversions feeding it (ALT's conversion operators, which a layout choice adds or cancels).
+
+    Attributes:
+        weight: the conv's weight, a parameter name of "main" (`layouts.ConvSite.weight`).
+        function: the global function called for it ("fused_conv2d_NCHWc_add_relu3").
+        conversions: functions called on the input path right before it that convert a layout (their names
+            hold "layout_transform"), in call order.
+    """
+
+    weight: str
+    function: str
+    conversions: tuple[str, ...]
+
+
+def conv_calls(mod: tvm.IRModule, weights: set[str]) -> dict[str, ConvCall]:
+    """The call of each conv of "main" whose weight is in `weights`, found by the weight that reaches its
+    arguments through calls on parameters alone (the weight's layout transform, batch-norm folding)."""
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    main = mod["main"]
+    origin: dict[Any, set[str]] = {p: ({p.name} & weights) for p in main.params}  # var -> weights it derives from
+    producer: dict[Any, str] = {}  # var -> function that computed it
+    live = set(main.params[:int(main.attrs["num_input"])])
+    out: dict[str, ConvCall] = {}
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            free = relax.analysis.free_vars(binding.value)
+            expr = binding.value
+            callee = (expr.args[0].name_hint if isinstance(expr, relax.Call) and expr.op.same_as(call_tir)
+                      and isinstance(expr.args[0], tvm.ir.GlobalVar) else None)
+            if not any(v in live for v in free):  # parameters alone: carries its weights along
+                origin[binding.var] = set().union(*(origin.get(v, set()) for v in free))
+                continue
+            live.add(binding.var)
+            if callee is None:
+                continue
+            producer[binding.var] = callee
+            derived = set().union(*(origin.get(v, set()) for v in free if v not in live))
+            for weight in derived:
+                if weight in out:
+                    continue
+                convs = []
+                for v in free:
+                    name = producer.get(v)
+                    if v in live and name is not None and "layout_transform" in name:
+                        convs.append(name)
+                out[weight] = ConvCall(weight, callee, tuple(convs))
+    return out
+
+
+def conversions(mod: tvm.IRModule) -> int:
+    """How many layout conversions "main" runs on data (calls of functions named "...layout_transform..." on
+    what depends on an input; the weights' are done at build time)."""
+    return sum(n for name, n in call_counts(mod["main"]).items() if "layout_transform" in name)
