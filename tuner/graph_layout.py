@@ -220,8 +220,8 @@ class GraphLayoutSearch:
         rounds: list[dict] = []
         measured: list[tuple[float, dict[int, int], ImportedModel]] = []
 
-        def evaluate(choice: dict[int, int], source: str) -> ImportedModel | None:
-            model = self.lower(choice)
+        def evaluate(choice: dict[int, int], source: str, model: ImportedModel | None = None) -> ImportedModel:
+            model = model if model is not None else self.lower(choice)
             if not self.measure(model, budget):
                 return model
             estimate = self.estimate(model)
@@ -232,7 +232,10 @@ class GraphLayoutSearch:
             return model
 
         rule = {g.index: g.default for g in self.groups}
-        first = evaluate(rule, "rule")
+        first_model = self.lower(rule)
+        # a small budget shortens each task's loop search, so the rule's round and a few others fit in it
+        self.joint_trials = max(1, min(self.joint_trials, budget // (3 * max(1, len(first_model.tasks)))))
+        first = evaluate(rule, "rule", first_model)
         if not measured or not self.groups:
             return self._result(first, measured, rounds)
         reference = self.group_costs(first)

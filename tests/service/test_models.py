@@ -143,6 +143,28 @@ def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
         assert rows and all(r.config == schedules[keys[r.task_id]] for r in rows)
 
 
+def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path):
+    """layout "search": the joint stage (a share of the budget) measures whole layout choices, records every
+    measurement, keeps the chosen blocks on the job, and the loop stage tunes the chosen model's tasks."""
+    if settings.resolved_database_url.startswith("postgresql"):
+        pytest.skip("the search is the same on both backends; the storage paths are covered by the other tests")
+    r = _upload(api, _pt2("small_cnn"), budget=32, target="host", layout="search")
+    assert r.status_code == 201, r.text
+    job = _run_and_compare(api, settings, r.json()["id"], tmp_path, "small_cnn")
+    spec = job["spec"]
+    search = spec["report"]["layout_search"]
+    assert search["rounds"][0]["source"] == "rule" and search["measurements"] >= 1
+    assert search["chosen_estimate_ms"] <= search["rule_estimate_ms"]
+    assert spec["blocks"] == search["blocks"] and set(spec["blocks"]) == {"conv1.weight", "conv2.weight",
+                                                                          "conv3.weight"}
+    assert spec["report"]["conversions"] == 2  # in (the image) and out (before the pooling's flatten)
+    with session_scope(settings.resolved_database_url) as s:
+        stages = {row.stage for row in s.query(TrialRow).filter(TrialRow.job_id == job["id"])}
+        total = s.query(TrialRow).filter(TrialRow.job_id == job["id"]).count()
+    assert {"joint", "layout", "loop"} <= stages
+    assert job["trials_done"] == total and total <= 32 + 8  # the joint stage may finish its last measured choice
+
+
 @pytest.mark.slow
 def test_upload_transformer_tune_download_run(api, settings, tmp_path):
     if settings.resolved_database_url.startswith("postgresql"):
