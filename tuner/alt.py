@@ -203,7 +203,7 @@ class ALTSearch(Search):
         self.rounds_per_layout = rounds_per_layout
         self.finalists, self.margin = finalists, margin
         self.shared_until = 0  # measurement count up to which the finalists share the loop stage
-        self.ms_features = ms_features
+        self.ms_features = ms_features and self.model.reads_features  # the random model reads none
         self.template = space.template
         self.free = list(space.free)
         self.fixed = None if layout is None else {**self.template.default(), **layout}

@@ -48,6 +48,11 @@ class CostModel(abc.ABC):
         """Whether predictions carry information (else they are arbitrary)."""
         return False
 
+    @property
+    def reads_features(self) -> bool:
+        """Whether `predict` depends on the features at all (else a search need not compute the costly ones)."""
+        return True
+
 
 def targets(latencies_ms: Sequence[float | None]) -> np.ndarray:
     """Training targets: log(best / latency) <= 0 (0 for the task's best); a failure
@@ -171,6 +176,10 @@ class RandomModel(_DataModel):
         import numpy as np
 
         self._rng = np.random.default_rng(seed)
+
+    @property
+    def reads_features(self) -> bool:
+        return False
 
     def update(self, features: np.ndarray, latencies_ms: Sequence[float | None]) -> None:
         self._add(features, latencies_ms)

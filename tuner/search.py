@@ -335,7 +335,8 @@ class XGBSearch(Search):
         self.model = make_cost_model(cost_model, seed) if isinstance(cost_model, str) else cost_model
         self.batch_size, self.top_k, self.epsilon = batch_size, top_k, epsilon
         self.mutation_fraction, self.elite = mutation_fraction, elite
-        self.featurize = Featurizer(space, task.target, use_ms=ms_features)
+        # MetaSchedule's features cost about as much as applying the batch's schedules: only for a model that reads them
+        self.featurize = Featurizer(space, task.target, use_ms=ms_features and self.model.reads_features)
         self._features: dict[str, np.ndarray] = {}  # config key -> feature row of a proposal
         self._best: list[tuple[float, Config]] = []  # (latency, config) of correct trials
 

@@ -129,3 +129,10 @@ def test_random_search_through_tune_ranks_at_random():
     space = loop_space(task.prim_func)
     search = make_search("random", task, space, FakeMeasurer(space), cost_model="xgb", seed=0)
     assert isinstance(search, XGBSearch) and isinstance(search.model, RandomModel)
+    # a model that reads no features gets no MetaSchedule features computed (knob features only)
+    from tuner.features import knob_features
+
+    config = space.sample(np.random.default_rng(0), 1)[0]
+    assert search.featurize([config]).shape == (1, len(knob_features(space, config)))
+    assert make_search("xgb", task, space, FakeMeasurer(space), seed=0).featurize([config]).shape[1] > len(
+        knob_features(space, config))
