@@ -6,6 +6,8 @@
 1. The uploaded file (`spec["model_file"]`, content-addressed) is loaded with
    the safe loader and imported; the job's tasks (made by the API, one per
    distinct fused subgraph) are matched by workload key.
+   With `"layout": "search"` the joint stage (`tuner.graph_layout`, `JOINT_SHARE` of the budget) first chooses
+   the convs' channel blocks; the job's model is lowered in them (kept in `spec["blocks"]`).
 2. Tasks with a known schedule on this target (`schedules` table) get one
    measurement of it (`start_from`) and no more, so a re-submitted model
    finishes quickly; the other tunable tasks share the rest of the budget under

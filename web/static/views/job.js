@@ -344,6 +344,9 @@ class JobView {
       fact('Untuned', fmtMs(job.baseline_ms)),
       // model jobs: torch's latency and the whole-model check of the artifact (service.model_worker's report)
       job.spec?.report?.latency_ms ? fact('Torch (eager)', fmtMs(job.spec.report.latency_ms.torch_eager)) : null,
+      job.spec?.layout_search?.rounds?.length ? fact('Layout search', `${job.spec.layout_search.rounds.length} `
+        + `choices measured: rule ${fmtMs(job.spec.layout_search.rule_estimate_ms)} → chosen `
+        + `${fmtMs(job.spec.layout_search.chosen_estimate_ms)} (estimates)`) : null,
       job.spec?.report?.check ? fact('Whole-model check', !job.spec.report.check.passed ? 'failed (not served)'
         : job.spec.report.check.removed_schedules.length
           ? `passed after removing ${job.spec.report.check.removed_schedules.length} wrong schedule(s)` : 'passed') : null,
