@@ -1,7 +1,7 @@
 """End-to-end benchmark: whole models, ours vs TVM MetaSchedule (Relax integration, same budget) vs torch.
 
     python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
-                           [--layout blocked|none] [--no-metaschedule] [--no-torch] [--no-untuned]
+                           [--layout blocked|search|none] [--no-metaschedule] [--no-torch] [--no-untuned]
                            [--torch-variants eager,channels_last,compile] [--rounds N]
 
 Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
@@ -67,29 +67,21 @@ def _check(outs: list, expected: list) -> str | None:
     return None
 
 
-def tunable(prim_func: Any) -> bool:
-    """Whether our loop space can tune `prim_func` (it needs one reduction block to tile)."""
-    from tuner import LoopSpace
-
-    try:
-        LoopSpace(prim_func)
-    except Exception:  # noqa: BLE001 - element-wise and multi-reduction functions stay untuned
-        return False
-    return True
-
-
-def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: int, log: Any) -> dict:
-    """Tunes the model's tasks under the gradient scheduler, re-measures every task's best few, builds the
-    picks; returns facts and the executable."""
+def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: int, log: Any,
+             prior: dict[str, list] | None = None) -> dict:
+    """Tunes the model's tasks under the gradient scheduler (`budget` new measurements; `prior`: trials a task
+    already has, by workload key: the joint stage's), re-measures every task's best few, builds the picks;
+    returns facts and the executable."""
     from compiler.workloads.model import build_model
     from tuner import LocalMeasurer, Task, apply_config, tune
+    from tuner.graph_layout import tunable
     from tuner.scheduler import GradientScheduler, RoundResult, round_size
     from tuner.tune import remeasure_best, remeasure_count
 
     start = time.perf_counter()
     picked = [t for t in model.tasks if tunable(t.prim_func)]
     tasks = [Task(t.name, t.workload_key, t.prim_func, target) for t in picked]
-    trials: list[list] = [[] for _ in tasks]
+    trials: list[list] = [list((prior or {}).get(t.workload_key, [])) for t in tasks]
     best: list[Any] = [None] * len(tasks)
     baselines: list[float | None] = [None] * len(tasks)
     measurer = LocalMeasurer()
@@ -133,7 +125,7 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
         "tasks": len(model.tasks),
         "tunable_tasks": len(picked),
         "tuned_tasks": len(schedules),
-        "ours_trials": sum(len(t) for t in trials),
+        "ours_trials": sum(len(t) for t in trials),  # the joint stage's on tasks it did not keep: added by the caller
         "ours_errors": sum(t.error is not None for ts in trials for t in ts),
         "task_rows": [
             {"name": p.name, "workload_key": p.workload_key, "weight": p.weight, "trials": len(ts),
@@ -141,6 +133,36 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
             for p, ts, b, (_, pick_ms), u in zip(picked, trials, best, picks, baselines)
         ],
     }
+
+
+def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any) -> tuple[Any, dict]:
+    """The joint stage (`tuner.graph_layout`) on `JOINT_SHARE` of `budget`: the model in the chosen layouts, and
+    facts (measurements, estimates, the chosen blocks, and the loop trials of each task, which the loop stage
+    continues from)."""
+    from compiler.workloads.model.importer import translate_model
+    from tuner import LocalMeasurer
+    from tuner.graph_layout import JOINT_SHARE, search_layouts
+
+    start = time.perf_counter()
+    trials: dict[str, list] = {}
+
+    def on_measure(task: Any, trial: Any) -> None:
+        if trial.stage == "joint":
+            trials.setdefault(task.workload_key, []).append(trial)
+
+    measurer = LocalMeasurer()
+    try:
+        result = search_layouts(translate_model(ep), target, measurer, max(1, int(budget * JOINT_SHARE)), seed=seed,
+                                on_measure=on_measure)
+    finally:
+        measurer.close()
+    print(f"    layout search: {len(result.rounds)} choices, {result.measurements} measurements, estimate "
+          f"{fmt_ms(result.rule_ms)} ms (rule) -> {fmt_ms(result.estimate_ms)} ms", file=log, flush=True)
+    keys = {t.workload_key for t in result.model.tasks}
+    return result.model, {"measurements": result.measurements, "rule_estimate_ms": result.rule_ms,
+                          "chosen_estimate_ms": result.estimate_ms, "blocks": result.blocks,
+                          "rounds": len(result.rounds), "seconds": time.perf_counter() - start,
+                          "trials": {k: v for k, v in trials.items() if k in keys}}
 
 
 def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_round: int) -> dict:
@@ -233,7 +255,11 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     ep = torch.export.export(module, torch_inputs)
     inputs = [t.numpy() for t in torch_inputs]
     expected = torch_outputs(module, torch_inputs)
-    model = import_model(ep, layout=options["layout"], target=target)
+    joint: dict[str, Any] = {}
+    if options["layout"] == "search":  # ALT's joint stage first, on its share of the budget, as a model job
+        model, joint = search_layouts_for(ep, target, budget, seed, log)
+    else:
+        model = import_model(ep, layout=options["layout"], target=target)
     row: dict[str, Any] = {"name": name, "budget": budget, "layout": options["layout"], "inputs": [list(s.shape) for s in
                                                                                       model.inputs]}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
@@ -247,9 +273,15 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
 
     row.update(ours_ms=None, ours_correct=False, error=None)
     try:
-        ours = run_ours(model, target, budget, seed, options["trials_per_round"], log)
+        ours = run_ours(model, target, budget - joint.get("measurements", 0), seed, options["trials_per_round"], log,
+                        prior=joint.get("trials"))
         built = ours.pop("built")
         row.update(ours)
+        if joint:
+            kept = sum(len(ts) for ts in joint["trials"].values())
+            row["ours_trials"] += joint["measurements"] - kept
+            row["ours_tune_s"] += joint["seconds"]
+            row["layout_search"] = {k: v for k, v in joint.items() if k != "trials"}
         mismatch = _check(_run_vm(built.ex, inputs, built.params), expected)
         row["ours_correct"] = mismatch is None
         if mismatch is None:
@@ -335,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="most measurements per scheduler round (fewer when the budget could not otherwise "
                              "reach every task); MetaSchedule's trials per iteration")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--layout", default="blocked", choices=("blocked", "none"),
-                        help="our graph-level layouts (compiler.workloads.model.MODEL_LAYOUTS)")
+    parser.add_argument("--layout", default="blocked", choices=("blocked", "search", "none"),
+                        help="our graph-level layouts (compiler.workloads.model.MODEL_LAYOUTS; search: ALT's joint "
+                             "stage on 30%% of the budget first, as a model job)")
     parser.add_argument("--target", default="host")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep MetaSchedule's run folders here")

@@ -45,9 +45,6 @@ log = logging.getLogger("altune.model_worker")
 TRIALS_PER_ROUND = 8
 
 
-JOINT_SHARE = 0.3  # of a "search" job's budget, for the joint stage (ALT's graph-level layout search)
-
-
 def _task_rows(s: Any, job_id: int, model_tasks: list) -> dict[str, TuningTask]:
     """The job's task rows by workload key, with a row added for each of `model_tasks` that has none (a task of a
     layout the joint stage tried, or of a job made before tasks were stored at submission)."""
@@ -69,7 +66,7 @@ def _search_layouts(run: JobRun, graph: Any, target: Any, measurer: Any, budget:
     Returns the model in the chosen layouts and the report's "layout_search"."""
     from dataclasses import replace
 
-    from tuner.graph_layout import search_layouts
+    from tuner.graph_layout import JOINT_SHARE, search_layouts
     from tuner.task import Trial, best_trial
 
     rows: dict[str, int] = {}

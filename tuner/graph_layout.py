@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("altune.graph_layout")
 
+JOINT_SHARE = 0.3  # of a model's budget, for the joint stage (the rest: the loop stage)
 DEFAULT_CONFIG = {"schedule": "default"}  # a trial of the default schedule (the joint stage's measurements)
 LAYOUT_STAGE = "layout"
 
