@@ -15,7 +15,8 @@
    resumed job continues from its stored trials).
 3. After every trial the job's `best_latency_ms` is the model's estimated
    latency, sum of weight x (best, else untuned) over the tuned tasks.
-4. At the end: a task's best configuration is applied only when it beats the task's default schedule (what
+4. At the end: each task's pick is its best few trials measured again (`tuner.tune.remeasure_best`, one per 32
+   trials, none below 32), the fastest reading; it is applied only when it beats the task's default schedule (what
    `build_model` gives an untuned function, measured once here by the same measurer; the raw unscheduled
    function when that fails); the model is built and checked whole against the exported program's own
    output (`compiler.workloads.model.build_checked`: a schedule whose model does not match is removed, its
@@ -30,6 +31,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +66,6 @@ def _search_layouts(run: JobRun, graph: Any, target: Any, measurer: Any, budget:
     """ALT's joint stage (`tuner.graph_layout`) on `JOINT_SHARE` of the budget: every measurement recorded on its
     task's row (rows added as layouts make tasks); a resumed job's measured tasks are not measured again.
     Returns the model in the chosen layouts and the report's "layout_search"."""
-    from dataclasses import replace
-
     from tuner.graph_layout import JOINT_SHARE, search_layouts
     from tuner.task import Trial, best_trial
 
@@ -119,6 +119,7 @@ def run_model_job(run: JobRun) -> None:
     from service.worker import LeaseLost
     from tuner import LocalMeasurer, Task, Trial, apply_config, build_pipeline, tune
     from tuner.graph_layout import tunable
+    from tuner.tune import remeasure_best, remeasure_count
     from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
 
     with session_scope(run.url) as s:
@@ -230,6 +231,13 @@ def run_model_job(run: JobRun) -> None:
                 b = best[i] if best[i] is not None else best_of(prior[i])
                 if b is not None:
                     default_ms[i] = _measure_default(measurer, task)
+                # the pick by re-measurement, as an operator job's: a task's best few measured again (one per 32
+                # of its trials, none below 32), the fastest reading kept, not the luckiest search reading
+                count = remeasure_count(len(prior[i]))
+                if b is not None and count and not run.should_stop():
+                    pick, pick_ms, readings = remeasure_best(task, prior[i], measurer, count)
+                    if pick is not None and pick_ms is not None:
+                        best[i] = replace(pick, latencies_ms=[pick_ms], extra={**pick.extra, "remeasured": readings})
     finally:
         measurer.close()
     if run.stop_reason == "lease":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -143,11 +144,13 @@ def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
         assert rows and all(r.config == schedules[keys[r.task_id]] for r in rows)
 
 
-def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path):
+def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path, monkeypatch):
     """layout "search": the joint stage (a share of the budget) measures whole layout choices, records every
-    measurement, keeps the chosen blocks on the job, and the loop stage tunes the chosen model's tasks."""
+    measurement, keeps the chosen blocks on the job, and the loop stage tunes the chosen model's tasks; each
+    task's pick is re-measured (forced here for tasks with few trials: one finalist)."""
     if settings.resolved_database_url.startswith("postgresql"):
         pytest.skip("the search is the same on both backends; the storage paths are covered by the other tests")
+    monkeypatch.setattr(importlib.import_module("tuner.tune"), "remeasure_count", lambda n: 1 if n else 0)
     r = _upload(api, _pt2("small_cnn"), budget=32, target="host", layout="search")
     assert r.status_code == 201, r.text
     job = _run_and_compare(api, settings, r.json()["id"], tmp_path, "small_cnn")
@@ -163,6 +166,14 @@ def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path):
         total = s.query(TrialRow).filter(TrialRow.job_id == job["id"]).count()
     assert {"joint", "layout", "loop"} <= stages
     assert job["trials_done"] == total and total <= 32 + 8  # the joint stage may finish its last measured choice
+    # the stored schedules carry their re-measured latency, not a reading of the search
+    with session_scope(settings.resolved_database_url) as s:
+        stored = s.query(Schedule).all()
+        searched = {(t.task_id, json.dumps(t.config, sort_keys=True)): t.latency_ms
+                    for t in s.query(TrialRow).filter(TrialRow.job_id == job["id"])}
+        keys = {t["workload_key"]: t["id"] for t in job["tasks"]}
+        assert stored and all(sch.latency_ms != searched[(keys[sch.workload_key], json.dumps(sch.config, sort_keys=True))]
+                              for sch in stored if sch.workload_key in keys)
 
 
 @pytest.mark.slow
