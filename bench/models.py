@@ -1,7 +1,7 @@
 """End-to-end benchmark: whole models, ours vs TVM MetaSchedule (Relax integration, same budget) vs torch.
 
     python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
-                           [--layout blocked|search|none] [--no-metaschedule] [--no-torch] [--no-untuned]
+                           [--layout blocked|search|none] [--also-layouts L,...] [--no-metaschedule] [--no-torch] [--no-untuned]
                            [--torch-variants eager,channels_last,compile] [--rounds N]
 
 Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
@@ -135,6 +135,37 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
     }
 
 
+def _ours_in(layout: str, ep: Any, target: Any, budget: int, seed: int, options: dict, inputs: list,
+             expected: list, folder: Path, log: Any) -> tuple[dict, Any]:
+    """Ours in one graph-level layout ("search": the joint stage first, on its share of the budget, as a model job):
+    the row's facts (ours_*, error) and the exported program (None when it failed or is wrong)."""
+    from compiler.workloads.model import import_model
+
+    facts: dict[str, Any] = {"ours_ms": None, "ours_correct": False, "error": None, "ours_tune_s": 0.0}
+    try:
+        joint: dict[str, Any] = {}
+        if layout == "search":
+            model, joint = search_layouts_for(ep, target, budget, seed, log)
+        else:
+            model = import_model(ep, layout=layout, target=target)
+        ours = run_ours(model, target, budget - joint.get("measurements", 0), seed, options["trials_per_round"], log,
+                        prior=joint.get("trials"))
+        built = ours.pop("built")
+        facts.update(ours)
+        if joint:
+            facts["ours_trials"] += joint["measurements"] - sum(len(ts) for ts in joint["trials"].values())
+            facts["ours_tune_s"] += joint["seconds"]
+            facts["layout_search"] = {k: v for k, v in joint.items() if k != "trials"}
+        mismatch = _check(_run_vm(built.ex, inputs, built.params), expected)
+        facts["ours_correct"] = mismatch is None
+        if mismatch is None:
+            return facts, _export_vm(built.ex, inputs, built.params, folder / f"ours-{layout}")
+        facts["error"] = f"ours ({layout}): {mismatch}"
+    except Exception as e:  # noqa: BLE001
+        facts["error"] = f"ours ({layout}): {type(e).__name__}: {str(e)[:300]}"
+    return facts, None
+
+
 def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any) -> tuple[Any, dict]:
     """The joint stage (`tuner.graph_layout`) on `JOINT_SHARE` of `budget`: the model in the chosen layouts, and
     facts (measurements, estimates, the chosen blocks, and the loop trials of each task, which the loop stage
@@ -255,11 +286,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     ep = torch.export.export(module, torch_inputs)
     inputs = [t.numpy() for t in torch_inputs]
     expected = torch_outputs(module, torch_inputs)
-    joint: dict[str, Any] = {}
-    if options["layout"] == "search":  # ALT's joint stage first, on its share of the budget, as a model job
-        model, joint = search_layouts_for(ep, target, budget, seed, log)
-    else:
-        model = import_model(ep, layout=options["layout"], target=target)
+    model = import_model(ep, layout=options["layout"], target=target)
     row: dict[str, Any] = {"name": name, "budget": budget, "layout": options["layout"], "inputs": [list(s.shape) for s in
                                                                                       model.inputs]}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
@@ -271,27 +298,17 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
         untuned = build_model(model, target)
         programs["untuned"] = _export_vm(untuned.ex, inputs, untuned.params, folder / "untuned")
 
-    row.update(ours_ms=None, ours_correct=False, error=None)
-    try:
-        ours = run_ours(model, target, budget - joint.get("measurements", 0), seed, options["trials_per_round"], log,
-                        prior=joint.get("trials"))
-        built = ours.pop("built")
-        row.update(ours)
-        if joint:
-            kept = sum(len(ts) for ts in joint["trials"].values())
-            row["ours_trials"] += joint["measurements"] - kept
-            row["ours_tune_s"] += joint["seconds"]
-            row["layout_search"] = {k: v for k, v in joint.items() if k != "trials"}
-        mismatch = _check(_run_vm(built.ex, inputs, built.params), expected)
-        row["ours_correct"] = mismatch is None
-        if mismatch is None:
-            programs["ours"] = _export_vm(built.ex, inputs, built.params, folder / "ours")
+    # ours in the main layout ("ours"), then in each `--also-layouts` one ("ours@<layout>"), all timed together
+    for layout in (options["layout"], *options.get("also_layouts", ())):
+        facts, program = _ours_in(layout, ep, target, budget, seed, options, inputs, expected, folder, log)
+        if layout == options["layout"]:
+            row.update(facts)
+            key = "ours"
         else:
-            row["error"] = f"ours: {mismatch}"
-    except Exception as e:  # noqa: BLE001
-        row.setdefault("ours_tune_s", 0.0)
-        row["error"] = f"ours: {type(e).__name__}: {str(e)[:300]}"
-    row.setdefault("ours_tune_s", 0.0)
+            row.setdefault("also", {})[layout] = facts
+            key = f"ours@{layout}"
+        if program is not None:
+            programs[key] = program
 
     row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_correct=None, metaschedule_error=None)
     if options["metaschedule"]:
@@ -313,13 +330,17 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     for key in ("untuned", "ours", "metaschedule"):
         if key in timings.ms:
             row[f"{key}_ms"] = timings.ms[key]
+    for layout, facts in row.get("also", {}).items():
+        facts["ours_ms"] = timings.ms.get(f"ours@{layout}")
+        facts["vs_main"] = speedup(row.get("ours_ms"), facts["ours_ms"])
     variants = {k[len("torch_"):]: v for k, v in timings.ms.items() if k.startswith("torch_")}
     timed = {k: v for k, v in variants.items() if v is not None}
     row["torch_variants_ms"] = variants
     row["torch_best"] = min(timed, key=timed.get) if timed else None
     row["torch_ms"] = timed[row["torch_best"]] if timed else None
     row["timing"] = "fresh-process"
-    row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
+    row["correct"] = (bool(row["ours_correct"]) and all(f["ours_correct"] for f in row.get("also", {}).values())
+                      and row["metaschedule_correct"] is not False)
     row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
     row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
     return row
@@ -330,6 +351,8 @@ COLUMNS = (
     Column("tasks", lambda r: f"{r.get('tuned_tasks', '-')}/{r.get('tasks', '-')}"),
     Column("untuned ms", lambda r: fmt_ms(r.get("untuned_ms"))),
     Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
+    Column("also", lambda r: " ".join(f"{k} {fmt_ms(v.get('ours_ms'))} ({fmt_x(v.get('vs_main'))})"
+                                      for k, v in r.get("also", {}).items()) or "-", right=False),
     Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
     Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
     Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
@@ -355,6 +378,13 @@ def table(report: dict) -> str:
             f"the best of its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
+    notes += [f"  {r['name']}: {f['error']}" for r in report["cases"] for f in r.get("also", {}).values()
+              if f.get("error")]
+    notes += [f"  {r['name']} ({layout}): layout search {f['layout_search']['rounds']} choices, estimate "
+              f"{fmt_ms(f['layout_search']['rule_estimate_ms'])} ms (rule) -> "
+              f"{fmt_ms(f['layout_search']['chosen_estimate_ms'])} ms"
+              for r in report["cases"] for layout, f in [(r.get("layout"), r), *r.get("also", {}).items()]
+              if f.get("layout_search")]
     return "\n".join([head, format_table(COLUMNS, report["cases"], footer), *notes])
 
 
@@ -370,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", default="blocked", choices=("blocked", "search", "none"),
                         help="our graph-level layouts (compiler.workloads.model.MODEL_LAYOUTS; search: ALT's joint "
                              "stage on 30%% of the budget first, as a model job)")
+    parser.add_argument("--also-layouts", default="",
+                        help="comma-separated other layouts for ours, each tuned at the same budget and timed in the "
+                             "same run (column 'also': its ms and its speedup over ours in --layout)")
     parser.add_argument("--target", default="host")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep MetaSchedule's run folders here")
@@ -394,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s): {', '.join(unknown)}; known: {', '.join(zoo.MODELS)}")
     if args.budget < 1:
         parser.error("--budget must be >= 1")
+    also = tuple(v for v in args.also_layouts.split(",") if v)
+    if set(also) - {"blocked", "search", "none"} or args.layout in also:
+        parser.error(f"--also-layouts: others of blocked, search, none than --layout, got {args.also_layouts!r}")
 
     from bench.common import environment
     from compiler.target import target_key
@@ -401,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
                    "untuned": not args.no_untuned, "layout": args.layout, "trials_per_round": args.trials_per_round,
-                   "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds}
+                   "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
+                   "also_layouts": also}
         rows = []
         for i, name in enumerate(names):
             print(f"[{i + 1}/{len(names)}] {name} (budget {args.budget}) ...", file=sys.stderr, flush=True)
