@@ -16,7 +16,7 @@ from service.db import session_scope
 from service.models import Job, TrialRow
 from service.worker import Worker
 
-DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 32, "n": 32, "k": 32}, "dtype": "float32",
+DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "dtype": "float32",
          "epilogue": "none", "target": "host", "budget": 4, "seed": 3, "layout_levels": 1}
 
 

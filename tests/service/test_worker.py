@@ -13,7 +13,7 @@ from service.db import session_scope, utcnow
 from service.models import Job, TrialRow
 from service.worker import Worker
 
-SMALL_DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 32, "n": 32, "k": 32},
+SMALL_DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16},
                "dtype": "float32", "epilogue": "none", "target": "host", "budget": 8, "seed": 0}
 
 
