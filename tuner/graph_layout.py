@@ -10,7 +10,8 @@ tensor meets an operator that takes the plain layout (TVM cannot convert between
 A round proposes a block for every group at once (one shared `LayoutActor`; round 0 is the `conv_blocks` rule),
 lowers the whole model in that choice and measures every task the round made that was not measured before: a
 task the loop search can tune (a conv in its new layout) by a short loop search (`joint_trials` measurements,
-stage "joint"; the loop stage later goes on from them), the others (conversions, element-wise and pooling
+the first the loop space's register-blocked nest, its "blocked" seed; stage "joint"; the loop stage later goes
+on from them), the others (conversions, element-wise and pooling
 tasks) with their default schedule (stage "layout").
 A group's cost in a round is what its convs cost (their tasks and the conversions right before them); its
 reward, the log of its round-0 cost over it. At the end each group takes the block of its lowest mean cost;
@@ -168,13 +169,19 @@ class GraphLayoutSearch:
 
     def measure_task(self, t: ModelTask, task: Task, budget: int) -> float:
         """A short loop search of a tunable task (its best latency), the default schedule of another."""
+        from .fusion_space import reductions
+        from .space import LoopSpace
         from .tune import tune
 
         record = (lambda trial: self.on_measure(t, trial)) if self.on_measure is not None else (lambda _: None)
         if tunable(t.prim_func):
             n = max(1, min(self.joint_trials, budget - self.spent))
+            # the first measurement is the loop space's register-blocked nest (its "blocked" seed), so that with
+            # one or two measurements a layout is judged by a good nest, not by a random or the untuned one
+            start = [LoopSpace(t.prim_func).blocked_config()] if reductions(t.prim_func) == 1 else []
             result = tune(task, n, seed=self.seed, measurer=self.measurer, should_stop=self.should_stop,
-                          on_trial=lambda trial: record(replace(trial, stage="joint")), replay=False)
+                          start_from=start, on_trial=lambda trial: record(replace(trial, stage="joint")),
+                          replay=False)
             self.spent += len(result.trials)
             return result.best.latency_ms if result.best is not None else math.inf
         latencies, error = default_schedule_latency(self.measurer, task)
