@@ -172,7 +172,7 @@ def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any) -
     continues from)."""
     from compiler.workloads.model.importer import translate_model
     from tuner import LocalMeasurer
-    from tuner.graph_layout import JOINT_SHARE, search_layouts
+    from tuner.graph_layout import joint_budget, search_layouts
 
     start = time.perf_counter()
     trials: dict[str, list] = {}
@@ -183,7 +183,7 @@ def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any) -
 
     measurer = LocalMeasurer()
     try:
-        result = search_layouts(translate_model(ep), target, measurer, max(1, int(budget * JOINT_SHARE)), seed=seed,
+        result = search_layouts(translate_model(ep), target, measurer, joint_budget(budget), seed=seed,
                                 on_measure=on_measure)
     finally:
         measurer.close()

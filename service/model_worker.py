@@ -66,8 +66,8 @@ def _search_layouts(run: JobRun, graph: Any, target: Any, measurer: Any, budget:
     """ALT's joint stage (`tuner.graph_layout`) on `JOINT_SHARE` of the budget: every measurement recorded on its
     task's row (rows added as layouts make tasks); a resumed job's measured tasks are not measured again.
     Returns the model in the chosen layouts and the report's "layout_search"."""
-    from tuner.graph_layout import JOINT_SHARE, search_layouts
-    from tuner.task import Trial, best_trial
+    from tuner.graph_layout import joint_budget, search_layouts
+    from tuner.task import best_trial
 
     rows: dict[str, int] = {}
     counts: dict[str, int] = {}
@@ -75,10 +75,9 @@ def _search_layouts(run: JobRun, graph: Any, target: Any, measurer: Any, budget:
     with session_scope(run.url) as s:
         for row in TuningTask.where_job(s, run.job_id):
             rows[row.workload_key] = row.id
-            trials = TrialRow.where_task(s, row.id)
+            trials = TrialRow.trials_of(s, row.id)
             counts[row.workload_key] = len(trials)
-            best = best_trial([Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error)
-                               for r in trials])
+            best = best_trial(trials)
             if best is not None:
                 known[row.workload_key] = best.latency_ms
 
@@ -90,7 +89,7 @@ def _search_layouts(run: JobRun, graph: Any, target: Any, measurer: Any, budget:
         counts[task.workload_key] = index + 1
         run.record_trial(rows[task.workload_key], replace(trial, index=index))
 
-    result = search_layouts(graph, target, measurer, max(1, int(budget * JOINT_SHARE)), seed=seed, fusion=fusion,
+    result = search_layouts(graph, target, measurer, joint_budget(budget), seed=seed, fusion=fusion,
                             max_tensor_elements=run.settings.max_tensor_elements, known=known,
                             on_measure=on_measure, should_stop=run.should_stop)
     report = {"measurements": result.measurements, "rule_estimate_ms": result.rule_ms,
@@ -168,9 +167,7 @@ def run_model_job(run: JobRun) -> None:
         for t in picked:
             row = by_key[t.workload_key]
             rows.append(row.id)
-            prior.append([Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error,
-                                predicted=r.predicted, stage=r.stage, extra=r.extra)
-                          for r in TrialRow.where_task(s, row.id)])
+            prior.append(TrialRow.trials_of(s, row.id))
             schedule = Schedule.find_by_key(s, t.workload_key, tkey)
             known.append(dict(schedule.config) if schedule is not None else None)
 

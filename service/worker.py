@@ -308,8 +308,6 @@ class JobRun:
 
     def _prepare(self, workload_key: str, tkey: str, budget: int) -> tuple[int, list[Trial], list[dict]]:
         """Create the job's task on first run; load its trials (resume) and the known best schedule."""
-        from tuner import Trial
-
         with session_scope(self.url) as s:
             tasks = TuningTask.where_job(s, self.job_id)
             if tasks:
@@ -319,11 +317,7 @@ class JobRun:
                                   workload_key=workload_key, weight=1, budget=budget)
                 s.add(task)
                 s.flush()
-            prior = [
-                Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error,
-                      predicted=r.predicted, stage=r.stage, extra=r.extra)
-                for r in TrialRow.where_task(s, task.id)
-            ]
+            prior = TrialRow.trials_of(s, task.id)
             known = Schedule.find_by_key(s, workload_key, tkey)
             tried = [t.config for t in prior]
             start_from = [known.config] if known is not None and known.config not in tried else []

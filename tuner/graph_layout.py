@@ -42,10 +42,6 @@ DEFAULT_CONFIG = {"schedule": "default"}  # a trial of the default schedule (the
 LAYOUT_STAGE = "layout"
 
 
-def is_default_config(config: dict) -> bool:
-    return config == DEFAULT_CONFIG
-
-
 @dataclass
 class LayoutSearchResult:
     """The joint stage's outcome.
@@ -67,6 +63,11 @@ class LayoutSearchResult:
     measurements: int
     rounds: list[dict] = field(default_factory=list)
     costs: dict[str, float] = field(default_factory=dict)
+
+
+def joint_budget(budget: int) -> int:
+    """The joint stage's share (`JOINT_SHARE`) of a model's budget of `budget` measurements."""
+    return max(1, int(budget * JOINT_SHARE))
 
 
 def default_schedule_latency(measurer: Any, task: Task) -> tuple[list[float] | None, str | None]:
@@ -137,7 +138,6 @@ class GraphLayoutSearch:
         self.spent = 0
         self.observed: dict[int, dict[int, list[float]]] = {g.index: {} for g in self.groups}
         self.actor = LayoutActor(6, 1, Critic(6, seed=seed), seed=seed)
-        self.lanes = lanes
         self.move_share = 0.25  # the share of groups the actor moves in a round
 
     def state(self, group: Any) -> list[float]:
