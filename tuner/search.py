@@ -386,10 +386,12 @@ class XGBSearch(Search):
         mutants = self._mutants(int(self.batch_size * self.mutation_fraction), exclude)
         fresh = sample_unique(self.space, self.rng, self.batch_size - len(mutants), exclude=list(exclude))
         pool, schedules, sources = [], [], []
-        seeds = self.seed_configs() if not self.measured else []
+        # the known nests until each is measured: a search that starts from prior trials (a model job's
+        # joint stage, another job's schedule) still measures them
+        seeds = [(c, source) for c, source in self.seed_configs() if config_key(c) not in self.measured]
         seed_keys = {config_key(c) for c, _ in seeds}
-        for config, source in seeds + [(c, "mutation") for c in mutants] + [(c, "sample") for c in fresh
-                                                                            if config_key(c) not in seed_keys]:
+        drawn = [(c, "mutation") for c in mutants] + [(c, "sample") for c in fresh]
+        for config, source in seeds + [(c, source) for c, source in drawn if config_key(c) not in seed_keys]:
             try:
                 schedules.append(self.space.apply(config))
             except (InvalidConfig, ScheduleFailed) as e:

@@ -136,3 +136,16 @@ def test_random_search_through_tune_ranks_at_random():
     assert search.featurize([config]).shape == (1, len(knob_features(space, config)))
     assert make_search("xgb", task, space, FakeMeasurer(space), seed=0).featurize([config]).shape[1] > len(
         knob_features(space, config))
+
+
+def test_a_search_from_prior_trials_still_measures_the_known_nests():
+    """A model job's loop stage starts from the joint stage's trials: the seeds not among them come first."""
+    from tuner.search import config_key
+
+    wl, task, space = _fake_setup()
+    prior = _tune(task, space, 1, seed=5, start_from=space.sample(np.random.default_rng(7), 1))[0].trials
+    result, _, _ = _tune(task, space, 9, seed=0, prior=prior, replay=False)  # as model jobs tune
+    keys = [config_key(t.config) for t in result.trials]
+    seeds = {config_key(space.untuned_config()), config_key(space.blocked_config())}
+    assert seeds <= set(keys[:8]), "both seeds in the first round"
+    assert len(keys) == len(set(keys)) == 8 and config_key(prior[0].config) not in keys
