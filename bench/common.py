@@ -19,7 +19,8 @@ order (`time_fresh`): TVM's thread pool keeps a worker spinning for about 0.4 s 
 run, which would steal a core from whatever runs next, and torch's OpenMP threads and
 TVM's compete in one process. A TVM program travels as an exported library and its
 arguments (`TvmProgram`), a torch program as a module-level factory that builds it in
-the child (`TorchProgram`), so the parent never runs torch or a timed TVM program.
+the child (`TorchProgram`), an ONNX model as its file and inputs (`OnnxProgram`), so the
+parent never times torch, ONNX Runtime or a TVM program itself.
 
 A speedup is the baseline's latency over ours (> 1: ours is faster); the
 geomean is the geometric mean of the per-case speedups over the cases where
@@ -56,6 +57,7 @@ OPTIONAL_CASE_FIELDS: dict[str, tuple[type | None, ...]] = {
     "torch_variants_ms": (dict,),  # variant ("eager", "channels_last", "compile") -> ms or null
     "torch_best": (str, None),
     "timing": (str,),
+    "onnxruntime_ms": (float, None),  # bench.models: ONNX Runtime (CPU) on the torch.onnx export
 }
 TORCH_VARIANTS = ("eager", "channels_last", "compile")
 
@@ -279,6 +281,29 @@ class TorchProgram:
     variant: str = "eager"
 
 
+@dataclass(frozen=True)
+class OnnxProgram:
+    """An ONNX model to time with ONNX Runtime's CPU provider (every graph optimization on, as many
+    intra-op threads as torch gets): the model file and an .npz of its inputs in order (`save_args`)."""
+
+    model_path: str
+    args_path: str
+
+
+def onnx_session(path: str, threads: int, *, spin: bool = True) -> Any:
+    """An ONNX Runtime CPU session of the model at `path`, all graph optimizations on (its NCHWc layout
+    rewrite for x86 included); `spin=False` for a check in a process that goes on to other work."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
 def save_args(arrays: Sequence[Any], path: Path) -> str:
     """Writes the arguments of a `TvmProgram` (numpy arrays, the output last) to `path` (.npz)."""
     import numpy as np
@@ -375,6 +400,26 @@ def time_torch(program: TorchProgram, threads: int) -> float:
     return statistics.median(readings)
 
 
+def time_onnx(program: OnnxProgram, threads: int) -> float:
+    """Child: times an ONNX Runtime session like `time_torch` (ms per call, median of `REPEAT` readings)."""
+    import statistics
+
+    import numpy as np
+
+    session = onnx_session(program.model_path, threads)
+    with np.load(program.args_path) as data:
+        arrays = [data[f"arr_{i}"] for i in range(len(data.files))]
+    feeds = {spec.name: a for spec, a in zip(session.get_inputs(), arrays, strict=True)}
+    number = calibrate(lambda: session.run(None, feeds), MIN_REPEAT_MS)
+    readings = []
+    for _ in range(REPEAT):
+        start = time.perf_counter()
+        for _ in range(number):
+            session.run(None, feeds)
+        readings.append((time.perf_counter() - start) / number * 1e3)
+    return statistics.median(readings)
+
+
 def in_fresh_process(fn: Callable[..., float], *args: Any, timeout_s: float = 900, log: Any = None) -> float | None:
     """`fn(*args)` in a new spawned process (one at a time); None when it fails (said on `log`, stderr by
     default): a crash or a timeout of one program never hides the others."""
@@ -398,7 +443,7 @@ class Timings:
     order: list[Hashable] = field(default_factory=list)
 
 
-def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram], *, seed: int = 0, rounds: int = 1,
+def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram | OnnxProgram], *, seed: int = 0, rounds: int = 1,
                threads: int | None = None, log: Any = None) -> Timings:
     """Times every program in a fresh process of its own, one at a time, in shuffled order.
 
@@ -407,7 +452,7 @@ def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram], *, seed: 
         seed: seeds the order (and random TVM arguments).
         rounds: each round times every program once, in a new shuffled order; a program's
             latency is the median of its rounds' readings.
-        threads: torch's intra-op threads (default: the cores this process may use).
+        threads: torch's and ONNX Runtime's intra-op threads (default: the cores this process may use).
         log: where a line per reading goes (None: nowhere).
     """
     import random
@@ -424,6 +469,8 @@ def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram], *, seed: 
             program = programs[name]
             if isinstance(program, TvmProgram):
                 ms = in_fresh_process(time_library, program, seed, log=log)
+            elif isinstance(program, OnnxProgram):
+                ms = in_fresh_process(time_onnx, program, threads, log=log)
             else:
                 ms = in_fresh_process(time_torch, program, threads, log=log)
             order.append(name)

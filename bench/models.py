@@ -2,7 +2,7 @@
 
     python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
                            [--layout blocked|search|none] [--also-layouts L,...] [--no-metaschedule] [--no-torch] [--no-untuned]
-                           [--torch-variants eager,channels_last,compile] [--rounds N]
+                           [--torch-variants eager,channels_last,compile] [--no-onnxruntime] [--rounds N]
 
 Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
 mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side at its best:
@@ -22,9 +22,13 @@ mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side a
   layout rewrites split off and lifted into `main_transform_params`
   (`SplitLayoutRewritePreproc`, `LiftTransformParams`), run once; checked;
 - torch: eager NCHW, channels_last and `torch.compile` (inductor, `freezing=True`), each
-  reported (`torch_variants_ms`), the fastest the baseline (`torch_ms`).
+  reported (`torch_variants_ms`), the fastest the baseline (`torch_ms`);
+- ONNX Runtime (CPU): the model exported by `torch.onnx.export` (dynamo), every graph
+  optimization on (its NCHWc layout rewrite for x86 included), as many intra-op threads
+  as torch; checked against torch once, then timed like the others (`onnxruntime_ms`,
+  `vs_onnxruntime`).
 
-Every program (the untuned build, ours, MetaSchedule's, each torch variant) is timed in a
+Every program (the untuned build, ours, MetaSchedule's, each torch variant, ONNX Runtime's) is timed in a
 fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
 medians of `time_evaluator` repeats of at least 50 ms (torch: the same calibration in
 Python). Prints a table and writes the report (the `bench.common` shape) to --json or
@@ -41,8 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (TORCH_VARIANTS, Column, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_x, format_table,
-                          geomeans, save_args, speedup, time_fresh, write_json)
+from bench.common import (TORCH_VARIANTS, Column, OnnxProgram, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_x,
+                          format_table, geomean, geomeans, onnx_session, save_args, speedup, time_fresh, write_json)
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
 
@@ -273,6 +277,35 @@ def torch_programs(name: str, seed: int, variants: Sequence[str]) -> dict[str, T
             if v != "channels_last" or spatial}
 
 
+def onnxruntime_program(module: Any, torch_inputs: list, expected: list, folder: Path) -> tuple[dict, OnnxProgram | None]:
+    """ONNX Runtime's side: `module` exported to ONNX (`torch.onnx.export`, dynamo), run once and checked
+    against torch's `expected`; (facts for the row, the program to time or None when it failed)."""
+    import logging
+
+    import torch
+
+    facts: dict[str, Any] = {"onnxruntime_correct": None, "onnxruntime_error": None}
+    path = folder / "model.onnx"
+    try:
+        start = time.perf_counter()
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" per operator
+        torch.onnx.export(module, tuple(torch_inputs), str(path), dynamo=True, verbose=False)
+        facts["onnxruntime_export_s"] = round(time.perf_counter() - start, 2)
+        arrays = [t.numpy() for t in torch_inputs]
+        session = onnx_session(str(path), 1, spin=False)
+        feeds = {spec.name: a for spec, a in zip(session.get_inputs(), arrays, strict=True)}
+        mismatch = _check(session.run(None, feeds), expected)
+        del session
+    except Exception as e:  # noqa: BLE001
+        facts["onnxruntime_error"] = f"ONNX Runtime failed: {type(e).__name__}: {str(e)[:300]}"
+        return facts, None
+    facts["onnxruntime_correct"] = mismatch is None
+    if mismatch is not None:
+        facts["onnxruntime_error"] = f"ONNX Runtime: {mismatch}"
+        return facts, None
+    return facts, OnnxProgram(str(path), save_args(arrays, folder / "onnx-inputs.npz"))
+
+
 def run_model(name: str, target_name: str, budget: int, seed: int, options: dict, log: Any) -> dict:
     """All three on one zoo model; a failure of one is reported in the row, never raised."""
     from compiler.target import resolve_target
@@ -326,8 +359,14 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
             row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
     if options["torch"]:
         programs.update(torch_programs(name, seed, options["torch_variants"]))
+    row["onnxruntime_ms"] = None
+    if options.get("onnxruntime"):
+        facts, program = onnxruntime_program(module, torch_inputs, expected, folder)
+        row.update(facts)
+        if program is not None:
+            programs["onnxruntime"] = program
     timings = time_fresh(programs, seed=seed, rounds=options["rounds"], log=log)
-    for key in ("untuned", "ours", "metaschedule"):
+    for key in ("untuned", "ours", "metaschedule", "onnxruntime"):
         if key in timings.ms:
             row[f"{key}_ms"] = timings.ms[key]
     for layout, facts in row.get("also", {}).items():
@@ -343,6 +382,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
                       and row["metaschedule_correct"] is not False)
     row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
     row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
+    row["vs_onnxruntime"] = speedup(row["onnxruntime_ms"], row["ours_ms"])
     return row
 
 
@@ -355,8 +395,10 @@ COLUMNS = (
                                       for k, v in r.get("also", {}).items()) or "-", right=False),
     Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
     Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
+    Column("ORT ms", lambda r: fmt_ms(r.get("onnxruntime_ms"))),
     Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
     Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
+    Column("vs ORT", lambda r: fmt_x(r.get("vs_onnxruntime"))),
     Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
     Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
     Column("correct", lambda r: "yes" if r["correct"] else ("NO (ours)" if not r.get("ours_correct") else "NO (MS)"),
@@ -372,12 +414,14 @@ def _cpu(report: dict) -> str:
 def table(report: dict) -> str:
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
-               "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
+               "vs_onnxruntime": g.get("vs_onnxruntime"), "correct": all(r["correct"] for r in report["cases"]),
+               "ours_correct": True}]
     head = (f"models, target {report['target']} ({_cpu(report)}), budget "
             f"{report['budget']} on-device measurements per model (ours and MetaSchedule); tasks = tuned/all; torch = "
             f"the best of its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
+    notes += [f"  {r['name']}: {r['onnxruntime_error']}" for r in report["cases"] if r.get("onnxruntime_error")]
     notes += [f"  {r['name']}: {f['error']}" for r in report["cases"] for f in r.get("also", {}).values()
               if f.get("error")]
     notes += [f"  {r['name']} ({layout}): layout search {f['layout_search']['rounds']} choices, estimate "
@@ -409,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-metaschedule", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-untuned", action="store_true")
+    parser.add_argument("--no-onnxruntime", action="store_true", help="leave ONNX Runtime (CPU) out")
     parser.add_argument("--torch-variants", default=",".join(TORCH_VARIANTS),
                         help=f"comma-separated torch variants to time (default: all of {', '.join(TORCH_VARIANTS)})")
     parser.add_argument("--rounds", type=int, default=1,
@@ -436,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
-                   "untuned": not args.no_untuned, "layout": args.layout, "trials_per_round": args.trials_per_round,
+                   "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime, "layout": args.layout, "trials_per_round": args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
                    "also_layouts": also}
         rows = []
@@ -444,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i + 1}/{len(names)}] {name} (budget {args.budget}) ...", file=sys.stderr, flush=True)
             rows.append(run_model(name, args.target, args.budget, args.seed, options, sys.stderr))
     report = {"suite": "models", "target": target_key(args.target), "budget": args.budget, "cases": rows,
-              "geomean": geomeans(rows), "environment": environment()}
+              "geomean": geomeans(rows) | {"vs_onnxruntime": geomean(r.get("vs_onnxruntime") for r in rows)},
+              "environment": environment()}
     print(table(report))
     path = write_json(report, args.json, bench="models")
     print(f"wrote {path}")

@@ -1,0 +1,50 @@
+"""bench.models' ONNX Runtime side (export, check, fresh-process timing) and its columns, without tuning."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import common, models
+
+pytest.importorskip("onnxruntime")
+
+
+def _small_cnn():
+    from compiler.workloads import zoo
+    from compiler.workloads.model import torch_outputs
+
+    module, inputs = zoo.create("small_cnn", 0)
+    return module, inputs, torch_outputs(module, inputs)
+
+
+def test_onnxruntime_program_is_checked_then_timed_in_a_fresh_process(tmp_path):
+    module, inputs, expected = _small_cnn()
+    facts, program = models.onnxruntime_program(module, inputs, expected, tmp_path)
+    assert facts["onnxruntime_correct"] is True and facts["onnxruntime_error"] is None, facts
+    assert isinstance(program, common.OnnxProgram) and (tmp_path / "model.onnx").stat().st_size > 0
+    timings = common.time_fresh({"onnxruntime": program}, threads=1)
+    ms = timings.ms["onnxruntime"]
+    assert timings.order == ["onnxruntime"] and math.isfinite(ms) and ms > 0
+
+
+def test_onnxruntime_that_disagrees_with_torch_is_not_timed(tmp_path):
+    module, inputs, expected = _small_cnn()
+    facts, program = models.onnxruntime_program(module, inputs, [e + 1.0 for e in expected], tmp_path)
+    assert program is None and facts["onnxruntime_correct"] is False
+    assert facts["onnxruntime_error"].startswith("ONNX Runtime: "), facts
+
+
+def test_the_table_has_onnxruntime_columns_and_its_geomean():
+    row = {"name": "net", "ours_ms": 2.0, "metaschedule_ms": 4.0, "torch_ms": 3.0, "onnxruntime_ms": 5.0,
+           "ours_tune_s": 1.0, "metaschedule_tune_s": 1.0, "layout": "blocked", "correct": True,
+           "ours_correct": True, "vs_onnxruntime": 2.5, "onnxruntime_error": None}
+    report = {"suite": "models", "target": "llvm -mcpu=x", "budget": 4, "cases": [row],
+              "geomean": common.geomeans([row]) | {"vs_onnxruntime": 2.5}}
+    common.check_report(report)
+    text = models.table(report)
+    head, _, line, *_ = text.splitlines()[1:]
+    assert "ORT ms" in head and "vs ORT" in head
+    assert "5.000" in line or "5.00" in line
+    assert text.count("2.50x") == 2, text  # the row and the geomean
