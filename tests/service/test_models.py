@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
@@ -28,6 +29,7 @@ def api(client):
     return client
 
 
+@functools.cache
 def _pt2(name: str) -> bytes:
     buf = io.BytesIO()
     torch.export.save(zoo.export(name), buf)

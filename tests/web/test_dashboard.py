@@ -18,7 +18,7 @@ import pytest
 from service.db import session_scope, utcnow
 from service.models import Job, TrialRow, TuningTask
 
-TINY = {"m": "32", "n": "32", "k": "32"}
+TINY = {"m": "16", "n": "16", "k": "16"}
 TINY_INT = {k: int(v) for k, v in TINY.items()}
 
 
@@ -165,7 +165,7 @@ def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, sc
     assert page.title() == "Schedules matching “dense” · altune"
     page.fill("#schedule-search", "conv3d")
     page.wait_for_selector("text=No schedule matches.")
-    page.fill("#schedule-search", "k=32")
+    page.fill("#schedule-search", "k=16")
     page.wait_for_selector(f"#schedules-table a[href='/jobs/{first}']")
     screenshots(page, "schedules")
 
