@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 RTOL = 1e-3
 ATOL = 1e-3
 
+# low-precision outputs: rounded to 8 (bfloat16) or 11 (float16) significant bits after float32 accumulation,
+# so two correct programs differ by an ulp or two of the result: the tolerance is at least this
+LOW_PRECISION_TOL = {"bfloat16": 1 / 64, "float16": 1 / 512}
+
 ArgSpec = tuple[tuple[int, ...], str]  # (shape, dtype)
 
 
@@ -39,6 +43,32 @@ def random_inputs(specs: Sequence[ArgSpec], seed: int = 0) -> list[np.ndarray]:
             else rng.integers(0, 100, size=shape).astype(dtype) for shape, dtype in specs]
 
 
+def to_torch(array: Any) -> Any:
+    """A numpy array (or a torch tensor, returned as it is) as a torch tensor; ml_dtypes' bfloat16 becomes
+    torch.bfloat16 (through float32, exactly)."""
+    import numpy as np
+    import torch
+
+    if isinstance(array, torch.Tensor):
+        return array
+    array = np.asarray(array)
+    if str(array.dtype) == "bfloat16":
+        return torch.from_numpy(array.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A torch tensor as a numpy array; torch.bfloat16 becomes ml_dtypes' bfloat16 (through float32, exactly)."""
+    import torch
+
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
 def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> str | None:
     """None when `actual` matches `expected`, else a one-line "wrong result: ..." naming the worst element.
 
@@ -49,6 +79,10 @@ def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, at
 
     if actual.shape != expected.shape:
         return f"wrong result: output shape {actual.shape} != expected {expected.shape}"
+    floor = LOW_PRECISION_TOL.get(str(expected.dtype), LOW_PRECISION_TOL.get(str(actual.dtype)))
+    if floor is not None:  # compared in float32 (numpy's allclose does not take ml_dtypes' bfloat16)
+        rtol, atol = max(rtol, floor), max(atol, floor)
+        actual, expected = actual.astype(np.float32), expected.astype(np.float32)
     tol = atol * max(1.0, float(np.nanmax(np.abs(expected), initial=0.0)))
     if np.allclose(actual, expected, rtol=rtol, atol=tol, equal_nan=False):
         return None

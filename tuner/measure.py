@@ -124,7 +124,7 @@ def _child_arrays(path: str) -> Any:
 
     if path not in _CHILD_CACHE:
         with np.load(path) as data:
-            # np.savez stores an ml_dtypes bfloat16 array as 2-byte voids: the only such type we save
+            # np.savez / np.save store an ml_dtypes bfloat16 array as 2-byte voids: the only such type we save
             _CHILD_CACHE[path] = [_bfloat16(data[f"arr_{i}"]) for i in range(len(data.files))]
     return _CHILD_CACHE[path]
 
@@ -193,7 +193,7 @@ def _child_run(
         np.save(expected_path, out)
     elif expected_path is not None:
         if expected_path not in _CHILD_CACHE:
-            _CHILD_CACHE[expected_path] = np.load(expected_path)
+            _CHILD_CACHE[expected_path] = _bfloat16(np.load(expected_path))
         expected = _CHILD_CACHE[expected_path]
         mismatch = check_close(out, expected, rtol, atol)
         if mismatch is not None:

@@ -727,7 +727,7 @@ def _as_int(value: Any) -> int:
 
 # what `torch.save` of tensors and containers of them pickles (protocol 2: GLOBAL opcodes)
 _PICKLE_GLOBALS = re.compile(r"torch\._utils _rebuild_tensor_v2|torch\._utils _rebuild_parameter|"
-                             r"torch [A-Za-z]{1,20}Storage|collections OrderedDict|torch device", re.ASCII)
+                             r"torch [A-Za-z0-9]{1,20}Storage|collections OrderedDict|torch device", re.ASCII)
 _PICKLE_OPS = frozenset({"INST", "OBJ", "STACK_GLOBAL", "EXT1", "EXT2", "EXT4", "NEWOBJ_EX"})
 MAX_PICKLE_BYTES = 16 << 20
 

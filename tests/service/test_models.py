@@ -255,3 +255,47 @@ def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch)
         assert wrong["key"] not in {row.workload_key for row in s.query(Schedule).all()}
     manifest = json.loads((tmp_path / f"job{job['id']}" / "manifest.json").read_text())
     assert manifest["report"]["check"]["removed_schedules"] == report["check"]["removed_schedules"]
+
+
+@pytest.mark.slow
+def test_a_bfloat16_model_tunes_and_its_artifact_matches_torch(api, settings, tmp_path):
+    """A model exported in bfloat16 (`module.to(torch.bfloat16)`): convs and matmuls accumulate in float32 and
+    round back, as torch does on a CPU; tuned, checked whole and served; run.py takes float32 inputs (rounds them)
+    and writes bfloat16 outputs as float32."""
+    if settings.resolved_database_url.startswith("postgresql"):
+        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
+    from service.worker import Worker
+
+    module, inputs = zoo.create("small_cnn")
+    module, inputs = module.to(torch.bfloat16), [x.to(torch.bfloat16) for x in inputs]
+    buf = io.BytesIO()
+    torch.export.save(torch.export.export(module, tuple(inputs)), buf)
+    r = _upload(api, buf.getvalue(), budget=8, target="host")
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    assert Worker(settings).run_once() == job_id
+    job = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job["error"]
+    report = job["spec"]["report"]
+    assert report["check"]["passed"] and not report["check"]["removed_schedules"], report["check"]
+    names = {t["id"]: t["name"] for t in job["tasks"]}
+    with session_scope(settings.resolved_database_url) as s:
+        trials = [(names[t.task_id], t.latency_ms, t.error) for t in s.query(TrialRow).filter(TrialRow.job_id == job_id)]
+    assert len(trials) == 8 and not [e for *_, e in trials if e], trials
+    assert any("conv2d_NCHWc" in name and ms for name, ms, _ in trials), trials  # bfloat16 convs searched
+
+    folder = tmp_path / "artifact"
+    folder.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(api.get(f"/api/v1/jobs/{job_id}/artifact").content)) as tar:
+        tar.extractall(folder, filter="data")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [s["dtype"] for s in manifest["inputs"]] == ["bfloat16"] and manifest["outputs"][0]["dtype"] == "bfloat16"
+    np.savez(folder / "in.npz", **{s["name"]: x.float().numpy() for s, x in zip(manifest["inputs"], inputs)})
+    done = subprocess.run([sys.executable, "run.py", "in.npz", "out.npz"], cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with torch.no_grad():
+        expected = module(*inputs).float().numpy()
+    with np.load(folder / "out.npz") as out:
+        assert out["output0"].dtype == np.float32
+        np.testing.assert_allclose(out["output0"], expected, rtol=1 / 64, atol=1 / 64 * np.abs(expected).max())

@@ -38,6 +38,10 @@ RUN_PY = '''"""Loads and runs this altune model artifact with TVM's runtime (no 
     python run.py inputs.npz out.npz   # inputs named as in manifest.json, outputs output0, output1, ...
 
 From Python: `from run import load; run = load("."); outputs = run(*numpy_inputs)`.
+
+bfloat16 tensors (a model exported in bfloat16) are ml_dtypes.bfloat16 arrays: inputs may also come as float32
+(rounded) or as the 2-byte records np.savez writes for bfloat16; out.npz holds bfloat16 outputs as float32
+(exactly: every bfloat16 is a float32).
 """
 
 import json
@@ -54,6 +58,18 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 
+def typed(array, dtype):
+    """`array` as a contiguous array of `dtype` (a manifest dtype name)."""
+    array = np.asarray(array)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        if array.dtype.kind == "V" and array.dtype.itemsize == 2:  # np.savez of a bfloat16 array, loaded
+            return np.ascontiguousarray(array.view(ml_dtypes.bfloat16))
+        return np.ascontiguousarray(array.astype(ml_dtypes.bfloat16))
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
 def load(folder="."):
     """A function numpy inputs -> list of numpy outputs, for the artifact unpacked in `folder`."""
     folder = Path(folder)
@@ -61,15 +77,14 @@ def load(folder="."):
     dev = tvm.device(manifest["device"], 0)
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(folder / "lib.so")), dev)
     with np.load(folder / "params.npz", allow_pickle=False) as npz:
-        params = [tvm.runtime.tensor(npz[p["key"]], dev) for p in manifest["params"]]
+        params = [tvm.runtime.tensor(typed(npz[p["key"]], p["dtype"]), dev) for p in manifest["params"]]
 
     def flatten(out):
         return [out.numpy()] if hasattr(out, "numpy") else [a for o in out for a in flatten(o)]
 
     def run(*inputs):
         assert len(inputs) == len(manifest["inputs"]), f"{len(inputs)} inputs, expected {len(manifest['inputs'])}"
-        args = [tvm.runtime.tensor(np.ascontiguousarray(a, dtype=s["dtype"]), dev)
-                for a, s in zip(inputs, manifest["inputs"])]
+        args = [tvm.runtime.tensor(typed(a, s["dtype"]), dev) for a, s in zip(inputs, manifest["inputs"])]
         return flatten(vm["main"](*args, *params))
 
     run.manifest = manifest
@@ -84,13 +99,14 @@ def main(argv):
             inputs = [npz[s["name"]] for s in specs]
     else:
         rng = np.random.default_rng(0)
-        inputs = [rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]) if s["dtype"].startswith("float")
+        inputs = [typed(rng.uniform(-1, 1, s["shape"]), s["dtype"]) if s["dtype"].startswith(("float", "bfloat"))
                   else rng.integers(0, 100, s["shape"]).astype(s["dtype"]) for s in specs]
     outputs = run(*inputs)
     for i, out in enumerate(outputs):
         print(f"output{i}: shape {list(out.shape)} {out.dtype}")
     if len(argv) > 1:
-        np.savez(argv[1], **{f"output{i}": o for i, o in enumerate(outputs)})
+        np.savez(argv[1], **{f"output{i}": o.astype(np.float32) if str(o.dtype) == "bfloat16" else o
+                             for i, o in enumerate(outputs)})
 
 
 if __name__ == "__main__":
@@ -181,11 +197,13 @@ def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
     import numpy as np
     import torch
 
+    from compiler.arrays import to_numpy, to_torch
+
     def flatten(out: Any) -> list[np.ndarray]:
         if isinstance(out, torch.Tensor):
-            return [out.detach().numpy()]
+            return [to_numpy(out)]
         return [a for o in out for a in flatten(o)]
 
-    tensors = [torch.from_numpy(np.asarray(a)) if not isinstance(a, torch.Tensor) else a for a in inputs]
+    tensors = [to_torch(a) for a in inputs]
     with torch.no_grad():
         return flatten(module(*tensors))

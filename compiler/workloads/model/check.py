@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from compiler.arrays import check_close
+from compiler.arrays import check_close, to_torch
 
 from .build import BuiltModel, build_model, run_model
 from .importer import ImportedModel
@@ -148,12 +148,11 @@ def time_torch(module: Any, inputs: Sequence[Any], *, repeat: int = 5, min_repea
     at least `min_repeat_ms`, as `time_model` does for the artifact, after `warmup_s` of warm-up runs, on
     `threads` intra-op threads (default: every core this process may use, as the artifact; the setting is
     restored afterwards)."""
-    import numpy as np
     import torch
 
     from compiler.target import host_cores
 
-    tensors = [torch.from_numpy(np.asarray(a)) if not isinstance(a, torch.Tensor) else a for a in inputs]
+    tensors = [to_torch(a) for a in inputs]
     before = torch.get_num_threads()
     torch.set_num_threads(threads or host_cores())
     try:

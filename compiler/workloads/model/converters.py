@@ -151,12 +151,82 @@ def _upsample3d(method: str) -> Callable[[Any, Any], Any]:
     return convert
 
 
+# element types computed as torch computes them on a CPU: products accumulated in float32, the result
+# rounded back (TVM's converters make every convolution and addmm float32 and then fail to add a bias of the
+# model's own type)
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def _low_precision(x: Any) -> bool:
+    return str(x.ty.dtype) in LOW_PRECISION
+
+
+def _rounded(importer: Any, out: Any, bias: Any, dtype: str, bias_shape: tuple) -> Any:
+    """`out` (float32) plus `bias` (in `dtype`, reshaped to `bias_shape`) in float32, then cast to `dtype`."""
+    from tvm import relax
+
+    bb = importer.block_builder
+    out = bb.emit(out)
+    if bias is not None:
+        wide = bb.emit(relax.op.astype(bias, "float32"))
+        out = bb.emit(relax.op.add(out, bb.emit(relax.op.reshape(wide, bias_shape)) if bias_shape else wide))
+    return bb.emit(relax.op.astype(out, dtype))
+
+
+def _low_precision_convolution(node: Any, importer: Any) -> Any:
+    """convolution.default on bfloat16 / float16 data: any rank, transposed or not, float32 accumulation."""
+    from tvm import relax
+
+    x, weight = importer.env[node.args[0]], importer.env[node.args[1]]
+    bias = importer.env.get(node.args[2]) if node.args[2] is not None else None
+    stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
+    dims = x.ty.ndim - 2
+    data_layout = {1: "NCW", 2: "NCHW", 3: "NCDHW"}[dims]
+    spatial = data_layout[2:]
+    if transposed:
+        op = getattr(relax.op.nn, f"conv{dims}d_transpose")
+        out = op(x, weight, strides=stride, padding=padding, output_padding=output_padding, dilation=dilation,
+                 groups=int(groups), data_layout=data_layout, kernel_layout="IO" + spatial, out_dtype="float32")
+    else:
+        op = getattr(relax.op.nn, f"conv{dims}d")
+        out = op(x, weight, strides=stride, padding=padding, dilation=dilation, groups=int(groups),
+                 data_layout=data_layout, kernel_layout="OI" + spatial, out_dtype="float32")
+    return _rounded(importer, out, bias, str(x.ty.dtype), (1, -1) + (1,) * dims)
+
+
+def _matmul_like(kind: str) -> Callable[[Any, Any], Any]:
+    """addmm (bias, a, b, beta=1, alpha=1), mm / bmm (a, b) on bfloat16 / float16 data: float32 accumulation,
+    the bias added in float32, the result rounded back; other types as TVM converts them (addmm by its
+    converter, mm / bmm as a `relax.op.matmul`, which is what its converter emits for two tensors)."""
+
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        args = [importer.env[a] for a in node.args[:3 if kind == "addmm" else 2]]
+        if not _low_precision(args[-1]):
+            if kind == "addmm":
+                return importer._addmm(node)
+            return importer.block_builder.emit(relax.op.matmul(*args))
+        bias, (a, b) = (args[0], args[1:]) if kind == "addmm" else (None, args)
+        alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+        if kind == "addmm" and (alpha != 1 or beta != 1):
+            raise NotImplementedError(f"addmm with alpha={alpha}, beta={beta} on {a.ty.dtype} data")
+        out = relax.op.matmul(a, b, out_dtype="float32")
+        return _rounded(importer, out, bias, str(a.ty.dtype), tuple(int(d) for d in bias.ty.shape)
+                        if bias is not None else ())
+
+    return convert
+
+
 def _convolution(node: Any, importer: Any) -> Any:
-    """convolution.default: a 3-D transposed convolution as `relax.op.nn.conv3d_transpose` (TVM's converter
-    refuses it); everything else by TVM's own converter."""
+    """convolution.default: bfloat16 / float16 data with float32 accumulation (`_low_precision_convolution`);
+    a 3-D transposed convolution as `relax.op.nn.conv3d_transpose` (TVM's converter refuses it); everything
+    else by TVM's own converter."""
     from tvm import relax
 
     x = importer.env[node.args[0]]
+    if _low_precision(x):
+        return _low_precision_convolution(node, importer)
     transposed = bool(node.args[6]) if len(node.args) > 6 else False
     if not (transposed and x.ty.ndim == 5):
         return importer._convolution(node)
@@ -183,6 +253,9 @@ CONVERTERS: dict[str, Callable[[Any, Any], Any]] = {
     "upsample_nearest3d.vec": _upsample3d("nearest_neighbor"),
     "upsample_trilinear3d.vec": _upsample3d("linear"),
     "convolution.default": _convolution,
+    "addmm.default": _matmul_like("addmm"),
+    "mm.default": _matmul_like("mm"),
+    "bmm.default": _matmul_like("bmm"),
 }
 
 # operators torch's default decompositions would break up into what TVM's importer cannot convert
@@ -223,13 +296,45 @@ def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
                            for op, nodes in sorted(missing.items()))
         raise ModelError("model", f"unsupported operator(s): {listed}")
     try:
-        return from_exported_program(ep, keep_params_as_input=True, custom_convert_map=dict(CONVERTERS),
-                                     run_ep_decomposition=False)
+        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=dict(CONVERTERS),
+                                    run_ep_decomposition=False)
+        return widen_normalizations(mod)
     except Exception as e:  # noqa: BLE001 - a converter failed (TVM's or ours); say where
         node = _failing_node(e)
         where = (f"operator {getattr(node.target, '__name__', node.target)} at node {node.name}"
                  if node is not None else "the program")
         raise ModelError("model", f"cannot import {where}: {type(e).__name__}: {short_error(e)}") from e
+
+
+# Relax operators that TVM computes in float32 / float16 only, or (softmax) that torch computes in float32 on
+# low-precision data: run on float32 copies, the result rounded back
+_WIDENED = ("relax.nn.layer_norm", "relax.nn.group_norm", "relax.nn.rms_norm", "relax.nn.softmax",
+            "relax.nn.log_softmax")
+
+
+def widen_normalizations(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every `_WIDENED` call on bfloat16 / float16 data computed in float32 (as torch computes them on a CPU:
+    TVM's layer_norm refuses bfloat16 outright), its low-precision arguments cast up and its result back."""
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class Widen(PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            name = getattr(call.op, "name", None)
+            dtype = str(getattr(call.ty, "dtype", ""))
+            if name not in _WIDENED or dtype not in LOW_PRECISION:
+                return super().visit_call_(call)
+            args = [self.builder_.emit(relax.op.astype(a, "float32"))
+                    if str(getattr(a.ty, "dtype", "")) in LOW_PRECISION else a for a in call.args]
+            wide = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+            return relax.op.astype(wide, dtype)
+
+    widen = Widen(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            widen.builder_.update_func(gv, widen.visit_expr(func))
+    return widen.builder_.get()
 
 
 def _failing_node(e: BaseException) -> Any:
