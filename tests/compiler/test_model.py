@@ -56,9 +56,9 @@ def test_tasks_are_deduplicated_and_weighted(imported, saved):
     calls = M.call_counts(cnn.mod["main"])
     assert sum(t.weight for t in cnn.tasks) == sum(calls.values())
     assert len({t.workload_key for t in cnn.tasks}) == len(cnn.tasks)
-    # conv2 and conv3 (+bias, relu) are one task called twice
-    conv_relu = [t for t in cnn.tasks if t.name == "fused_conv2d_add_relu"]
-    assert len(conv_relu) == 1 and conv_relu[0].weight == 2 and conv_relu[0].complex
+    # conv2 and conv3 (+bias, relu) are one task called twice; conv1 with its batch norm folded in is another
+    conv_relu = sorted((t for t in cnn.tasks if t.name == "fused_conv2d_add_relu"), key=lambda t: t.weight)
+    assert [t.weight for t in conv_relu] == [1, 2] and all(t.complex for t in conv_relu)
     assert {t.name for t in cnn.tasks if t.complex} >= {"fused_conv2d_add_relu", "fused_matmul_add"}
     assert not any(t.complex for t in cnn.tasks if t.name in ("fused_relu", "transpose"))
     # keys depend on content only: a second import gives the same ones
@@ -346,3 +346,38 @@ def test_a_bfloat16_model_imports_and_matches_torch(name, host_target):
     # the tolerance is bfloat16's: an output off by a few bfloat16 ulps more is caught
     wrong = (expected.astype(np.float32) * (1 + 8 * LOW_PRECISION_TOL["bfloat16"]) + 0.5).astype(expected.dtype)
     assert check_close(wrong, expected) is not None
+
+
+def test_batch_norm_is_folded_into_the_conv_before_it(host_target):
+    """conv -> batch norm (with and without a conv bias) becomes conv -> bias add on folded parameters; a conv
+    whose output something else reads too keeps its batch norm; the model still matches torch."""
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.bn_a = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+            self.b, self.bn_b = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.c, self.bn_c = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            x = torch.relu(self.bn_a(self.a(x)))
+            x = torch.relu(self.bn_b(self.b(x)))
+            y = self.c(x)
+            return self.bn_c(y) + y  # the conv's output is read twice: its batch norm stays
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    for bn in (net.bn_a, net.bn_b, net.bn_c):  # statistics that are not the identity
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 8, 8)
+    model = M.import_model(torch.export.export(net, (x,)), layout="none", target=host_target)
+    names = sorted(t.name for t in model.tasks)
+    assert names.count("fused_conv2d_add_relu") == 2, names  # a and b: the batch norm is a bias now
+    # c: its bias add, then its batch norm's arithmetic (the one left), then the residual add
+    assert [n for n in names if "subtract" in n] == ["fused_subtract_divide_expand_dims_multiply_expand_dims_add"]
+    weights = dict(zip(model.param_names, model.params))
+    assert not np.allclose(weights["a.weight"], net.a.weight.detach().numpy()), "a's weight carries the scale"
+    np.testing.assert_array_equal(weights["c.weight"], net.c.weight.detach().numpy())
+    (out,) = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)
+    np.testing.assert_allclose(out, net(x).detach().numpy(), rtol=1e-4, atol=1e-4)

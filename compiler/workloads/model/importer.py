@@ -15,6 +15,7 @@ from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
 
 from .converters import translate
+from .fold import fold_batch_norms
 from .layouts import MODEL_LAYOUTS, conv_sites, convert_layouts, legalize_conv2d, vector_lanes
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
@@ -181,6 +182,8 @@ def translate_model(ep: torch.export.ExportedProgram, input_shapes: Sequence[Seq
     param_vars = list(main.params[num_input:])
     param_arrays = [p.numpy() for p in params.get("main", [])]
     assert len(param_arrays) == len(param_vars), f"{len(param_arrays)=} != {len(param_vars)=}"
+    main, param_arrays, _ = fold_batch_norms(main, param_vars, param_arrays)
+    mod.update_func(mod.get_global_var("main"), main)
     # the importer names "main"'s parameters after the fx placeholders ("p_conv1_weight")
     names_by_var = {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.target}
     param_names = [names_by_var.get(v.name, v.name) for v in param_vars]
