@@ -370,9 +370,7 @@ def _channels_last(tensor: Any) -> Any:
 
 def time_torch(program: TorchProgram, threads: int) -> float:
     """Child: builds the torch program as its variant and times it like `time_library` (ms per call, median
-    of `REPEAT` readings of at least `MIN_REPEAT_MS` each, after `calibrate`'s warm-up)."""
-    import statistics
-
+    of `REPEAT` readings of at least `MIN_REPEAT_MS` each, after `calibrate`'s warm-up: `time_calls`)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -390,34 +388,33 @@ def time_torch(program: TorchProgram, threads: int) -> float:
         inductor_config.freezing = True
         fn = torch.compile(fn)
     with torch.inference_mode():
-        number = calibrate(lambda: fn(*xs), MIN_REPEAT_MS)
-        readings = []
-        for _ in range(REPEAT):
-            start = time.perf_counter()
-            for _ in range(number):
-                fn(*xs)
-            readings.append((time.perf_counter() - start) / number * 1e3)
+        return time_calls(lambda: fn(*xs))
+
+
+def time_calls(call: Callable[[], Any]) -> float:
+    """ms per `call()`: the median of `REPEAT` readings, each of as many calls as last `MIN_REPEAT_MS`
+    (`calibrate`, which warms up first); how a torch or ONNX Runtime program is timed in its child."""
+    import statistics
+
+    number = calibrate(call, MIN_REPEAT_MS)
+    readings = []
+    for _ in range(REPEAT):
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        readings.append((time.perf_counter() - start) / number * 1e3)
     return statistics.median(readings)
 
 
 def time_onnx(program: OnnxProgram, threads: int) -> float:
-    """Child: times an ONNX Runtime session like `time_torch` (ms per call, median of `REPEAT` readings)."""
-    import statistics
-
+    """Child: times an ONNX Runtime session like `time_torch` (`time_calls`)."""
     import numpy as np
 
     session = onnx_session(program.model_path, threads)
     with np.load(program.args_path) as data:
         arrays = [data[f"arr_{i}"] for i in range(len(data.files))]
     feeds = {spec.name: a for spec, a in zip(session.get_inputs(), arrays, strict=True)}
-    number = calibrate(lambda: session.run(None, feeds), MIN_REPEAT_MS)
-    readings = []
-    for _ in range(REPEAT):
-        start = time.perf_counter()
-        for _ in range(number):
-            session.run(None, feeds)
-        readings.append((time.perf_counter() - start) / number * 1e3)
-    return statistics.median(readings)
+    return time_calls(lambda: session.run(None, feeds))
 
 
 def in_fresh_process(fn: Callable[..., float], *args: Any, timeout_s: float = 900, log: Any = None) -> float | None:
