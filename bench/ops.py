@@ -4,6 +4,7 @@
                         [--json PATH [--resume]] [--no-metaschedule] [--no-torch] [--no-untuned]
                         [--torch-variants eager,channels_last,compile] [--rounds N]
     python -m bench.ops --merge REPORT [REPORT ...] [--json PATH]
+    python -m bench.ops --retime REPORT [--rounds N] [--json PATH]
 
 For each case, every side at its best:
 
@@ -29,7 +30,9 @@ reading is the median of 5 repeats of at least 50 ms (`time_evaluator`; torch: t
 Python). Prints one table and writes the JSON report (`bench.common`) to --json or under
 bench/results/. With --json the report is written after every case, so a stopped run
 keeps what it finished, and the same command with --resume goes on from there (a suite
-longer than one sitting runs in pieces); --merge joins reports of one target into one table.
+longer than one sitting runs in pieces); --merge joins reports of one target into one table;
+--retime times a report's picks and torch again (no search, `--rounds` rounds, 3 by default), for
+readings one round left in doubt.
 
 Suites: `smoke` (two tiny cases, for CI), `quick` (one case per operator kind,
 ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`
@@ -242,8 +245,7 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, pro
     correct program goes into `programs` under `prefix` (exported to `folder`): `run_case` times it
     with the others.
     """
-    from compiler.arrays import check_close
-    from tuner import apply_config, layout_of_config, tune
+    from tuner import tune
     from tuner.tune import remeasure_count
 
     start = time.perf_counter()
@@ -269,21 +271,31 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, pro
     row[f"{prefix}_search_ms"] = result.best.latency_ms  # the search's best reading (the winner's curse)
     row[f"{prefix}_final_ms"] = result.final_ms  # the pick's re-measured latency
     row[f"{prefix}_remeasured"] = len(result.remeasured_ms)
-    try:
-        prog = layout_of_config(task, pick.config)
-        args = inputs if prog is None else prog.pack_inputs(inputs)
-        program, out = _export(apply_config(task, pick.config), task.prim_func, task.target, args, folder / prefix,
-                               pipeline="licm")
-    except Exception as e:  # noqa: BLE001 - a failed case is reported, the others still run
-        row[named("error")] = f"{prefix}: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
-        return row
-    mismatch = check_close(out, expected)
-    row[f"{prefix}_correct"] = mismatch is None
-    if mismatch is not None:
-        row[named("error")] = f"{prefix}: {mismatch}"
+    program, error = build_pick(task, pick.config, inputs, expected, folder, prefix)
+    row[f"{prefix}_correct"] = program is not None
+    if program is None:
+        row[named("error")] = error
         return row
     programs[prefix] = program
     return row
+
+
+def build_pick(task: Any, config: dict, inputs: list, expected: Any, folder: Path,
+               prefix: str) -> tuple[TvmProgram | None, str | None]:
+    """`config` built as the artifact is (our pipeline; constants packed beforehand, not timed), exported to
+    `folder` and checked against `expected`: (the program, None), or (None, why not)."""
+    from compiler.arrays import check_close
+    from tuner import apply_config, layout_of_config
+
+    try:
+        prog = layout_of_config(task, config)
+        args = inputs if prog is None else prog.pack_inputs(inputs)
+        program, out = _export(apply_config(task, config), task.prim_func, task.target, args, folder / prefix,
+                               pipeline="licm")
+    except Exception as e:  # noqa: BLE001 - a failed case is reported, the others still run
+        return None, f"{prefix}: best configuration failed to build or run: {type(e).__name__}: {e}"[:500]
+    mismatch = check_close(out, expected)
+    return (program, None) if mismatch is None else (None, f"{prefix}: {mismatch}")
 
 
 def _export(mod: Any, prim_func: Any, target: Any, args: list, path: Path,
@@ -376,26 +388,86 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
             programs.update(torch_programs(case, seed, options.torch_variants))
         # each in a fresh process, one at a time, in shuffled order
         timings = time_fresh(programs, seed=seed, rounds=options.rounds)
+    _record_timings(row, timings)
+    row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
+    return row
+
+
+def _record_timings(row: dict, timings: Any) -> None:
+    """The readings of `timings` into `row` (ours, its ablations, MetaSchedule, each torch variant and the best),
+    then the speedups."""
     for name in ("ours", "ours_loop_only", "metaschedule", *ABLATIONS):
         if name in timings.ms:
             row[f"{name}_ms"] = timings.ms[name]
     variants = {name[len("torch_"):]: ms_ for name, ms_ in timings.ms.items() if name.startswith("torch_")}
-    timed = {v: ms_ for v, ms_ in variants.items() if ms_ is not None}
-    row["torch_variants_ms"] = variants
-    row["torch_best"] = min(timed, key=timed.get) if timed else None
-    row["torch_ms"] = timed[row["torch_best"]] if timed else None
+    if variants:
+        timed = {v: ms_ for v, ms_ in variants.items() if ms_ is not None}
+        row["torch_variants_ms"] = variants
+        row["torch_best"] = min(timed, key=timed.get) if timed else None
+        row["torch_ms"] = timed[row["torch_best"]] if timed else None
     row["timing"] = "fresh-process"
     row["timing_order"] = [str(n) for n in timings.order]
-
-    row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
-    row["ours_gflops"] = wl.flops / row["ours_ms"] / 1e6 if row["ours_ms"] else None
+    row["ours_gflops"] = row["flops"] / row["ours_ms"] / 1e6 if row["ours_ms"] else None
     row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
     row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
     row["vs_loop_only"] = speedup(row.get("ours_loop_only_ms"), row["ours_ms"])
     for prefix in ABLATIONS:
         if f"{prefix}_ms" in row:
             row[f"vs_{prefix}"] = speedup(row[f"{prefix}_ms"], row["ours_ms"])
-    return row
+
+
+# the picks a report row holds: program name -> the row's key of its configuration
+PICKS = {"ours": "config", "ours_loop_only": "ours_loop_only_config", **{p: f"{p}_config" for p in ABLATIONS}}
+
+
+def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 3,
+           variants: Sequence[str] = TORCH_VARIANTS, log: Any = sys.stderr) -> dict:
+    """The report `earlier` with its programs timed again, searching nothing: each row's picks (ours, ALT-OL and
+    the ablations' configurations) rebuilt and checked, the torch variants, all in fresh processes, `rounds`
+    rounds in shuffled order (the median kept). MetaSchedule's schedule is not in the report: its reading stays
+    the earlier run's (`retimed` lists what was timed again).
+
+    Raises:
+        ValueError: the report was measured on another target than `target` resolves to here.
+    """
+    from compiler.target import target_key
+    from tuner import task_from_spec
+
+    check_report(earlier)
+    if earlier["target"] != target_key(target):
+        raise ValueError(f"the report was measured on {earlier['target']!r}, this machine's {target!r} is "
+                         f"{target_key(target)!r}: re-timing on another CPU says nothing about that run")
+    rows = []
+    for i, old in enumerate(earlier["cases"]):
+        print(f"[{i + 1}/{len(earlier['cases'])}] {old['name']}: re-timing ...", file=log, flush=True)
+        row = dict(old)
+        case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"))
+        task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
+                               "epilogue": case.epilogue, "target": target})
+        inputs = task.workload.random_inputs(seed)
+        expected = task.workload.reference(inputs)
+        task = replace(task, name=case.name, inputs=inputs, expected=expected)
+        programs: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory(prefix="altune-bench-retime-") as tmp:
+            for name, key in PICKS.items():
+                if row.get(key) is None:
+                    continue
+                program, error = build_pick(task, row[key], inputs, expected, Path(tmp), name)
+                if program is None:
+                    row[f"{name}_ms"], row[f"{name}_correct"] = None, False
+                    row["error" if name == "ours" else f"{name}_error"] = error
+                else:
+                    programs[name] = program
+            if variants:
+                programs.update(torch_programs(case, seed, variants))
+            timings = time_fresh(programs, seed=seed, rounds=rounds)
+        _record_timings(row, timings)
+        row["retimed"], row["rounds"] = sorted(programs), rounds
+        row["correct"] = bool(row.get("ours_correct")) and row.get("metaschedule_correct") is not False
+        rows.append(row)
+    out = report(earlier["suite"], earlier["target"], earlier.get("budgets", [earlier["budget"]]), rows)
+    out["retimed_from"] = earlier.get("environment", {}).get("date_utc")
+    return out
 
 
 def run(
@@ -610,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the ALT-OL ablation (ours, loops only, fixed channels-last layout)")
     parser.add_argument("--torch-variants", default=",".join(TORCH_VARIANTS),
                         help=f"comma-separated torch variants to time (default: all of {', '.join(TORCH_VARIANTS)})")
-    parser.add_argument("--rounds", type=int, default=1,
+    parser.add_argument("--rounds", type=int,
                         help="fresh-process readings per program, in a new shuffled order each round (median)")
     parser.add_argument("--layout-levels", type=int, default=1, choices=(1, 2),
                         help="ours: one-level layout templates (default, the paper's) or two-level output tiling")
@@ -621,6 +693,9 @@ def main(argv: list[str] | None = None) -> int:
                              "at the same budget, beside (c) ALT and (d) ALT-OL")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="REPORT",
                         help="run nothing: merge these reports (one target) into one table and --json")
+    parser.add_argument("--retime", type=Path, metavar="REPORT",
+                        help="search nothing: rebuild the picks of REPORT (this machine's target) and time them and "
+                             "torch again in fresh processes, --rounds rounds (default here 3), into --json")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget < 1:
         parser.error("--budget must be >= 1")
@@ -629,8 +704,20 @@ def main(argv: list[str] | None = None) -> int:
     variants = tuple(v for v in args.torch_variants.split(",") if v)
     if not variants or set(variants) - set(TORCH_VARIANTS):
         parser.error(f"--torch-variants: each of {', '.join(TORCH_VARIANTS)}, got {args.torch_variants!r}")
-    if args.rounds < 1:
+    if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be >= 1")
+
+    if args.retime:
+        try:
+            retimed = retime(json.loads(args.retime.read_text()), target=args.target, seed=args.seed,
+                             rounds=args.rounds or 3, variants=() if args.no_torch else variants)
+        except (OSError, ValueError) as e:
+            parser.error(f"--retime: {e}")
+        print(table(retimed))
+        if any("ablation_seeds_random_ms" in r for r in retimed["cases"]):
+            print(ablation_table(retimed))
+        print(f"wrote {write_json(retimed, args.json)}")
+        return 0
 
     if args.merge:
         try:
@@ -653,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir,
-                      not args.no_loop_only, args.layout_levels, variants, args.rounds, args.ablation)
+                      not args.no_loop_only, args.layout_levels, variants, args.rounds or 1, args.ablation)
     # with --json, the report is written after every case: an interrupted run keeps what it finished
     save = (lambda partial: write_json(partial, args.json)) if args.json is not None else None
     final = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options, done=done,

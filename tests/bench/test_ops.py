@@ -60,6 +60,31 @@ def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "geomean" in out and "conv2d_tiny" in out and str(path) in out
 
+    # --retime: the pick rebuilt from the report's configuration and timed again with torch (eager here), two
+    # rounds, nothing searched; MetaSchedule's schedule is not in the report, so its reading is the run's
+    again = tmp_path / "retimed.json"
+    assert ops.main(["--retime", str(path), "--rounds", "2", "--torch-variants", "eager", "--json", str(again)]) == 0
+    retimed = json.loads(again.read_text())
+    common.check_report(retimed)
+    (row,) = retimed["cases"]
+    (before,) = report["cases"]
+    assert row["retimed"] == ["ours", "torch_eager"] and row["rounds"] == 2 and row["correct"] is True
+    assert sorted(row["timing_order"]) == ["ours", "ours", "torch_eager", "torch_eager"]
+    assert _finite(row["ours_ms"]) and list(row["torch_variants_ms"]) == ["eager"]
+    assert row["vs_torch"] == pytest.approx(row["torch_ms"] / row["ours_ms"])
+    assert row["metaschedule_ms"] == before["metaschedule_ms"] and row["config"] == before["config"]
+    assert row["ours_tune_s"] == before["ours_tune_s"]  # the search's own record stays
+
+
+def test_retime_refuses_a_report_of_another_cpu(tmp_path, capsys):
+    report = {"suite": "smoke", "target": "llvm -mcpu=cortex-a72 -num-cores=2", "budget": 4, "budgets": [4],
+              "cases": [_case("a", 1.0, 2.0, 0.5)], "geomean": common.geomeans([_case("a", 1.0, 2.0, 0.5)])}
+    path = tmp_path / "arm.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(SystemExit):
+        ops.main(["--retime", str(path)])
+    assert "measured on 'llvm -mcpu=cortex-a72" in capsys.readouterr().err
+
 
 def _case(name: str, ours: float | None, ms: float | None, torch: float | None) -> dict:
     return {"name": name, "ours_ms": ours, "metaschedule_ms": ms, "torch_ms": torch, "ours_tune_s": 1.0,
