@@ -441,7 +441,8 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
     for i, old in enumerate(earlier["cases"]):
         print(f"[{i + 1}/{len(earlier['cases'])}] {old['name']}: re-timing ...", file=log, flush=True)
         row = dict(old)
-        case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"))
+        dtype = row["workload_key"].rsplit(":", 2)[1]  # "operator[params]:dtype:epilogue"
+        case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"), dtype)
         task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
                                "epilogue": case.epilogue, "target": target})
         inputs = task.workload.random_inputs(seed)
