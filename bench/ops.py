@@ -27,7 +27,10 @@ in a fresh process of its own, one at a time, in shuffled order
 (`bench.common.time_fresh`: TVM's thread pool spins for about 0.4 s after a run and would
 steal a core from the next program; `--rounds N` times each N times, the median kept). A
 reading is the median of 5 repeats of at least 50 ms (`time_evaluator`; torch: the same in
-Python). Prints one table and writes the JSON report (`bench.common`) to --json or under
+Python). Each run also measures the machine's fp32 FMA peak once (`bench.tensorize.peak_gflops`:
+an FMA loop on every core, in a process of its own; report `peak`) and gives each fp32 pick's share
+of it (column "%peak", JSON `<pick>_peak_share`): how much room a better search could still find.
+Prints one table and writes the JSON report (`bench.common`) to --json or under
 bench/results/. With --json the report is written after every case, so a stopped run
 keeps what it finished, and the same command with --resume goes on from there (a suite
 longer than one sitting runs in pieces); --merge joins reports of one target into one table;
@@ -162,6 +165,7 @@ class Options:
     torch_variants: tuple[str, ...] = TORCH_VARIANTS
     rounds: int = 1  # fresh-process readings per program (median)
     ablation: bool = False  # also the seeds with random walks, and the XGBoost search without PPO (ABLATIONS)
+    peak: bool = True  # measure this machine's fp32 FMA peak once per run (each pick's share of it)
 
 
 # the search ablation (`--ablation`): name -> `tune` options; full ALT is "ours", ALT-OL "ours_loop_only"
@@ -466,7 +470,8 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
         row["retimed"], row["rounds"] = sorted(programs), rounds
         row["correct"] = bool(row.get("ours_correct")) and row.get("metaschedule_correct") is not False
         rows.append(row)
-    out = report(earlier["suite"], earlier["target"], earlier.get("budgets", [earlier["budget"]]), rows)
+    out = report(earlier["suite"], earlier["target"], earlier.get("budgets", [earlier["budget"]]), rows,
+                 peak=measure_peak(target))
     out["retimed_from"] = earlier.get("environment", {}).get("date_utc")
     return out
 
@@ -516,6 +521,7 @@ def run(
     # the earlier report's other cases stay in it: a run of some cases (--cases) adds to a report
     rows = [r for r in done if r["name"] not in planned]
     rows += [finished[c.name] for c, _, _, _ in plan if c.name in finished]
+    peak = measure_peak(target_text) if options.peak else None
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-") as tmp:
         work = options.work_dir if options.work_dir is not None else Path(tmp)
@@ -534,12 +540,17 @@ def run(
                   + (f"  [{row['error']}]" if row.get("error") else ""), file=log, flush=True)
             rows.append(row)
             if on_case is not None:
-                on_case(report(suite, target_text, budgets or [budget or default_budget], rows))
-    return report(suite, target_text, budgets or [budget or default_budget], rows)
+                on_case(report(suite, target_text, budgets or [budget or default_budget], rows, peak=peak))
+    return report(suite, target_text, budgets or [budget or default_budget], rows, peak=peak)
 
 
-def report(suite: str, target: str, budgets: list[int], rows: list[dict], env: dict | None = None) -> dict:
-    """The report of `rows` (see `bench.common`), with its geomeans and `env` (default: this machine's)."""
+def report(suite: str, target: str, budgets: list[int], rows: list[dict], env: dict | None = None,
+           peak: dict | None = None) -> dict:
+    """The report of `rows` (see `bench.common`), with its geomeans, `env` (default: this machine's) and the
+    machine's measured fp32 peak (`bench.tensorize.peak_gflops`; None: not measured), each fp32 pick's share of it
+    in its row (`<pick>_peak_share`)."""
+    for row in rows:
+        _peak_shares(row, peak)
     return {
         "suite": suite,
         "target": target,
@@ -550,7 +561,30 @@ def report(suite: str, target: str, budgets: list[int], rows: list[dict], env: d
                     **{f"vs_{p}": geomean(r.get(f"vs_{p}") for r in rows) for p in ABLATIONS
                        if any(f"vs_{p}" in r for r in rows)}},
         "environment": env if env is not None else environment(),
+        "peak": peak,
     }
+
+
+def _peak_shares(row: dict, peak: dict | None) -> None:
+    """`<pick>_peak_share`: a float32 pick's GFLOP/s over `peak`'s (how much room a faster search could still find)."""
+    fp32 = row.get("workload_key", "").rsplit(":", 2)[1:2] == ["float32"]
+    for name in PICKS:
+        ms = row.get(f"{name}_ms")
+        row[f"{name}_peak_share"] = (row["flops"] / ms / 1e6 / peak["gflops"]
+                                     if fp32 and peak and ms and row.get("flops") else None)
+
+
+def measure_peak(target: str) -> dict | None:
+    """This machine's fp32 FMA peak (`bench.tensorize.peak_gflops`, in a process of its own); None if it fails."""
+    from bench.common import MIN_REPEAT_MS, REPEAT
+    from bench.tensorize import peak_gflops
+    from compiler.target import resolve_target
+
+    try:
+        return peak_gflops(resolve_target(target), REPEAT, int(MIN_REPEAT_MS))
+    except Exception as e:  # noqa: BLE001 - a table without the peak column is still a table
+        print(f"fp32 peak not measured: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return None
 
 
 def resumable_rows(path: Path, suite: str, target: str, budget: int | None) -> list[dict]:
@@ -586,7 +620,7 @@ def merge(reports: list[dict]) -> dict:
     suites = sorted({r["suite"] for r in reports})
     merged = report(suites[0] if len(suites) == 1 else "+".join(suites), targets[0],
                     [b for r in reports for b in r.get("budgets", [r["budget"]])], rows,
-                    env=reports[-1].get("environment", {}))
+                    env=reports[-1].get("environment", {}), peak=reports[-1].get("peak"))
     merged["merged_from"] = [r.get("environment", {}).get("date_utc") for r in reports]
     return merged
 
@@ -613,12 +647,17 @@ COLUMNS = (
     Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
     Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
     Column("vs OL", lambda r: fmt_x(r.get("vs_loop_only"))),
+    Column("%peak", lambda r: _fmt_share(r.get("ours_peak_share"))),
     Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
     Column("OL tune s", lambda r: fmt_s(r.get("ours_loop_only_tune_s"))),
     Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
     Column("correct", _correct_cell, right=False),
     Column("layout", lambda r: r.get("layout") or "-", right=False),
 )
+
+
+def _fmt_share(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
 
 
 def _cpu(report: dict) -> str:
@@ -635,7 +674,14 @@ ABLATION_COLUMNS = (
     Column("c vs a", lambda r: fmt_x(r.get("vs_ablation_seeds_random"))),
     Column("c vs b", lambda r: fmt_x(r.get("vs_ablation_xgb"))),
     Column("c vs d", lambda r: fmt_x(r.get("vs_loop_only"))),
+    Column("a %peak", lambda r: _fmt_share(r.get("ablation_seeds_random_peak_share"))),
+    Column("c %peak", lambda r: _fmt_share(r.get("ours_peak_share"))),
 )
+
+
+def _peak_text(report: dict) -> str:
+    peak = report.get("peak")
+    return f"; %peak = fp32 GFLOP/s over the measured FMA peak, {peak['gflops']:.0f} GFLOP/s" if peak else ""
 
 
 def ablation_table(report: dict) -> str:
@@ -644,7 +690,7 @@ def ablation_table(report: dict) -> str:
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_ablation_seeds_random": g.get("vs_ablation_seeds_random"),
                "vs_ablation_xgb": g.get("vs_ablation_xgb"), "vs_loop_only": g.get("vs_loop_only")}]
-    return "\n".join([f"search ablation, budget {report['budget']} each, {_cpu(report)}",
+    return "\n".join([f"search ablation, budget {report['budget']} each, {_cpu(report)}{_peak_text(report)}",
                       format_table(ABLATION_COLUMNS, report["cases"], footer)])
 
 
@@ -656,7 +702,7 @@ def table(report: dict) -> str:
                "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
     head = (f"suite {report['suite']}, target {report['target']} ({_cpu(report)}), "
             f"budget {report['budget']} on-device measurements each (ours and MetaSchedule); torch = the best of "
-            f"its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
+            f"its variants; each program timed in a fresh process; speedup = baseline ms / ours ms{_peak_text(report)}")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
     notes += [f"  {r['name']}: {r['ours_loop_only_error']}" for r in report["cases"] if r.get("ours_loop_only_error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]

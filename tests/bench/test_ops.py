@@ -54,11 +54,17 @@ def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
         assert case["timing"] == "fresh-process"
         assert sorted(case["timing_order"]) == sorted(["ours", "metaschedule", *(f"torch_{v}" for v in variants)])
     assert _finite(report["geomean"]["vs_metaschedule"]) and _finite(report["geomean"]["vs_torch"])
+    # the machine's fp32 FMA peak, measured once, and the pick's share of it
+    peak = report["peak"]["gflops"]
+    assert _finite(peak) and report["peak"]["cores"] >= 1
+    (case,) = report["cases"]
+    assert case["ours_peak_share"] == pytest.approx(case["flops"] / case["ours_ms"] / 1e6 / peak)
     # a fresh MetaSchedule run folder under --work-dir, with its logs
     (run_dir,) = [d for d in work.iterdir() if (d / "logs").is_dir()]
     assert (run_dir / "logs" / "console.log").exists()
     out = capsys.readouterr().out
     assert "geomean" in out and "conv2d_tiny" in out and str(path) in out
+    assert f"measured FMA peak, {peak:.0f} GFLOP/s" in out and f"{100 * case['ours_peak_share']:.0f}%" in out
 
     # --retime: the pick rebuilt from the report's configuration and timed again with torch (eager here), two
     # rounds, nothing searched; MetaSchedule's schedule is not in the report, so its reading is the run's
@@ -180,7 +186,30 @@ def _fake_run_case(calls: list, stop_at: str | None = None):
     return run_case
 
 
-def test_a_stopped_run_keeps_its_finished_cases_and_resume_runs_only_the_rest(tmp_path, monkeypatch):
+@pytest.fixture
+def no_peak(monkeypatch):
+    """Runs of fake cases measure no FMA peak (a compile and a process of their own each)."""
+    monkeypatch.setattr(ops, "measure_peak", lambda target: None)
+
+
+def test_peak_share_is_of_float32_picks_only():
+    peak = {"gflops": 100.0}
+    key = "dense[k=8,m=8,n=8]:{}:none"
+    fp32 = {"name": "a", "correct": True, "flops": 2e6, "workload_key": key.format("float32"), "ours_ms": 0.04,
+            "ablation_xgb_ms": 0.08, "ours_loop_only_ms": None}
+    int8 = {"name": "b", "correct": True, "flops": 2e6, "workload_key": key.format("int8"), "ours_ms": 0.01}
+    report = ops.report("quick", "llvm", [4], [fp32, int8], env={}, peak=peak)
+    assert report["peak"] == peak
+    assert fp32["ours_peak_share"] == pytest.approx(0.5)  # 2e6 flops in 0.04 ms: 50 GFLOP/s
+    assert fp32["ablation_xgb_peak_share"] == pytest.approx(0.25)
+    assert fp32["ours_loop_only_peak_share"] is None
+    assert int8["ours_peak_share"] is None  # int8 operations against an fp32 peak would say nothing
+    assert "50%" in ops.table(report) and "measured FMA peak, 100 GFLOP/s" in ops.table(report)
+    ops.report("quick", "llvm", [4], [fp32], env={})
+    assert fp32["ours_peak_share"] is None
+
+
+def test_a_stopped_run_keeps_its_finished_cases_and_resume_runs_only_the_rest(tmp_path, monkeypatch, no_peak):
     path = tmp_path / "quick.json"
     names = ["gemm_512", "conv1d", "conv2d_resnet"]
     calls: list = []
@@ -206,7 +235,7 @@ def test_a_stopped_run_keeps_its_finished_cases_and_resume_runs_only_the_rest(tm
 
 
 
-def test_resume_with_other_cases_adds_them_and_keeps_the_report_s_own(tmp_path, monkeypatch):
+def test_resume_with_other_cases_adds_them_and_keeps_the_report_s_own(tmp_path, monkeypatch, no_peak):
     # the full suite runs in pieces: `--resume --cases X` goes on with a report that holds other cases
     path = tmp_path / "full.json"
     calls: list = []
