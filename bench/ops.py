@@ -521,7 +521,7 @@ def run(
     # the earlier report's other cases stay in it: a run of some cases (--cases) adds to a report
     rows = [r for r in done if r["name"] not in planned]
     rows += [finished[c.name] for c, _, _, _ in plan if c.name in finished]
-    peak = measure_peak(target_text) if options.peak else None
+    peak = measure_peak(plan[0][1] if plan else target) if options.peak else None  # a target name, not its key
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-") as tmp:
         work = options.work_dir if options.work_dir is not None else Path(tmp)
