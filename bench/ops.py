@@ -393,13 +393,13 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         # each in a fresh process, one at a time, in shuffled order
         timings = time_fresh(programs, seed=seed, rounds=options.rounds)
     _record_timings(row, timings)
-    row["correct"] = bool(row["ours_correct"]) and row["metaschedule_correct"] is not False
     return row
 
 
 def _record_timings(row: dict, timings: Any) -> None:
     """The readings of `timings` into `row` (ours, its ablations, MetaSchedule, each torch variant and the best),
-    then the speedups."""
+    then the speedups and whether the row is correct (ours checked, MetaSchedule not found wrong)."""
+    row["correct"] = bool(row.get("ours_correct")) and row.get("metaschedule_correct") is not False
     for name in ("ours", "ours_loop_only", "metaschedule", *ABLATIONS):
         if name in timings.ms:
             row[f"{name}_ms"] = timings.ms[name]
@@ -445,8 +445,7 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
     for i, old in enumerate(earlier["cases"]):
         print(f"[{i + 1}/{len(earlier['cases'])}] {old['name']}: re-timing ...", file=log, flush=True)
         row = dict(old)
-        dtype = row["workload_key"].rsplit(":", 2)[1]  # "operator[params]:dtype:epilogue"
-        case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"), dtype)
+        case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"), _dtype(row))
         task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
                                "epilogue": case.epilogue, "target": target})
         inputs = task.workload.random_inputs(seed)
@@ -468,7 +467,6 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
             timings = time_fresh(programs, seed=seed, rounds=rounds)
         _record_timings(row, timings)
         row["retimed"], row["rounds"] = sorted(programs), rounds
-        row["correct"] = bool(row.get("ours_correct")) and row.get("metaschedule_correct") is not False
         rows.append(row)
     out = report(earlier["suite"], earlier["target"], earlier.get("budgets", [earlier["budget"]]), rows,
                  peak=measure_peak(target))
@@ -565,9 +563,15 @@ def report(suite: str, target: str, budgets: list[int], rows: list[dict], env: d
     }
 
 
+def _dtype(row: dict) -> str | None:
+    """A row's dtype, from its workload key ("operator[params]:dtype:epilogue"); None without one."""
+    parts = row.get("workload_key", "").rsplit(":", 2)
+    return parts[1] if len(parts) == 3 else None
+
+
 def _peak_shares(row: dict, peak: dict | None) -> None:
     """`<pick>_peak_share`: a float32 pick's GFLOP/s over `peak`'s (how much room a faster search could still find)."""
-    fp32 = row.get("workload_key", "").rsplit(":", 2)[1:2] == ["float32"]
+    fp32 = _dtype(row) == "float32"
     for name in PICKS:
         ms = row.get(f"{name}_ms")
         row[f"{name}_peak_share"] = (row["flops"] / ms / 1e6 / peak["gflops"]
