@@ -5,7 +5,8 @@
 For each catalog subgraph (`compiler.workloads.subgraphs`), in one run on one machine:
 
 - ours: the subgraph tuned as one program in `tuner.fusion_space.FusionSpace` (basteln's output tiles,
-  redundancy threshold, register block, vector length, unroll) with `budget` measurements;
+  redundancy threshold, register blocks, vector length, unroll, and the operators' layouts: as written or
+  channel-blocked, `compiler.layout.subgraph_layout`) with `budget` measurements;
 - unfused: each complex operator a catalog operator of its own, tuned by our ALT search with an equal
   share of the same budget, the operators between them (softmax, padding) scheduled by basteln
   without a search; its latency is the sum of the parts, each intermediate tensor goes through memory;
@@ -153,8 +154,7 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int) -> d
     if best is not None:
         mod = apply_config(task, best.config)
         row["programs"]["ours"] = ("tvm", _export(mod, target, folder, "ours"), _specs(w.prim_func))
-        fused = basteln(w.prim_func, [best.config[f"tile.{i}"] for i in range(len(FusionSpace(w.prim_func).extents))],
-                        best.config["threshold"] / 100)
+        fused = FusionSpace(w.prim_func, workload=w).fused(best.config)
         row["ours_scratch_bytes"] = fused.scratch_bytes
         row["fused_groups"] = [[d.group, d.depth, round(d.redundancy, 3)] for d in fused.decisions]
     # unfused: the complex operators tuned on their own, an equal share of the budget each

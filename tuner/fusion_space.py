@@ -3,9 +3,11 @@ fusion (`compiler.passes.basteln`).
 
 Knobs: the output's tile size per spatial dimension (`tile.<i>`, divisors of its extent), the
 redundancy threshold in percent (`threshold`: 0 = never recompute, 100 = fuse whatever the footprint
-allows, the paper's sec. 5.4), the register block of every reduction (`register`), the vector length
-(`vector`, multiples of the target's lanes) and the unroll step of the tile loops (`unroll`). The
-pass decides the rest (which spaces fuse where, the intermediate tiles) from these.
+allows, the paper's sec. 5.4), the register blocks of every reduction (`register`, `register2`: an
+outer product of two loops), the vector length (`vector`, multiples of the target's lanes), the unroll
+step of the tile loops (`unroll`) and, for a catalog subgraph, its operators' layouts (`layout`: 0 =
+as the user wrote it, else the channel block of `compiler.layout.subgraph_layout`). The pass decides
+the rest (which spaces fuse where, the intermediate tiles) from these.
 
 Layering: `tuner` never imports `service`. TVM is imported inside functions.
 """
@@ -13,7 +15,7 @@ Layering: `tuner` never imports `service`. TVM is imported inside functions.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from compiler.target import VectorUnit, vector_unit
 
@@ -25,7 +27,10 @@ if TYPE_CHECKING:
 
 THRESHOLDS = (0, 25, 100)
 REGISTERS = (1, 2, 4, 8)
+REGISTERS2 = (1, 2, 4)
 UNROLLS = (0, 16, 64)
+# knobs a configuration stored before they existed lacks: the value that schedules as it did then
+LATER_KNOBS = {"register2": 1, "layout": 0}
 
 
 def reductions(prim_func: tvm.tirx.PrimFunc) -> int:
@@ -40,11 +45,17 @@ def reductions(prim_func: tvm.tirx.PrimFunc) -> int:
 class FusionSpace(SearchSpace):
     """Configurations of `basteln` over one program (its output anchor's tiles and the pass's knobs)."""
 
-    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, unit: VectorUnit | None = None):
+    def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, unit: VectorUnit | None = None,
+                 workload: Any = None):
+        """`workload`: the task's catalog subgraph, if it is one (it offers the `layout` knob)."""
         import tvm as _tvm
         from compiler.passes.basteln import basteln
 
         self.prim_func = prim_func["main"] if isinstance(prim_func, _tvm.IRModule) else prim_func
+        from compiler.workloads.subgraphs import Subgraph
+
+        self.workload = workload if isinstance(workload, Subgraph) else None
+        self._programs: dict[int, Any] = {0: self.prim_func}
         unit = unit or vector_unit()
         probe = basteln(self.prim_func)  # the output anchor's spatial extents, from the pass's own analysis
         from compiler.passes.basteln import spaces_of
@@ -57,15 +68,26 @@ class FusionSpace(SearchSpace):
             *(Knob(f"tile.{i}", divisors(e)) for i, e in enumerate(self.extents)),
             Knob("threshold", THRESHOLDS),
             Knob("register", REGISTERS),
+            Knob("register2", REGISTERS2),
             Knob("vector", (lanes, 2 * lanes, 4 * lanes)),
             Knob("unroll", UNROLLS),
+            Knob("layout", (0, lanes) if self.workload is not None else (0,)),
         )
+
+    def program(self, layout: int) -> tvm.tirx.PrimFunc:
+        """The program basteln schedules: the task's own (0) or its operators in blocked layouts."""
+        if layout not in self._programs:
+            from compiler.layout import subgraph_layout
+
+            self._programs[layout] = subgraph_layout(self.workload, layout)
+        return self._programs[layout]
 
     @property
     def knobs(self) -> tuple[Knob, ...]:
         return self._knobs
 
     def validate(self, config: Config) -> Config:
+        config = {**{k: v for k, v in LATER_KNOBS.items() if k not in config}, **config}
         names = {k.name for k in self._knobs}
         if set(config) != names:
             raise InvalidConfig(f"knobs {sorted(set(config) ^ names)} missing or unknown; expected {sorted(names)}")
@@ -78,8 +100,11 @@ class FusionSpace(SearchSpace):
         """Tiles of one row of the output (the last two dimensions whole), recompute freely: the pass's default."""
         d = len(self.extents)
         tiles = [1] * max(d - 2, 0) + self.extents[max(d - 2, 0):]
-        return {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "register": 1,
-                "vector": self._knobs[-2].choices[0], "unroll": 0}
+        return {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "register": 1, "register2": 1,
+                "vector": self._knob("vector").choices[0], "unroll": 0, "layout": 0}
+
+    def _knob(self, name: str) -> Knob:
+        return next(k for k in self._knobs if k.name == name)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
         return [{k.name: int(k.choices[int(rng.integers(len(k.choices)))]) for k in self._knobs} for _ in range(n)]
@@ -98,16 +123,21 @@ class FusionSpace(SearchSpace):
         return out
 
     def apply(self, config: Config) -> tvm.s_tir.Schedule:
+        return self.fused(config).sch
+
+    def fused(self, config: Config) -> Any:
+        """basteln's result for `config` (`compiler.passes.basteln.Fused`: the schedule and its decisions)."""
         from tvm import s_tir
 
+        from compiler.layout import LayoutError
         from compiler.passes.basteln import BastelnError, basteln
 
         config = self.validate(config)
         try:
-            return basteln(self.prim_func, [config[f"tile.{i}"] for i in range(len(self.extents))],
+            return basteln(self.program(config["layout"]), [config[f"tile.{i}"] for i in range(len(self.extents))],
                            config["threshold"] / 100, vector=config["vector"], register=config["register"],
-                           unroll=config["unroll"]).sch
-        except BastelnError as e:
+                           register2=config["register2"], unroll=config["unroll"])
+        except (BastelnError, LayoutError) as e:
             raise InvalidConfig(str(e)) from e
         except (s_tir.ScheduleError, tvm_error()) as e:
             text = str(e).strip().splitlines()

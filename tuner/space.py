@@ -20,7 +20,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from compiler.target import VectorUnit, vector_unit
 
@@ -741,14 +741,15 @@ def loop_space(prim_func: tvm.tirx.PrimFunc) -> LoopSpace:
 SpaceKind = Literal["loop", "fusion"]
 
 
-def make_space(kind: SpaceKind, prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> SearchSpace:
-    """The search space called `kind` over `prim_func` ("fusion": `tuner.fusion_space.FusionSpace`)."""
+def make_space(kind: SpaceKind, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, workload: Any = None) -> SearchSpace:
+    """The search space called `kind` over `prim_func` ("fusion": `tuner.fusion_space.FusionSpace`, which
+    offers a catalog subgraph's `workload` in blocked layouts too)."""
     if kind == "loop":
         return LoopSpace(prim_func)
     if kind == "fusion":
         from .fusion_space import FusionSpace
 
-        return FusionSpace(prim_func)
+        return FusionSpace(prim_func, workload=workload)
     raise ValueError(f"unknown search space: {kind}")
 
 

@@ -111,7 +111,7 @@ def tune(
             options.update(joint_fraction=joint_fraction, layout=layout, ppo=ppo)
             strategy = make_search("alt", task, LayoutSpace(task, layout_levels), measurer, **options)
         else:
-            strategy = make_search(kind, task, make_space(space, task.prim_func), measurer, **options)
+            strategy = make_search(kind, task, make_space(space, task.prim_func, task.workload), measurer, **options)
         trials = strategy.run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop,
                               replay=replay)
         best = best_trial([*prior, *trials])
@@ -236,12 +236,15 @@ def apply_config(task: Task, config: Config) -> tvm.IRModule:
     if has_layout(config):
         return apply_layout_config(task, config)
     if is_fusion_config(config):
-        return FusionSpace(task.prim_func).apply(config).mod
+        return FusionSpace(task.prim_func, workload=task.workload).apply(config).mod
     return loop_space(task.prim_func).apply(config).mod
 
 
 def _several_operators(task: Task) -> bool:
-    """A task of several complex operators (a catalog subgraph or a fused model task): basteln's space."""
+    """A task of several operators (a catalog subgraph, pad -> conv -> bias -> relu included, or a fused
+    model task of several reductions): basteln's space."""
+    from compiler.workloads.subgraphs import Subgraph
+
     from .fusion_space import reductions
 
-    return reductions(task.prim_func) > 1
+    return isinstance(task.workload, Subgraph) or reductions(task.prim_func) > 1

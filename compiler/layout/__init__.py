@@ -16,7 +16,15 @@ from .primitives import (
     Unfold,
     Unpad,
 )
-from .program import ACTIVATIONS, LayoutProgram, apply_layout, layout_template, te_graph, template_levels
+from .program import (
+    ACTIVATIONS,
+    LayoutProgram,
+    apply_layout,
+    layout_template,
+    subgraph_layout,
+    te_graph,
+    template_levels,
+)
 from .propagate import Graph, Plan, propagate
 from .rewrite import CONVERT_PREFIX, Rewritten, rewrite
 from .templates import OUTER_SUFFIX, LayoutTemplate, TemplateParam
@@ -28,6 +36,7 @@ __all__ = [
     "TemplateParam",
     "apply_layout",
     "layout_template",
+    "subgraph_layout",
     "te_graph",
     "template_levels",
     "OUTER_SUFFIX",

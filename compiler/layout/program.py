@@ -36,6 +36,64 @@ if TYPE_CHECKING:
 ACTIVATIONS = ("data",)  # the workload inputs computed on every call; the others are constants
 
 
+def subgraph_layout(workload: Any, block: int) -> tvm.tirx.PrimFunc:
+    """A subgraph's program (`compiler.workloads.subgraphs`) with every complex operator in blocked layouts.
+
+    Each convolution computes and writes its output as `N H W O/block block` and reads its input and
+    weight blocked the same way (the sec. 5.1 template with `ot = it = kot = kit = block`); each GEMM
+    writes `M N/block block` and reads its right operand as `K N/block block`. A factor that does not
+    divide its dimension is left at 1. Propagation carries each layout along the element-wise chain
+    behind its operator, so two convolutions that agree meet with no conversion between them.
+
+    The interface is the workload's own (`workload.prim_func`'s arguments): every input, weights
+    included, is converted inside the function (the weights are small next to the convolutions: a
+    copy per call), and the output is converted back at the end. basteln tiles that last conversion
+    and fuses the operators into its tiles.
+
+    Raises:
+        LayoutError: the subgraph has no operator a template fits.
+    """
+    placeholders, out = workload.te_tensors()
+    graph = Graph(placeholders, [out])
+    requests: dict[str, dict[str, Layout]] = {}
+    for op in graph.ops:
+        if not graph.is_complex(op) or len(op.input_tensors) != 2:
+            continue  # a row reduction (softmax's max and sum): it reads whatever its producer writes
+        rank = len(graph.shape(op))
+        if rank >= 4:
+            template = conv_template(graph, op)
+            blocked = {"ot", "it", "kot", "kit"}
+        else:
+            template = gemm_template(graph, op, weight_is_nk=_reads_transposed(op))
+            blocked = {"nt", "kt"}
+        choice = {p.name: block if p.name in blocked and p.extent % block == 0 else 1 for p in template.params}
+        requests[op.name] = template.layouts(choice)
+    if not requests:
+        raise LayoutError(f"{workload.operator}: no operator a layout template fits")
+    plan = propagate(graph, requests, activations=[t.op.name for t in placeholders], keep_interface=True)
+    return rewrite(plan).prim_func().with_attr("global_symbol", "main")
+
+
+def _reads_transposed(op: Any) -> bool:
+    """Whether a GEMM's right operand is read as (N, K): its last index is the reduction variable."""
+    from tvm import tirx
+
+    reduce_vars = {iv.var.name for iv in op.reduce_axis}
+    weight = op.input_tensors[1]
+    stack = [op.body[0].source[0] if isinstance(op.body[0], tirx.Reduce) else op.body[0]]
+    while stack:
+        e = stack.pop()
+        args = list(getattr(e, "args", ()))
+        if getattr(getattr(e, "op", None), "name", None) == "te.tensor_load":  # a tensor access: (tensor, *indices)
+            if args[0].same_as(weight):
+                last = args[-1]
+                return isinstance(last, tirx.Var) and last.name in reduce_vars
+            continue
+        stack.extend(getattr(e, attr) for attr in ("a", "b", "value") if hasattr(e, attr))
+        stack.extend(args)
+    return False
+
+
 def te_graph(workload: Workload) -> Graph:
     """The workload's TE graph (inputs data, weight[, bias]; the epilogue as separate ops).
 

@@ -136,9 +136,13 @@ def _inputs_by_role(graph: Graph, op: Any) -> tuple[Any, Any]:
             out |= origin(s)
         return out
 
-    data = [t for t in op.input_tensors if "data" in origin(t)]
-    weight = [t for t in op.input_tensors if "weight" in origin(t) and "data" not in origin(t)]
-    assert len(data) == 1 and len(weight) == 1, f"{op.name}: {[t.op.name for t in op.input_tensors]}"
+    inputs = list(op.input_tensors)
+    data = [t for t in inputs if "data" in origin(t)]
+    # a weight comes from constants only ("weight", or "weight1", "weight_dw", ... in a subgraph)
+    weight = [t for t in inputs if origin(t) and all(n.startswith("weight") for n in origin(t))]
+    if (len(data), len(weight)) != (1, 1) and len(inputs) == 2:  # two activations (attention's Q K^T): in order
+        data, weight = inputs[:1], inputs[1:]
+    assert len(data) == 1 and len(weight) == 1, f"{op.name}: {[t.op.name for t in inputs]}"
     return data[0], weight[0]
 
 

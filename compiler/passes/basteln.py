@@ -409,6 +409,7 @@ def basteln(
     *,
     vector: int = 16,
     register: int = 1,
+    register2: int = 1,
     unroll: int = 0,
     parallel: bool = True,
 ) -> Fused:
@@ -421,7 +422,9 @@ def basteln(
         threshold: the largest fraction of an intermediate's instances a fusion may recompute
             (sec. 5.4): 0 fuses only without redundancy, 1 (or more) fuses whatever fits.
         vector: the longest innermost loop to vectorize (the vector unit's lanes times a small factor).
-        register: a register block: the second-innermost spatial loop of every reduction split by this.
+        register: a register block of every reduction: the spatial loop its vector loads do not depend on
+            (a conv's output channel in NCHW, its column in a channel-blocked layout), split by this.
+        register2: a second register block, of the innermost other spatial loop (an outer product).
         unroll: `pragma_auto_unroll_max_step` on the tile loops (0: none).
         parallel: parallelize the outermost tile loops (fused).
 
@@ -499,16 +502,27 @@ def basteln(
     intermediates = [g for g in groups.values() if g not in output_groups]
     reverse_topo = sorted(intermediates, key=lambda g: order_all.index(g.anchor), reverse=True)
 
-    # tile-loop order: dimensions whose tiling some intermediate's footprint does not follow go last
-    def follows(dim: int) -> bool:
-        var = lead.spatial[dim][0]
-        for g in intermediates:
-            for b in g.blocks:
-                for access in lead.reads_of(spaces[b].writes.buffer):
-                    if access.indices and any(var in dict(a.coeffs) for a in access.indices):
-                        return True
-        return not intermediates
-    tile_order = sorted(range(d), key=lambda dim: (not follows(dim), dim))
+    # tile-loop order: the dimensions that the footprints of the most intermediates follow come first (a
+    # conv's output channels, which no input footprint follows, last), so that fusing under them recomputes least
+    all_members = [b for g in reverse_topo for b in reversed(g.blocks)]
+
+    def followers(dim: int) -> int:
+        var, extent = lead.spatial[dim]
+        if extent == 1 or not intermediates:
+            return len(intermediates)  # a unit loop costs nothing anywhere
+        out_boxes = {}
+        for o in shared:
+            box = {v: (0, e - 1) for v, e in spaces[o].spatial}
+            box[spaces[o].spatial[dim][0]] = (0, 0)
+            out_boxes[o] = box
+        try:
+            boxes = Footprints(spaces, shared).boxes(out_boxes, all_members)
+        except AssertionError:  # a non-affine read: only the outputs' own reads tell
+            return sum(1 for g in intermediates for b in g.blocks for a in lead.reads_of(spaces[b].writes.buffer)
+                       if a.indices and any(var in dict(x.coeffs) for x in a.indices))
+        return sum(1 for g in intermediates
+                   if boxes.get(g.anchor) is not None and _box_volume(boxes[g.anchor]) < spaces[g.anchor].spatial_volume)
+    tile_order = sorted(range(d), key=lambda dim: (-followers(dim), dim))
 
     # Alg. 2 and 3: place each intermediate group, closest to the outputs first
     placed: dict[str, int] = {o: d for o in shared}
@@ -530,7 +544,14 @@ def basteln(
             if m > len(anchor.spatial):  # the paper's m > n: fewer parallel loops than the tile loops above
                 reason = reason or "m > n"
                 continue
+            if m == 0:  # no loop above is tiled: fusing gains no locality and takes the outputs' parallel loops
+                reason = reason or "no tiled loop above"
+                break
             r = redundancy(spaces, shared, tile_order, tiles, depth, [*members, *blocks_rev], group)
+            n_tiles = math.prod(math.ceil(lead.spatial[dim][1] / tiles[dim]) for dim in tile_order[:depth])
+            if n_tiles > 1 and r >= n_tiles - 1 - 1e-9:  # every tile needs all of it (a weight's conversion)
+                reason = reason or "every tile needs all of it"
+                break
             if r <= threshold + 1e-9:
                 best, best_r = depth, r
                 break
@@ -543,7 +564,7 @@ def basteln(
         decisions.append(Decision(group.anchor, best, best_r, reason if best < d else ""))
 
     _schedule(sch, spaces, groups, output_groups, shared, tile_order, tiles, decisions, placed,
-              vector=vector, register=register, unroll=unroll, parallel=parallel)
+              vector=vector, register=register, register2=register2, unroll=unroll, parallel=parallel)
 
     return Fused(sch, outputs, tile_order, decisions, inlined, intermediate_bytes, scratch_bytes(sch.mod))
 
@@ -576,7 +597,8 @@ def scratch_bytes(mod: tvm.IRModule) -> int:
 
 def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], output_groups: list[Group],
               shared: list[str], order: list[int], tiles: list[int], decisions: list[Decision],
-              placed: dict[str, int], *, vector: int, register: int, unroll: int, parallel: bool) -> None:
+              placed: dict[str, int], *, vector: int, register: int, register2: int, unroll: int,
+              parallel: bool) -> None:
     d = len(order)
     tile_loops: list[list[Any]] = []
     for name in shared:
@@ -625,7 +647,8 @@ def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], outp
         fused_depth = d if in_outputs else placed.get(name, 0)
         if fused_depth:
             fused_depth -= collapsed
-        _inner(sch, block, space, fused_depth, vector=vector, register=register, parallel=parallel and fused_depth == 0)
+        _inner(sch, block, space, fused_depth, vector=vector, register=register, register2=register2,
+               parallel=parallel and fused_depth == 0)
 
 
 def _extent(loop: Any, sch: Any) -> int | None:
@@ -633,15 +656,19 @@ def _extent(loop: Any, sch: Any) -> int | None:
     return int(ext.value) if hasattr(ext, "value") else None
 
 
-def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, register: int, parallel: bool) -> None:
+def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, register: int, register2: int,
+           parallel: bool) -> None:
     """A plain CPU schedule for one block below its `depth` tile loops: reductions before the innermost
     spatial loop, that loop vectorized, the initialization hoisted; a block on its own: parallel too."""
     loops = sch.get_loops(block)
     own = loops[depth:] if depth else loops
     if not own:
         return
-    n_red = len(space.reduce)
-    spatial, reduce = list(own[: len(own) - n_red]), list(own[len(own) - n_red:])
+    # which loops are the reduction's: by the block variables they feed (`compute_at` drops unit loops)
+    reduce_vars = {v for v, _ in space.reduce}
+    feeds = _bound_vars(sch, block, own)
+    spatial = [loop for loop, vs in zip(own, feeds) if not vs & reduce_vars]
+    reduce = [loop for loop, vs in zip(own, feeds) if vs & reduce_vars]
     if parallel and spatial:
         sch.parallel(spatial[0])
         spatial_rest = spatial[1:]
@@ -650,12 +677,25 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
     if reduce and spatial_rest:
         last = spatial_rest[-1]
         pre = spatial_rest[:-1]
-        regs = []
-        at = _register_dim(space, len(pre), len(spatial) - len(spatial_rest))
-        if register > 1 and at is not None and (_extent(pre[at], sch) or 0) > register:
-            o, i = sch.split(pre[at], [None, register])
-            pre = [*pre[:at], o, *pre[at + 1:]]
-            regs = [i]
+        bound = _bound_vars(sch, block, pre)
+        at = _register_dim(space, bound)
+        # a second register dimension, the innermost other loop: an outer product of both blocks
+        at2 = next((i for i in range(len(pre) - 1, -1, -1) if i != at and bound[i] and (_extent(pre[i], sch) or 0) > 1),
+                   None) if at is not None and register2 > 1 else None
+        blocks: dict[int, Any] = {}
+        for index, want in ((at, register), (at2, register2)):
+            if index is None:
+                continue
+            extent = _extent(pre[index], sch) or 0
+            factor = _register_factor(extent, want)
+            if factor == extent > 1:  # the whole loop fits: it moves inside the reduction as it is
+                blocks[index] = (pre[index], None)
+            elif factor > 1:
+                o, i = sch.split(pre[index], [None, factor])
+                blocks[index] = (i, o)
+        regs = [blocks[i][0] for i in sorted(blocks)]
+        pre = [blocks[i][1] if i in blocks else loop for i, loop in enumerate(pre)]
+        pre = [loop for loop in pre if loop is not None]
         sch.reorder(*pre, *reduce, *regs, last)
         for r in regs:
             sch.unroll(r)
@@ -668,21 +708,41 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         _vectorize(sch, spatial_rest[-1], vector)
 
 
-def _register_dim(space: Space, n_pre: int, skipped: int) -> int | None:
-    """Which of the `n_pre` spatial loops before the vectorized one to block in registers: the innermost
-    whose variable the vector loads do not depend on (a conv's output channel: each input vector is then
-    reused for `register` channels), else the innermost. `skipped`: leading spatial loops not in `pre`."""
-    if n_pre == 0:
+def _bound_vars(sch: Any, block: Any, loops: Sequence[Any]) -> list[set[str]]:
+    """The block variables each of `loops` feeds (a loop `compute_at` made binds what its region needs)."""
+    realize = sch.get(sch.get_loops(block)[-1]).body
+    while not hasattr(realize, "iter_values"):  # a loop body of several statements: find the block's own
+        realize = next(s for s in realize.seq if hasattr(s, "iter_values") and s.block.same_as(sch.get(block)))
+    used_by: dict[str, set[str]] = {}
+    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+        names: set[str] = set()
+        _vars_of(value, names)
+        for n in names:
+            used_by.setdefault(n, set()).add(iv.var.name)
+    return [used_by.get(sch.get(loop).loop_var.name, set()) for loop in loops]
+
+
+def _register_dim(space: Space, bound: Sequence[set[str]]) -> int | None:
+    """Which of the spatial loops before the vectorized one (`bound`: the block variables each feeds) to
+    block in registers: the innermost whose variables the vector loads do not depend on (a conv's output
+    channel, or its output column in a channel-blocked layout: each loaded vector is then reused for every
+    register), else the innermost."""
+    if not bound:
         return None
-    names = [v for v, _ in space.spatial]
-    last = names[-1]
+    last = space.spatial[-1][0]
     loads = [a for a in space.reads if a.buffer != space.writes.buffer and a.indices is not None
              and any(last in dict(x.coeffs) for x in a.indices)]
     used = {v for a in loads for x in a.indices for v, _ in x.coeffs}
-    for i in range(n_pre - 1, -1, -1):
-        if names[skipped + i] not in used:
+    for i in range(len(bound) - 1, -1, -1):
+        if bound[i] and not bound[i] & used:
             return i
-    return n_pre - 1
+    return len(bound) - 1
+
+
+def _register_factor(extent: int, register: int) -> int:
+    """The register block: the largest divisor of the loop's extent up to `register` (a tail's guards keep
+    LLVM from keeping the block in registers); 0 when only 1 divides."""
+    return max((f for f in range(2, min(register, extent) + 1) if extent % f == 0), default=0)
 
 
 def _vectorize(sch: Any, loop: Any, vector: int) -> None:

@@ -71,15 +71,22 @@ def _relu(t: Any, name: str) -> Any:
     return te.compute(t.shape, lambda *i: tirx.max(t(*i), tirx.const(0, t.dtype)), name=name)
 
 
-def _conv(data: Any, weight: Any, padding: int, name: str, groups: int = 1) -> Any:
-    """NCHW x OIHW conv with stride 1 as separate pad and conv stages (TVM's topi names the pad `pad_temp`)."""
-    from tvm import topi
+def _conv(data: Any, weight: Any, padding: int, name: str, depthwise: bool = False) -> Any:
+    """NCHW x OIHW conv with stride 1, its padding a stage of its own (`<name>_pad`); stage names are unique
+    in the subgraph, so that layouts can be asked for per operator (`compiler.layout.subgraph_layout`)."""
+    from tvm import te, topi
 
-    if groups == 1:
-        out = topi.nn.conv2d_nchw(data, weight, 1, padding, 1)
-    else:
-        out = topi.nn.group_conv2d_nchw(data, weight, 1, padding, 1, groups)
-    return out
+    n, c, h, w = (int(d) for d in data.shape)
+    o, i, kh, kw = (int(d) for d in weight.shape)
+    padded = topi.nn.pad(data, (0, 0, padding, padding), (0, 0, padding, padding), name=f"{name}_pad") if padding else data
+    ry, rx = te.reduce_axis((0, kh), f"{name}_ry"), te.reduce_axis((0, kw), f"{name}_rx")
+    shape = (n, o, h + 2 * padding - kh + 1, w + 2 * padding - kw + 1)
+    if depthwise:
+        return te.compute(shape, lambda b, k, y, x: te.sum(padded[b, k, y + ry, x + rx] * weight[k, 0, ry, rx],
+                                                           axis=[ry, rx]), name=name)
+    rc = te.reduce_axis((0, i), f"{name}_rc")
+    return te.compute(shape, lambda b, k, y, x: te.sum(padded[b, rc, y + ry, x + rx] * weight[k, rc, ry, rx],
+                                                       axis=[rc, ry, rx]), name=name)
 
 
 def _c33_te(p: dict[str, int], xs: list[Any]) -> Any:
@@ -96,11 +103,9 @@ def _c33_ref(p: dict[str, int], xs: list[Any]) -> Any:
 
 
 def _dwpw_te(p: dict[str, int], xs: list[Any]) -> Any:
-    from tvm import topi
-
     x, wd, wp = xs
     k = p["kernel"]
-    dw = topi.nn.depthwise_conv2d_nchw(x, wd, 1, k // 2, 1)
+    dw = _conv(x, wd, k // 2, "depthwise", depthwise=True)
     return _relu(_conv(_relu(dw, "relu1"), wp, 0, "pointwise"), "relu2")
 
 
@@ -118,7 +123,7 @@ def _pcbr_te(p: dict[str, int], xs: list[Any]) -> Any:
     x, w, b = xs
     pad = p["padding"]
     padded = topi.nn.pad(x, (0, 0, pad, pad), (0, 0, pad, pad), name="pad")
-    conv = topi.nn.conv2d_nchw(padded, w, 1, 0, 1)
+    conv = _conv(padded, w, 0, "conv")
     biased = te.compute(conv.shape, lambda n, c, h, w_: conv[n, c, h, w_] + b[c], name="bias_add")
     return _relu(biased, "relu")
 
@@ -239,15 +244,22 @@ class Subgraph:
         """All arguments of `prim_func` in call order: inputs, then the output."""
         return (*self.inputs, self.output)
 
-    @functools.cached_property
-    def prim_func(self) -> tvm.tirx.PrimFunc:
-        """The unfused program (global_symbol "main"): one block per operator stage."""
+    def te_tensors(self) -> tuple[list[Any], Any]:
+        """The TE graph: the placeholders in call order and the output, one stage per operator (unique names)."""
         from tvm import te
 
         placeholders = [te.placeholder(s.shape, s.dtype, name=s.name) for s in self.inputs]
         out = _DEFS[self.operator].te(self.params, placeholders)
         assert tuple(int(d) for d in out.shape) == self.output.shape, (
             f"{self.operator}: TE output shape {tuple(out.shape)} != expected {self.output.shape}")
+        return placeholders, out
+
+    @functools.cached_property
+    def prim_func(self) -> tvm.tirx.PrimFunc:
+        """The unfused program (global_symbol "main"): one block per operator stage."""
+        from tvm import te
+
+        placeholders, out = self.te_tensors()
         return te.create_prim_func([*placeholders, out]).with_attr("global_symbol", "main")
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:

@@ -176,3 +176,48 @@ def test_tiles_that_do_not_fit_are_refused():
         basteln(figure1(), [4, 40])
     with pytest.raises(BastelnError, match="do not fit"):
         basteln(figure1(), [4])
+
+
+@pytest.mark.parametrize("name", sorted(SUBGRAPH_CASES))
+def test_each_catalog_subgraph_in_blocked_layouts_keeps_its_interface_and_equals_torch(name: str):
+    from compiler.layout import subgraph_layout
+
+    params, tiles = SUBGRAPH_CASES[name]
+    w = make_workload(name, params)
+    func = subgraph_layout(w, 8)
+    from compiler.arrays import arg_specs
+
+    assert [tuple(shape) for shape, _ in arg_specs(func)] == [s.shape for s in w.args]  # the user's layouts
+    blocks = _block_names(func)
+    converted = sorted(b for b in blocks if b.startswith("layout_convert_"))
+    if name == "conv3x3_conv1x1":  # the two convs agree on relu1's layout: no conversion between them
+        assert converted == ["layout_convert_relu2_out", "layout_convert_weight1", "layout_convert_weight2"], converted
+    fused = basteln(func, tiles, threshold=1.0, vector=8, register=4, register2=2)
+    inputs = w.random_inputs()
+    want = w.reference(inputs)
+    np.testing.assert_allclose(run(tvm.IRModule({"main": func}), inputs, w.output.shape), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run(fused.sch.mod, inputs, w.output.shape), want, rtol=1e-4, atol=1e-4)
+    if name == "conv3x3_conv1x1":  # every tile needs all of each weight: converted once, outside the tiles
+        assert {d.group: d.depth for d in fused.decisions if d.group.startswith("layout_convert_weight")} == {
+            "layout_convert_weight1": 0, "layout_convert_weight2": 0}, fused.decisions
+
+
+def _block_names(func) -> set[str]:
+    sch = tvm.s_tir.Schedule(func)
+    return {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+
+
+def test_a_blocked_conv_gets_an_outer_product_register_block_of_columns_and_channel_blocks():
+    from compiler.layout import subgraph_layout
+
+    w = make_workload("conv3x3_conv1x1", dict(in_channels=16, height=6, width=6, mid_channels=16, out_channels=16))
+    fused = basteln(subgraph_layout(w, 8), [1, 16, 2, 6], threshold=1.0, vector=8, register=4, register2=2)
+    sch = fused.sch
+    loops = sch.get_loops(sch.get_sblock("conv1x1_update"))
+    inner = [sch.get(loop) for loop in loops[-3:]]
+    # 3 output columns (the largest divisor of 6 up to 4) x 2 channel blocks of 8 lanes, inside the reduction
+    unrolled, vectorized = tvm.tirx.ForKind.UNROLLED, tvm.tirx.ForKind.VECTORIZED
+    assert [(int(l.extent), l.kind) for l in inner] == [(3, unrolled), (2, unrolled), (8, vectorized)], inner
+    assert int(sch.get(loops[-4]).extent) == 16  # the reduction over the 16 input channels
+    inputs = w.random_inputs()
+    np.testing.assert_allclose(run(sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)

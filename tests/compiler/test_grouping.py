@@ -40,8 +40,10 @@ def test_a_depthwise_pointwise_chain_becomes_one_task_that_basteln_fuses_and_the
     [chain] = group_model(model, min_bytes=0)
     assert len(chain.functions) == 2 and all("conv2d" in f for f in chain.functions)
     [task] = [t for t in model.tasks if t.name.startswith("grouped")]
-    fused = basteln(task.prim_func, None, 1.0)
+    fused = basteln(task.prim_func, [1, 32, 4, 28], 1.0)  # tiles of 4 rows, every channel
     assert fused.decisions and all(d.depth > 0 for d in fused.decisions)  # the depthwise conv in the pw tiles
+    # rows of one untiled tile gain no locality: nothing is fused under them (it would only take the parallel loops)
+    assert all(d.depth == 0 for d in basteln(task.prim_func, [1, 1, 28, 28], 1.0).decisions)
     target = resolve_target("host")
     built = build_model(model, target, {task.workload_key: fused.sch.mod})
     [out] = run_model(built, [x.numpy()], target)

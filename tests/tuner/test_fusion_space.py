@@ -20,7 +20,11 @@ def test_knobs_are_the_output_tiles_and_the_pass_options():
     task = task_from_spec(SEPARABLE)
     space = FusionSpace(task.prim_func, AVX2)
     names = [k.name for k in space.knobs]
-    assert names == ["tile.0", "tile.1", "tile.2", "tile.3", "threshold", "register", "vector", "unroll"]
+    assert names == ["tile.0", "tile.1", "tile.2", "tile.3", "threshold", "register", "register2", "vector", "unroll",
+                     "layout"]
+    assert dict((k.name, k.choices) for k in space.knobs)["layout"] == (0,)  # no workload: the program as it is
+    assert dict((k.name, k.choices) for k in FusionSpace(task.prim_func, AVX2, workload=task.workload).knobs)[
+        "layout"] == (0, 8)  # a catalog subgraph: also its operators blocked by the vector unit's lanes
     assert dict((k.name, k.choices) for k in space.knobs)["tile.1"] == (1, 2, 4, 8, 16)  # divisors of 16 channels
     assert dict((k.name, k.choices) for k in space.knobs)["vector"] == (8, 16, 32)  # AVX2's 8 lanes
     assert is_fusion_config(space.untuned_config()) and reductions(task.prim_func) == 2
@@ -31,13 +35,26 @@ def test_knobs_are_the_output_tiles_and_the_pass_options():
     assert all(space.validate(c) == c for c in space.neighbors(space.untuned_config()))
 
 
-def test_every_sampled_configuration_computes_the_subgraph():
+def test_a_configuration_stored_before_the_layout_and_second_register_knobs_still_applies():
     task = task_from_spec(SEPARABLE)
-    space = FusionSpace(task.prim_func, AVX2)
+    space = FusionSpace(task.prim_func, AVX2, workload=task.workload)
+    old = {k: v for k, v in space.untuned_config().items() if k not in ("layout", "register2")}
+    assert space.validate(old) == space.untuned_config()
+
+
+@pytest.mark.parametrize("spec", [SEPARABLE, {"operator": "conv3x3_conv1x1", "target": "host", "params": {
+    "in_channels": 16, "height": 6, "width": 6, "mid_channels": 16, "out_channels": 8}}, {
+    "operator": "matmul_softmax_matmul", "target": "host", "params": {"heads": 2, "seq": 16, "dim": 8}}],
+    ids=lambda s: s["operator"])
+def test_every_sampled_configuration_computes_the_subgraph(spec):
+    task = task_from_spec(spec)
+    space = FusionSpace(task.prim_func, AVX2, workload=task.workload)
     w = task.workload
     inputs = w.random_inputs(5)
     want = w.reference(inputs)
-    for config in space.sample(np.random.default_rng(0), 4):
+    configs = space.sample(np.random.default_rng(0), 6)
+    assert {c["layout"] for c in configs} == {0, 8}, configs  # both the user's layouts and the blocked ones
+    for config in configs:
         lib = tvm.compile(space.apply(config).mod, "llvm")
         out = tvm.runtime.tensor(np.zeros(w.output.shape, "float32"))
         lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
