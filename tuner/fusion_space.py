@@ -56,7 +56,7 @@ class FusionSpace(SearchSpace):
 
         self.workload = workload if isinstance(workload, Subgraph) else None
         self._programs: dict[int, Any] = {0: self.prim_func}
-        unit = unit or vector_unit()
+        unit = self.unit = unit or vector_unit()
         probe = basteln(self.prim_func)  # the output anchor's spatial extents, from the pass's own analysis
         from compiler.passes.basteln import spaces_of
         from tvm import s_tir
@@ -102,6 +102,27 @@ class FusionSpace(SearchSpace):
         tiles = [1] * max(d - 2, 0) + self.extents[max(d - 2, 0):]
         return {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "register": 1, "register2": 1,
                 "vector": self._knob("vector").choices[0], "unroll": 0, "layout": 0}
+
+    def blocked_configs(self) -> list[Config]:
+        """basteln with oneDNN-like blocking, in each layout the space offers (the channel-blocked one first):
+        tiles of every output channel and a few rows (the last dimension whole), an outer-product register
+        block of output columns x channel blocks within the vector unit's accumulators, the unit's lanes."""
+        d = len(self.extents)
+        tiles = [1] * d
+        tiles[-1] = self.extents[-1]
+        if d >= 4:  # N C [D] H W: every channel, rows of about 4
+            tiles[1] = self.extents[1]
+            tiles[-2] = max(f for f in divisors(self.extents[-2]) if f <= 4)
+        elif d >= 2:  # [B] M N: rows of about 16
+            tiles[-2] = max(f for f in divisors(self.extents[-2]) if f <= 16)
+        base = {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "vector": self.unit.lanes,
+                "unroll": 0}
+        # blocked: columns (rows of a GEMM) x 2 channel blocks; as written (NCHW: the vectors run along a row),
+        # 4 channels
+        columns = max(r for r in REGISTERS if 2 * r <= self.unit.accumulators) if d >= 4 else 4
+        outer = {"register": columns, "register2": 2}
+        return [{**base, **(outer if layout else {"register": 4, "register2": 1}), "layout": layout}
+                for layout in reversed(self._knob("layout").choices)]
 
     def _knob(self, name: str) -> Knob:
         return next(k for k in self._knobs if k.name == name)

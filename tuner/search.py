@@ -413,13 +413,22 @@ class XGBSearch(Search):
         return out
 
     def seed_configs(self) -> list[tuple[Config, str]]:
-        """Known loop nests the first round measures: the nearest to the untuned program ("untuned",
-        small memory-bound programs run fastest so) and oneDNN-like register blocking ("blocked")."""
-        if not isinstance(self.space, LoopSpace):
+        """Known schedules the first round measures: the nearest to the untuned program ("untuned",
+        small memory-bound programs run fastest so) and oneDNN-like register blocking ("blocked": in a
+        fusion space, one per layout it offers)."""
+        from .fusion_space import FusionSpace
+
+        if isinstance(self.space, FusionSpace):
+            blocked = self.space.blocked_configs()
+        elif isinstance(self.space, LoopSpace):
+            blocked = [self.space.blocked_config()]
+        else:
             return []
-        untuned, blocked = self.space.untuned_config(), self.space.blocked_config()
-        same = config_key(untuned) == config_key(blocked)
-        return [(untuned, "untuned")] + ([] if same else [(blocked, "blocked")])
+        seeds = [(self.space.untuned_config(), "untuned")]
+        for config in blocked:
+            if all(config_key(config) != config_key(c) for c, _ in seeds):
+                seeds.append((config, "blocked"))
+        return seeds
 
     def notify_results(self, trials: Sequence[Trial]) -> None:
         import numpy as np

@@ -59,3 +59,21 @@ def test_every_sampled_configuration_computes_the_subgraph(spec):
         out = tvm.runtime.tensor(np.zeros(w.output.shape, "float32"))
         lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=str(config))
+
+
+def test_the_first_round_measures_blocked_seeds_in_each_layout_shaped_by_the_vector_unit():
+    from compiler.target import AVX512
+    from tuner import make_search
+
+    task = task_from_spec({"operator": "conv3x3_conv1x1", "target": "host", "params": {
+        "in_channels": 16, "height": 12, "width": 12, "mid_channels": 16, "out_channels": 32}})
+    space = FusionSpace(task.prim_func, AVX2, workload=task.workload)
+    blocked, plain = space.blocked_configs()
+    # every output channel, rows of 4, the last dimension whole; columns x 2 channel blocks in AVX2's 12 accumulators
+    assert [blocked[f"tile.{i}"] for i in range(4)] == [1, 32, 4, 12]
+    assert (blocked["layout"], blocked["register"], blocked["register2"], blocked["vector"]) == (8, 4, 2, 8)
+    assert (plain["layout"], plain["register"], plain["register2"]) == (0, 4, 1)
+    assert FusionSpace(task.prim_func, AVX512, workload=task.workload).blocked_configs()[0]["register"] == 8
+    search = make_search("xgb", task, space, None, seed=0)
+    assert [(c["layout"], source) for c, source in search.seed_configs()] == [(0, "untuned"), (8, "blocked"),
+                                                                             (0, "blocked")]
