@@ -9,7 +9,8 @@ mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side a
 
 - ours: `compiler.workloads.model.import_model` (torch.export -> Relax,
   graph-level layouts (`--layout`, default "blocked": convs in N C/c H W c, carried
-  through the graph), fused tasks), every task our loop space can tune searched with `tuner.tune` in rounds
+  through the graph), fused tasks; `--also-layouts blocked+chains` also tunes the model with chains of
+  complex operators grouped into one basteln task each, a model job's `"fusion": "chains"`), every task our loop space can tune searched with `tuner.tune` in rounds
   that `tuner.scheduler.GradientScheduler` spreads over the tasks (weight = calls),
   `--budget` measurements in all; at the end the best few configurations of every task
   are measured again and the fastest then kept (`tuner.tune.remeasure_best`, as an
@@ -139,19 +140,24 @@ def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: 
     }
 
 
-def _ours_in(layout: str, ep: Any, target: Any, budget: int, seed: int, options: dict, inputs: list,
+def _ours_in(variant: str, ep: Any, target: Any, budget: int, seed: int, options: dict, inputs: list,
              expected: list, folder: Path, log: Any) -> tuple[dict, Any]:
-    """Ours in one graph-level layout ("search": the joint stage first, on its share of the budget, as a model job):
-    the row's facts (ours_*, error) and the exported program (None when it failed or is wrong)."""
+    """Ours in one graph-level layout ("search": the joint stage first, on its share of the budget, as a model job),
+    "<layout>+chains" with chains of complex operators grouped into one basteln task each (a model job's
+    `"fusion": "chains"`): the row's facts (ours_*, error) and the exported program (None when it failed or is
+    wrong)."""
     from compiler.workloads.model import import_model
+
+    layout, _, fusion = variant.partition("+")
+    fusion = fusion or "none"
 
     facts: dict[str, Any] = {"ours_ms": None, "ours_correct": False, "error": None, "ours_tune_s": 0.0}
     try:
         joint: dict[str, Any] = {}
         if layout == "search":
-            model, joint = search_layouts_for(ep, target, budget, seed, log)
+            model, joint = search_layouts_for(ep, target, budget, seed, log, fusion)
         else:
-            model = import_model(ep, layout=layout, target=target)
+            model = import_model(ep, layout=layout, target=target, fusion=fusion)
         ours = run_ours(model, target, budget - joint.get("measurements", 0), seed, options["trials_per_round"], log,
                         prior=joint.get("trials"))
         built = ours.pop("built")
@@ -163,14 +169,14 @@ def _ours_in(layout: str, ep: Any, target: Any, budget: int, seed: int, options:
         mismatch = _check(_run_vm(built.ex, inputs, built.params), expected)
         facts["ours_correct"] = mismatch is None
         if mismatch is None:
-            return facts, _export_vm(built.ex, inputs, built.params, folder / f"ours-{layout}")
-        facts["error"] = f"ours ({layout}): {mismatch}"
+            return facts, _export_vm(built.ex, inputs, built.params, folder / f"ours-{layout}-{fusion}")
+        facts["error"] = f"ours ({variant}): {mismatch}"
     except Exception as e:  # noqa: BLE001
-        facts["error"] = f"ours ({layout}): {type(e).__name__}: {str(e)[:300]}"
+        facts["error"] = f"ours ({variant}): {type(e).__name__}: {str(e)[:300]}"
     return facts, None
 
 
-def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any) -> tuple[Any, dict]:
+def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any, fusion: str = "none") -> tuple[Any, dict]:
     """The joint stage (`tuner.graph_layout`) on `JOINT_SHARE` of `budget`: the model in the chosen layouts, and
     facts (measurements, estimates, the chosen blocks, and the loop trials of each task, which the loop stage
     continues from)."""
@@ -188,7 +194,7 @@ def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any) -
     measurer = LocalMeasurer()
     try:
         result = search_layouts(translate_model(ep), target, measurer, joint_budget(budget), seed=seed,
-                                on_measure=on_measure)
+                                on_measure=on_measure, fusion=fusion)
     finally:
         measurer.close()
     print(f"    layout search: {len(result.rounds)} choices, {result.measurements} measurements, estimate "
@@ -446,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
                              "stage on 30%% of the budget first, as a model job)")
     parser.add_argument("--also-layouts", default="",
                         help="comma-separated other layouts for ours, each tuned at the same budget and timed in the "
-                             "same run (column 'also': its ms and its speedup over ours in --layout)")
+                             "same run (column 'also': its ms and its speedup over ours in --layout); "
+                             "'<layout>+chains' groups chains of complex operators into basteln tasks")
     parser.add_argument("--target", default="host")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep MetaSchedule's run folders here")
@@ -473,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget < 1:
         parser.error("--budget must be >= 1")
     also = tuple(v for v in args.also_layouts.split(",") if v)
-    if set(also) - {"blocked", "search", "none"} or args.layout in also:
-        parser.error(f"--also-layouts: others of blocked, search, none than --layout, got {args.also_layouts!r}")
+    if {v.removesuffix("+chains") for v in also} - {"blocked", "search", "none"} or args.layout in also:
+        parser.error(f"--also-layouts: others of blocked, search, none (each optionally +chains) than --layout, "
+                     f"got {args.also_layouts!r}")
 
     from bench.common import environment
     from compiler.target import target_key

@@ -105,15 +105,15 @@ class FusionSpace(SearchSpace):
 
     def blocked_configs(self) -> list[Config]:
         """basteln with oneDNN-like blocking, in each layout the space offers (the channel-blocked one first):
-        tiles of every output channel and a few rows (the last dimension whole), an outer-product register
+        tiles of every output channel and a few whole rows (of the third dimension), an outer-product register
         block of output columns x channel blocks within the vector unit's accumulators, the unit's lanes."""
         d = len(self.extents)
-        tiles = [1] * d
-        tiles[-1] = self.extents[-1]
-        if d >= 4:  # N C [D] H W: every channel, rows of about 4
-            tiles[1] = self.extents[1]
-            tiles[-2] = max(f for f in divisors(self.extents[-2]) if f <= 4)
-        elif d >= 2:  # [B] M N: rows of about 16
+        tiles = list(self.extents)
+        if d >= 4:  # N C H W (N C/c H W c in a model): one image, every channel, rows of about 4, whole rows
+            tiles[0] = 1
+            tiles[2] = max(f for f in divisors(self.extents[2]) if f <= 4)
+        elif d >= 2:  # [B] M N: one batch, rows of about 16
+            tiles[:-2] = [1] * (d - 2)
             tiles[-2] = max(f for f in divisors(self.extents[-2]) if f <= 16)
         base = {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "vector": self.unit.lanes,
                 "unroll": 0}

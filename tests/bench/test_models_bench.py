@@ -48,3 +48,13 @@ def test_the_table_has_onnxruntime_columns_and_its_geomean():
     assert "ORT ms" in head and "vs ORT" in head
     assert "5.000" in line or "5.00" in line
     assert text.count("2.50x") == 2, text  # the row and the geomean
+
+
+def test_also_layouts_take_chains_and_refuse_what_is_not_a_layout(capsys):
+    from bench.models import main
+
+    for bad in ("blocked+fused", "tiled", "blocked"):  # "blocked" is --layout's own
+        with pytest.raises(SystemExit) as e:
+            main(["--models", "resnet18", "--also-layouts", bad])
+        assert e.value.code == 2
+        assert "--also-layouts" in capsys.readouterr().err
