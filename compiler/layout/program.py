@@ -41,8 +41,9 @@ def subgraph_layout(workload: Any, block: int) -> tvm.tirx.PrimFunc:
 
     Each convolution computes and writes its output as `N H W O/block block` and reads its input and
     weight blocked the same way (the sec. 5.1 template with `ot = it = kot = kit = block`); each GEMM
-    writes `M N/block block` and reads its right operand as `K N/block block`. A factor that does not
-    divide its dimension is left at 1. Propagation carries each layout along the element-wise chain
+    writes `M N/block block` and reads `M K/block block` and `K/block N/block block block` (`nt = kt =
+    block`: a GEMM reading another's output reads it in the layout that one writes). A factor that does
+    not divide its dimension is left at 1. Propagation carries each layout along the element-wise chain
     behind its operator, so two convolutions that agree meet with no conversion between them.
 
     The interface is the workload's own (`workload.prim_func`'s arguments): every input, weights
