@@ -118,10 +118,12 @@ class FusionSpace(SearchSpace):
         base = {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "vector": self.unit.lanes,
                 "unroll": 0}
         # blocked: columns (rows of a GEMM) x 2 channel blocks; as written (NCHW: the vectors run along a row),
-        # 4 channels
-        columns = max(r for r in REGISTERS if 2 * r <= self.unit.accumulators) if d >= 4 else 4
-        outer = {"register": columns, "register2": 2}
-        return [{**base, **(outer if layout else {"register": 4, "register2": 1}), "layout": layout}
+        # 4 channels (rows) x as many of the row's vectors as the accumulators hold
+        acc = self.unit.accumulators
+        columns = max(r for r in REGISTERS if 2 * r <= acc) if d >= 4 else 4
+        blocked = {"register": columns, "register2": 2}
+        plain = {"register": 4, "register2": max(r for r in REGISTERS2 if 4 * r <= acc)}
+        return [{**base, **(blocked if layout else plain), "layout": layout}
                 for layout in reversed(self._knob("layout").choices)]
 
     def _knob(self, name: str) -> Knob:

@@ -677,6 +677,10 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
     if reduce and spatial_rest:
         last = spatial_rest[-1]
         pre = spatial_rest[:-1]
+        fit = _vector_fit(_extent(last, sch) or 0, vector)
+        if fit:  # a row longer than a vector: its vectors are a loop outside the reduction (a register block's)
+            outer, last = sch.split(last, [None, fit])
+            pre.append(outer)
         bound = _bound_vars(sch, block, pre)
         at = _register_dim(space, bound)
         # a second register dimension, the innermost other loop: an outer product of both blocks
@@ -745,16 +749,22 @@ def _register_factor(extent: int, register: int) -> int:
     return max((f for f in range(2, min(register, extent) + 1) if extent % f == 0), default=0)
 
 
+def _vector_fit(extent: int, vector: int) -> int | None:
+    """The vector length to split a loop longer than `vector` by: a factor that divides it leaves no
+    predicated tail (a tail's guards keep LLVM from vectorizing); one shorter than half the asked length is
+    not worth it (None: the tail then is)."""
+    if extent <= vector:
+        return None
+    return next((f for f in range(vector, vector // 2, -1) if extent % f == 0), None)
+
+
 def _vectorize(sch: Any, loop: Any, vector: int) -> None:
     extent = _extent(loop, sch)
     if extent is None or extent <= 1:
         return
     try:
         if extent > vector:
-            # a factor that divides the loop leaves no predicated tail (a tail's guards keep LLVM from
-            # vectorizing); a vector shorter than half the asked length is not worth it, the tail then is
-            fits = [f for f in range(vector, vector // 2, -1) if extent % f == 0]
-            _, loop = sch.split(loop, [None, fits[0] if fits else vector])
+            _, loop = sch.split(loop, [None, _vector_fit(extent, vector) or vector])
         sch.vectorize(loop)
     except Exception:  # a loop with a predicate or a dependence TVM refuses to vectorize stays scalar
         pass

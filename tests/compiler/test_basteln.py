@@ -221,3 +221,28 @@ def test_a_blocked_conv_gets_an_outer_product_register_block_of_columns_and_chan
     assert int(sch.get(loops[-4]).extent) == 16  # the reduction over the 16 input channels
     inputs = w.random_inputs()
     np.testing.assert_allclose(run(sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_longer_than_a_vector_puts_its_vectors_outside_the_reduction_in_a_register_block():
+    """A GEMM chain (as BERT's MLP): the 64 columns are 4 vectors of 16; each is an accumulator of the outer
+    product, not a loop inside the reduction that reloads and stores its sums every step."""
+    a = te.placeholder((16, 32), name="A")
+    b = te.placeholder((32, 48), name="B")
+    c = te.placeholder((48, 64), name="C")
+    k = te.reduce_axis((0, 32), "k")
+    h = te.compute((16, 48), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="hidden")
+    g = te.compute((16, 48), lambda i, j: tirx.max(h[i, j], tirx.const(0, "float32")), name="relu")
+    k2 = te.reduce_axis((0, 48), "k2")
+    out = te.compute((16, 64), lambda i, j: te.sum(g[i, k2] * c[k2, j], axis=k2), name="out")
+    func = te.create_prim_func([a, b, c, out]).with_attr("global_symbol", "main")
+    fused = basteln(func, [4, 64], threshold=1.0, vector=16, register=4, register2=2)
+    sch = fused.sch
+    loops = sch.get_loops(sch.get_sblock("out_update"))
+    inner = [sch.get(loop) for loop in loops[-4:]]
+    unrolled, vectorized = tvm.tirx.ForKind.UNROLLED, tvm.tirx.ForKind.VECTORIZED
+    # the reduction (48), 4 rows, 2 of the row's 4 vectors, 16 lanes
+    assert [(int(l.extent), l.kind) for l in inner][1:] == [(4, unrolled), (2, unrolled), (16, vectorized)], inner
+    assert int(inner[0].extent) == 48
+    xs = [np.random.default_rng(i).standard_normal(s).astype("float32") for i, s in enumerate([(16, 32), (32, 48), (48, 64)])]
+    want = np.maximum(xs[0] @ xs[1], 0) @ xs[2]
+    np.testing.assert_allclose(run(sch.mod, xs, (16, 64)), want, rtol=1e-4, atol=1e-4)

@@ -72,7 +72,7 @@ def test_the_first_round_measures_blocked_seeds_in_each_layout_shaped_by_the_vec
     # every output channel, rows of 4, the last dimension whole; columns x 2 channel blocks in AVX2's 12 accumulators
     assert [blocked[f"tile.{i}"] for i in range(4)] == [1, 32, 4, 12]
     assert (blocked["layout"], blocked["register"], blocked["register2"], blocked["vector"]) == (8, 4, 2, 8)
-    assert (plain["layout"], plain["register"], plain["register2"]) == (0, 4, 1)
+    assert (plain["layout"], plain["register"], plain["register2"]) == (0, 4, 2)  # 4 channels x 2 vectors of a row
     assert FusionSpace(task.prim_func, AVX512, workload=task.workload).blocked_configs()[0]["register"] == 8
     search = make_search("xgb", task, space, None, seed=0)
     assert [(c["layout"], source) for c, source in search.seed_configs()] == [(0, "untuned"), (8, "blocked"),
