@@ -505,21 +505,21 @@ def basteln(
     # tile-loop order: the dimensions that the footprints of the most intermediates follow come first (a
     # conv's output channels, which no input footprint follows, last), so that fusing under them recomputes least
     all_members = [b for g in reverse_topo for b in reversed(g.blocks)]
+    analyzable = all(a.indices is not None for s in spaces.values() for a in s.reads)
 
     def followers(dim: int) -> int:
         var, extent = lead.spatial[dim]
         if extent == 1 or not intermediates:
             return len(intermediates)  # a unit loop costs nothing anywhere
+        if not analyzable:  # a read without index forms: only the outputs' own reads tell
+            return sum(1 for g in intermediates for b in g.blocks for a in lead.reads_of(spaces[b].writes.buffer)
+                       if a.indices and any(var in dict(x.coeffs) for x in a.indices))
         out_boxes = {}
         for o in shared:
             box = {v: (0, e - 1) for v, e in spaces[o].spatial}
             box[spaces[o].spatial[dim][0]] = (0, 0)
             out_boxes[o] = box
-        try:
-            boxes = Footprints(spaces, shared).boxes(out_boxes, all_members)
-        except AssertionError:  # a non-affine read: only the outputs' own reads tell
-            return sum(1 for g in intermediates for b in g.blocks for a in lead.reads_of(spaces[b].writes.buffer)
-                       if a.indices and any(var in dict(x.coeffs) for x in a.indices))
+        boxes = Footprints(spaces, shared).boxes(out_boxes, all_members)
         return sum(1 for g in intermediates
                    if boxes.get(g.anchor) is not None and _box_volume(boxes[g.anchor]) < spaces[g.anchor].spatial_volume)
     tile_order = sorted(range(d), key=lambda dim: (-followers(dim), dim))
