@@ -110,6 +110,7 @@ def run_model_job(run: JobRun) -> None:
         reference_outputs,
         run_model,
         time_model,
+        tolerance,
         write_model_artifact,
     )
     from compiler.workloads.model.importer import graph_blocks, lower_graph, translate_model
@@ -289,7 +290,7 @@ def run_model_job(run: JobRun) -> None:
         # machine may be noisy), and if it still is, the untuned build (checked like the other) is served
         latency, untuned_latency = time_model(built, inputs, target), time_model(untuned_built, inputs, target)
         if untuned_latency < latency and (checked.untuned is not None or compare_outputs(
-                run_model(untuned_built, inputs, target), expected) is None):
+                run_model(untuned_built, inputs, target), expected, **tolerance(model)) is None):
             built, latency, applied = untuned_built, untuned_latency, {}
             report["served"] = "untuned: faster end to end than with the tuned schedules"
     report["schedules"]["served"] = len(applied)

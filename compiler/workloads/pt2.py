@@ -250,6 +250,7 @@ def _torch_load(canonical: bytes) -> torch.export.ExportedProgram:
     import pickle
 
     import torch
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers QUANTIZED_OPS for the loader to resolve
 
     real_load, real_loads = torch.load, pickle.loads
 
@@ -281,6 +282,12 @@ _NAME = re.compile(r"(?!__)[A-Za-z_]\w*(?:\.(?!__)\w+)*|", re.ASCII)
 _SYMBOL = re.compile(r"[a-z]{1,8}\d{1,6}", re.ASCII)  # s77, u0: torch's shape symbols
 _ATEN = re.compile(r"torch\.ops\.aten\.(?!__)[A-Za-z_]\w*\.(?!__)[A-Za-z_]\w*", re.ASCII)
 _DENIED_OPS = frozenset({"from_file"})  # aten operators that reach outside the tensors they are given
+# the (de)quantization operators of a PT2E-quantized program (`torchao`'s `convert_pt2e`): pure arithmetic on the
+# tensors they are given, registered by `torch.ao.quantization.fx._decomposed` (imported before the load)
+QUANTIZED_OPS = frozenset(f"torch.ops.quantized_decomposed.{op}.{overload}"
+                          for op in ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel",
+                                     "dequantize_per_channel")
+                          for overload in ("default", "tensor"))
 _VERIFIERS = frozenset({"", "ATEN", "TRAINING"})
 _TREESPEC_TYPES = frozenset({"builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
                              "collections.namedtuple"})
@@ -611,12 +618,13 @@ def check_target(target: Any, at: str = "target") -> None:
         if target.split(".")[3] in _DENIED_OPS:
             raise _refuse(at, f"operator {target!r} reads outside its tensors")
         return
-    if isinstance(target, str) and target in _sym_op_names():
+    if isinstance(target, str) and (target in _sym_op_names() or target in QUANTIZED_OPS):
         return
     if isinstance(target, str) and target.startswith("torch.ops.higher_order."):
         raise _refuse(at, f"higher-order operator {short_error(target, 80)!r} is not supported")
     raise _refuse(at, f"node target {short_error(repr(target), 120)} is not an aten operator "
-                      "(targets are resolved by name; only torch.ops.aten.<op>.<overload> is accepted)")
+                      "(targets are resolved by name; only torch.ops.aten.<op>.<overload> and the "
+                      "quantized_decomposed (de)quantization operators are accepted)")
 
 
 def check_treespec(text: Any, at: str = "in_spec") -> None:
@@ -788,6 +796,7 @@ def check_graph(ep: torch.export.ExportedProgram) -> None:
             ok = node.op == "call_function" and (
                 (isinstance(target, torch._ops.OpOverload) and target.namespace == "aten"
                  and target._schema.name.split("::")[-1] not in _DENIED_OPS)
+                or (isinstance(target, torch._ops.OpOverload) and f"torch.ops.{target}" in QUANTIZED_OPS)
                 or (not isinstance(target, torch._ops.OperatorBase) and target in allowed))
             if not ok:
                 raise _refuse("the loaded graph", f"node {node.name!r} is a {node.op} of {short_error(repr(target), 80)}, "

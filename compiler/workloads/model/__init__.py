@@ -73,11 +73,14 @@ from .build import (
 from .check import (
     MODEL_ATOL,
     MODEL_RTOL,
+    QUANTIZED_ATOL,
+    QUANTIZED_RTOL,
     CheckedBuild,
     build_checked,
     compare_outputs,
     reference_outputs,
     time_torch,
+    tolerance,
 )
 from .converters import CONVERTERS, translate
 from .importer import ImportedModel, import_model
@@ -113,6 +116,8 @@ __all__ = [
     "MODEL_ARTIFACT_FILES",
     "MODEL_ATOL",
     "MODEL_RTOL",
+    "QUANTIZED_ATOL",
+    "QUANTIZED_RTOL",
     "MODEL_LAYOUTS",
     "MODEL_MANIFEST_FORMAT",
     "ModelError",
@@ -146,6 +151,7 @@ __all__ = [
     "tensor_spec",
     "time_model",
     "time_torch",
+    "tolerance",
     "torch_outputs",
     "translate",
     "vector_lanes",

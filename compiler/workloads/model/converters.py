@@ -283,7 +283,10 @@ def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
     except Exception as e:  # noqa: BLE001 - torch's decompositions refuse the program
         raise ModelError("model", f"torch could not decompose the program: {type(e).__name__}: "
                                   f"{short_error(e)}") from e
-    known = set(ExportedProgramImporter().create_convert_map()) | set(CONVERTERS)
+    from .quantized import quantized_converters
+
+    converters = quantized_converters(ep, CONVERTERS)
+    known = set(ExportedProgramImporter().create_convert_map()) | set(converters)
     missing: dict[str, list[str]] = {}
     for node in ep.graph.nodes:
         if node.op == "call_function":
@@ -296,7 +299,7 @@ def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
                            for op, nodes in sorted(missing.items()))
         raise ModelError("model", f"unsupported operator(s): {listed}")
     try:
-        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=dict(CONVERTERS),
+        mod = from_exported_program(ep, keep_params_as_input=True, custom_convert_map=converters,
                                     run_ep_decomposition=False)
         return widen_normalizations(mod)
     except Exception as e:  # noqa: BLE001 - a converter failed (TVM's or ours); say where

@@ -43,6 +43,9 @@ class ImportedModel:
             layout because TVM's layout pass or lowering failed with them blocked).
         blocks: the blocked convs' [input block, output block], by their weight's torch name; {} with no
             blocked conv.
+        quantized: the program quantizes tensors (`quantize_per_tensor`, a PT2E-quantized model): its convs and
+            linears compute in integers (`quantized`), and its outputs are checked with `check.tolerance`'s
+            looser bound, since a value rounded to the other side of a quantization step moves what follows.
     """
 
     mod: tvm.IRModule
@@ -53,6 +56,7 @@ class ImportedModel:
     tasks: list[ModelTask] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     blocks: dict[str, list[int]] = field(default_factory=dict)
+    quantized: bool = False
 
 
 @dataclass(eq=False)
@@ -65,6 +69,7 @@ class ModelGraph:
         params, param_names, inputs, outputs: as in `ImportedModel`.
         names_by_var: "main"'s parameter names -> the torch names of the parameters ("p_conv1_weight" ->
             "conv1.weight").
+        quantized: as in `ImportedModel`.
     """
 
     mod: tvm.IRModule
@@ -73,6 +78,7 @@ class ModelGraph:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     names_by_var: dict[str, str]
+    quantized: bool = False
 
     def torch_name(self, var: str) -> str:
         return self.names_by_var.get(var, var)
@@ -196,8 +202,10 @@ def translate_model(ep: torch.export.ExportedProgram, input_shapes: Sequence[Seq
                                              f"{spec.size} elements, more than the limit {max_tensor_elements}")
 
     mod = relax.transform.DecomposeOpsForInference()(mod)
+    quantized = any(n.op == "call_function" and str(n.target).startswith("quantized_decomposed.quantize_")
+                    for n in ep.graph.nodes)
     return ModelGraph(mod, [np.ascontiguousarray(a) for a in param_arrays], param_names, inputs, outputs,
-                      names_by_var)
+                      names_by_var, quantized)
 
 
 def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.Target | str | None = None,
@@ -243,7 +251,7 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
             raise ModelError("model", f"lowering failed{_failing_operator(mod, target)}: {type(e).__name__}: "
                                       f"{short_error(e)}") from e
     model = ImportedModel(fused, graph.params, graph.param_names, graph.inputs, graph.outputs, notes=notes,
-                          blocks=chosen)
+                          blocks=chosen, quantized=graph.quantized)
     model.tasks = extract_tasks(fused, max_tensor_elements=max_tensor_elements)
     if fusion not in MODEL_FUSIONS:
         raise ModelError("fusion", f"unknown fusion {fusion!r}; one of {', '.join(MODEL_FUSIONS)}")

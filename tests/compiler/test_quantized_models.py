@@ -1,0 +1,159 @@
+"""PT2E-quantized models (`compiler.workloads.model.quantized`): quantized convs and linears computed in integers
+(u8 x s8 -> s32) and checked against torch; the float fallback; torch's rounding; the operators not supported."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from compiler.workloads import model as M  # noqa: E402
+from compiler.workloads import zoo  # noqa: E402
+from compiler.workloads.pt2 import ModelError, load_exported_program  # noqa: E402
+
+import torch.ao.quantization.fx._decomposed  # noqa: E402, F401 - registers torch.ops.quantized_decomposed
+
+Q = torch.ops.quantized_decomposed
+
+
+class Quantized(torch.nn.Module):
+    """What torchao's `convert_pt2e` writes for conv -> relu -> grouped conv -> mean -> linear, by hand: uint8
+    activations per tensor (the input's zero point 121, so its padding is not 0), int8 weights per output channel
+    stored as buffers and dequantized in the graph."""
+
+    def __init__(self, weight_zero_point: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        for name, shape in (("w1", (8, 3, 3, 3)), ("w2", (8, 2, 3, 3)), ("w3", (5, 8))):
+            self.register_buffer(name, torch.randint(-128, 128, shape, generator=g, dtype=torch.int8))
+            self.register_buffer(f"s{name[1]}", torch.rand(shape[0], generator=g) * 0.004 + 0.001)
+            self.register_buffer(f"z{name[1]}", torch.full((shape[0],), weight_zero_point, dtype=torch.int64))
+            self.register_buffer(f"b{name[1]}", torch.randn(shape[0], generator=g) * 0.1)
+
+    def _weight(self, i: int) -> torch.Tensor:
+        w, s, z = (getattr(self, f"{k}{i}") for k in "wsz")
+        return Q.dequantize_per_channel(w, s, z, 0, -128, 127, torch.int8)
+
+    @staticmethod
+    def _requantize(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+        q = Q.quantize_per_tensor(x, scale, zero_point, 0, 255, torch.uint8)
+        return Q.dequantize_per_tensor(q, scale, zero_point, 0, 255, torch.uint8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._requantize(x, 0.02, 121)
+        x = torch.relu(torch.nn.functional.conv2d(x, self._weight(1), self.b1, padding=1))
+        x = self._requantize(x, 0.03, 0)
+        x = torch.nn.functional.conv2d(x, self._weight(2), self.b2, stride=2, padding=1, groups=4)
+        x = self._requantize(x.mean((2, 3)), 0.01, 64)
+        return torch.nn.functional.linear(x, self._weight(3), self.b3)
+
+
+def _saved(ep: torch.export.ExportedProgram, tmp_path) -> torch.export.ExportedProgram:
+    """`ep` through a file and our loader, as an upload reaches a job."""
+    path = tmp_path / "q.pt2"
+    torch.export.save(ep, path)
+    return load_exported_program(path)
+
+
+def _integer_tasks(model: M.ImportedModel) -> list[str]:
+    """The tasks that read a uint8 tensor and an int8 one and write through an int32 sum (a conv or a matmul)."""
+    return [t.name for t in model.tasks
+            if {"uint8", "int8"} <= {a.dtype for a in t.args} and '"int32"' in t.prim_func.script()]
+
+
+def _run(model, ep, inputs, target):
+    built = M.build_model(model, target)
+    outs = M.run_model(built, inputs, target)
+    return outs, M.reference_outputs(ep, inputs)
+
+
+def test_quantized_convs_and_linear_compute_in_integers_and_match_torch(host_target, tmp_path):
+    module = Quantized().eval()
+    x = torch.randn(1, 3, 12, 12)
+    ep = _saved(torch.export.export(module, (x,)), tmp_path)
+    model = M.import_model(ep, layout="blocked", target=host_target)
+    assert model.quantized
+    integer = _integer_tasks(model)
+    assert sum("conv2d" in n for n in integer) == 2 and sum("matmul" in n for n in integer) == 1, \
+        [(t.name, [str(a.dtype) for a in t.args]) for t in model.tasks]
+    # the first conv's input is padded with its zero point (121) before the integer conv; no float conv is left
+    script = model.mod.script()
+    assert "T.uint8(121)" in script
+    assert not [t.name for t in model.tasks if "conv2d" in t.name and t.name not in integer]
+    outs, expected = _run(model, ep, [x.numpy()], host_target)
+    assert M.compare_outputs(outs, expected, **M.tolerance(model)) is None
+    # exact integer sums against float32 ones: here not one value crosses a quantization step
+    np.testing.assert_allclose(outs[0], expected[0], rtol=1e-5, atol=1e-6)
+
+
+def test_weights_with_a_zero_point_compute_in_float_and_still_match(host_target, tmp_path):
+    """Weights quantized with a zero point other than 0 have no integer form here: the conv runs in float on the
+    dequantized values, as the program does."""
+    module = Quantized(weight_zero_point=3).eval()
+    x = torch.randn(1, 3, 12, 12)
+    ep = _saved(torch.export.export(module, (x,)), tmp_path)
+    model = M.import_model(ep, layout="none", target=host_target)
+    assert not _integer_tasks(model)
+    outs, expected = _run(model, ep, [x.numpy()], host_target)
+    assert M.compare_outputs(outs, expected, **M.tolerance(model)) is None
+
+
+class QuantizeOnly(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Q.quantize_per_tensor(x, 0.5, 3, 0, 255, torch.uint8)
+
+
+def test_quantize_rounds_half_to_even_as_torch(host_target, tmp_path):
+    """Values exactly halfway between two steps (x / scale = k + 0.5) round to the even step, as torch.round does;
+    values past the range clip to quant_min / quant_max."""
+    x = torch.tensor([[-3.0, -2.25, -1.75, -0.25, 0.25, 0.75, 1.25, 100.0, 127.25, 127.75, 200.0, -1.5]])
+    ep = _saved(torch.export.export(QuantizeOnly(), (x,)), tmp_path)
+    model = M.import_model(ep, target=host_target)
+    outs, expected = _run(model, ep, [x.numpy()], host_target)
+    assert outs[0].dtype == np.uint8
+    np.testing.assert_array_equal(outs[0], expected[0])
+
+
+class TensorScale(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = Q.quantize_per_tensor.tensor(x, torch.tensor(0.1), torch.tensor(3), 0, 255, torch.uint8)
+        return Q.dequantize_per_tensor.tensor(q, torch.tensor(0.1), torch.tensor(3), 0, 255, torch.uint8)
+
+
+def test_quantization_with_tensor_parameters_is_named_as_unsupported(host_target, tmp_path):
+    """The `.tensor` overloads (dynamic quantization's) are loaded but not converted: the error names them."""
+    ep = _saved(torch.export.export(TensorScale(), (torch.randn(2, 4),)), tmp_path)
+    with pytest.raises(ModelError) as err:
+        M.import_model(ep, target=host_target)
+    assert err.value.field == "model" and "quantize_per_tensor.tensor" in str(err.value), str(err.value)
+
+
+def pt2e_quantized(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], torch.export.ExportedProgram]:
+    """Zoo model `name` quantized as a user would: torchao's PT2E flow with its X86 quantizer (uint8 activations,
+    int8 per-channel weights), calibrated on the example inputs; the quantized module, inputs and its export."""
+    pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
+    x86 = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
+    module, inputs = zoo.create(name)
+    quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+    prepared = pt2e.prepare_pt2e(torch.export.export(module, inputs).module(), quantizer)
+    prepared(*inputs)
+    converted = pt2e.convert_pt2e(prepared)
+    return converted, inputs, torch.export.export(converted, inputs)
+
+
+def test_a_pt2e_quantized_model_imports_in_integers_and_matches_torch(host_target, tmp_path):
+    converted, inputs, ep = pt2e_quantized("small_cnn")
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    path = tmp_path / "small_cnn_int8.pt2"
+    path.write_bytes(buf.getvalue())
+    ep = load_exported_program(path)
+    model = M.import_model(ep, layout="blocked", target=host_target)
+    assert model.quantized and any("conv2d" in n for n in _integer_tasks(model))
+    outs, _ = _run(model, ep, [i.numpy() for i in inputs], host_target)
+    with torch.no_grad():
+        expected = converted(*inputs).numpy()
+    assert M.compare_outputs(outs, [expected], **M.tolerance(model)) is None
