@@ -139,15 +139,16 @@ def prime_factors(n: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Axis:
-    """A loop of the main block: its knob name, extent and kind ("S" spatial, "R" reduction)."""
+    """A loop of the main block: its knob name, extent and kind ("S" spatial, "R" reduction, "G" the group of
+    a dot-product instruction: a reduction kept whole, never tiled)."""
 
     name: str
     extent: int
-    kind: Literal["S", "R"]
+    kind: Literal["S", "R", "G"]
 
     @property
     def levels(self) -> int:
-        return SPATIAL_LEVELS if self.kind == "S" else REDUCE_LEVELS
+        return {"S": SPATIAL_LEVELS, "R": REDUCE_LEVELS, "G": 1}[self.kind]
 
     def knob(self, level: int) -> str:
         return f"tile.{self.name}.{level}"
@@ -170,6 +171,11 @@ class Structure:
     @property
     def reduce(self) -> tuple[Axis, ...]:
         return tuple(a for a in self.axes if a.kind == "R")
+
+    @property
+    def group(self) -> Axis | None:
+        """The dot-product group axis (`compiler.workloads.model.layouts.DOT_GROUP`), if the block has one."""
+        return next((a for a in self.axes if a.kind == "G"), None)
 
 
 def _as_module(prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> tvm.IRModule:
@@ -207,8 +213,11 @@ def analyze(prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> Structure:
     block = sch.get(main_rv)
     loops = sch.get_loops(main_rv)
     assert len(loops) == len(block.iter_vars), f"{main}: {len(loops)=} != {len(block.iter_vars)=}"
+    from compiler.workloads.model.layouts import DOT_GROUP
+
+    group = int(block.annotations[DOT_GROUP]) if DOT_GROUP in block.annotations else 0
     axes, seen = [], set()
-    for loop, iv in zip(loops, block.iter_vars):
+    for k, (loop, iv) in enumerate(zip(loops, block.iter_vars)):
         extent = int(sch.get(loop).extent)
         assert extent == int(iv.dom.extent), f"{main}: loop extent {extent} != iterator extent {iv.dom.extent}"
         name = str(iv.var.name)
@@ -216,7 +225,10 @@ def analyze(prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> Structure:
         while name in seen:
             name += "_"
         seen.add(name)
-        axes.append(Axis(name, extent, "R" if iv.iter_type == tirx.IterVar.CommReduce else "S"))
+        kind = "R" if iv.iter_type == tirx.IterVar.CommReduce else "S"
+        if kind == "R" and k == len(loops) - 1 and extent == group:  # the instruction's group: innermost, whole
+            kind = "G"
+        axes.append(Axis(name, extent, kind))
 
     index = names.index(main)
     # Producers, nearest first: inlining the padding first leaves the dilation feeding main directly.
@@ -451,7 +463,11 @@ class LoopSpace(SearchSpace):
         3x faster than writing the output in place) and the producers computed in each parallel tile
         (`read_at` 1), as MetaSchedule's best program for that conv. `column` True takes the column
         anyway (where the last loop is read with a stride, a stride-2 depthwise conv: 0.38 ms, the vector
-        nest 1.75 ms), False never; None decides as above."""
+        nest 1.75 ms), False never; None decides as above.
+
+        A program in the dot-product form (a `G` axis) gets `_dot_config` instead."""
+        if self.structure.group is not None:
+            return self._dot_config()
         lanes = self.unit.lanes if lanes is None else lanes
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         spatial = [a for a in self.structure.axes if a.kind == "S" and a.extent > 1]
@@ -482,6 +498,37 @@ class LoopSpace(SearchSpace):
         if "inline" in self._by_name:
             config.update(inline=0, read_at=int(column))
         return self.validate(config)
+
+    def _dot_config(self) -> Config:
+        """`blocked_config` of the dot-product form (`compiler.workloads.model.layouts.conv2d_nhwc_dot`: spatial
+        axes ..., row, output block, lanes; reductions ..., channel chunks; the group): the instruction's
+        register block -- the lanes whole, two output blocks where they divide (one vector each), rows of the
+        axis before them up to `REGISTER_ROWS` and the accumulators -- the kernel window and up to 16 channel
+        chunks in the inner reduction level, marked for the instruction (order SSRSRS), unrolled whole."""
+        config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
+        spatial = [a for a in self.structure.spatial if a.extent > 1]
+        if len(spatial) >= 2:
+            *outer, block, lane = spatial
+            config[lane.knob(SPATIAL_LEVELS - 1)] = lane.extent
+            vectors = 2 if block.extent % 2 == 0 else 1
+            config[block.knob(SPATIAL_LEVELS - 1)] = vectors
+            if outer:
+                config[outer[-1].knob(SPATIAL_LEVELS - 1)] = max(
+                    d for d in divisors(outer[-1].extent) if d <= REGISTER_ROWS and d * vectors <= self.unit.accumulators)
+        *window, chunks = [a for a in self.structure.reduce if a.extent > 1] or [None]
+        config.update({a.knob(1): a.extent for a in window if a is not None})
+        if chunks is not None:
+            config[chunks.knob(1)] = max(d for d in divisors(chunks.extent) if d <= 16)
+        config.update(order=TENSORIZE_ORDER, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0, licm=1,
+                      tensorize=1)
+        if "inline" in self._by_name:
+            config.update(inline=0, read_at=0)
+        try:
+            return self.validate(config)
+        except InvalidConfig:  # a register block over the unit's limit: one vector
+            if len(spatial) >= 2:
+                config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = 1
+            return self.validate(config)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
         return [self._sample_one(rng) for _ in range(n)]
@@ -631,7 +678,12 @@ class LoopSpace(SearchSpace):
             for level, part in enumerate(parts):
                 levels.setdefault((axis.kind, level), []).append(part)
         order = ORDERS[config["order"]]
-        sch.reorder(*[loop for token in order for loop in levels.get(token, [])])
+        ordered = [loop for token in order for loop in levels.get(token, [])]
+        if st.group is not None:  # the group loop: innermost under a tensorized register block, else with R0
+            group = levels[("G", 0)]
+            at = len(ordered) if config.get("tensorize", 0) else ordered.index(levels[("R", 0)][-1]) + 1
+            ordered[at:at] = group
+        sch.reorder(*ordered)
 
         threaded = config["parallel"] > 0
         outer_levels = max(config["parallel"], 1)
@@ -714,13 +766,16 @@ class LoopSpace(SearchSpace):
 
 def tensorizable(mod: tvm.IRModule, st: Structure) -> bool:
     """Whether `tensorize` is offered: the main block computes in float32 from float32 operands, the form of the
-    fp32 FMA micro-kernels. An int8 (u8 x s8 -> s32) or bf16 (-> fp32) program is not offered it: their dot-
-    product instructions take groups of 4 (2) consecutive reduction elements of weights packed
-    `[N/L, K/G, L, G]` (`compiler.passes.tensorize.kernels`), a group loop innermost below the lanes that no
-    order of this space makes and a layout that neither the catalog's weights nor ALT's templates have; marked,
-    their nests would never match."""
+    fp32 FMA micro-kernels, or it is in the dot-product form (a `G` axis: a model's quantized conv,
+    `compiler.workloads.model.layouts.conv2d_nhwc_dot`), whose group loop `_apply` then puts innermost, below
+    the lanes, as the int8 instructions take it. Another int8 (u8 x s8 -> s32) or bf16 (-> fp32) program is
+    not offered it: their dot-product instructions take groups of 4 (2) consecutive reduction elements of
+    weights packed `[N/L, K/G, L, G]` (`compiler.passes.tensorize.kernels`), a layout that neither the
+    catalog's weights nor ALT's templates have; marked, their nests would never match."""
     from tvm import s_tir
 
+    if st.group is not None:
+        return True
     sch = s_tir.Schedule(mod)
     block = sch.get(sch.get_sblock(st.main))
     buffers = [block.writes[0].source, *(r.source for r in block.reads)]

@@ -157,3 +157,113 @@ def test_a_pt2e_quantized_model_imports_in_integers_and_matches_torch(host_targe
     with torch.no_grad():
         expected = converted(*inputs).numpy()
     assert M.compare_outputs(outs, [expected], **M.tolerance(model)) is None
+
+
+SKYLAKE_AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512"}  # AVX-512 BW (vpmaddubsw: saturates), no VNNI
+CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake"}  # AVX-512 VNNI: 16 int32 lanes x groups of 4
+ALDERLAKE = {"kind": "llvm", "mcpu": "alderlake"}  # AVX-VNNI (ymm): 8 lanes x 4
+
+
+class Wide(torch.nn.Module):
+    """A PT2E-form quantized net whose convs the dot-product instructions fit (channels that 16 and 4 divide):
+    3 -> 16 (3 channels: no 4-group, stays NCHW), 16 -> 32 (3x3, zero point 0: the conv pads), 32 -> 32 (3x3,
+    stride 2, zero point 5: padded with it before), mean, linear."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        for i, shape in enumerate(((16, 3, 3, 3), (32, 16, 3, 3), (32, 32, 3, 3), (10, 32)), start=1):
+            self.register_buffer(f"w{i}", torch.randint(-128, 128, shape, generator=g, dtype=torch.int8))
+            self.register_buffer(f"s{i}", torch.rand(shape[0], generator=g) * 0.002 + 0.0005)
+            self.register_buffer(f"z{i}", torch.zeros(shape[0], dtype=torch.int64))
+            self.register_buffer(f"b{i}", torch.randn(shape[0], generator=g) * 0.1)
+
+    _weight = Quantized._weight
+    _requantize = staticmethod(Quantized._requantize)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv = torch.nn.functional.conv2d
+        x = self._requantize(x, 0.02, 121)
+        x = self._requantize(torch.relu(conv(x, self._weight(1), self.b1, padding=1)), 0.03, 0)
+        x = self._requantize(torch.relu(conv(x, self._weight(2), self.b2, padding=1)), 0.02, 5)
+        x = self._requantize(conv(x, self._weight(3), self.b3, stride=2, padding=1).mean((2, 3)), 0.01, 64)
+        return torch.nn.functional.linear(x, self._weight(4), self.b4)
+
+
+def _dot_tasks(model):
+    return [t for t in model.tasks if "conv2d_nhwc_dot" in t.name]
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    x = torch.randn(1, 3, 12, 12)
+    return _saved(torch.export.export(Wide().eval(), (x,)), tmp_path_factory.mktemp("wide")), x
+
+
+@pytest.mark.parametrize(("target", "lanes"), [(CASCADELAKE, 16), (ALDERLAKE, 8), (SKYLAKE_AVX512, None)])
+def test_quantized_convs_take_the_dot_product_layout_where_the_target_has_an_exact_instruction(wide, target, lanes):
+    """With the default (blocked) layouts a quantized conv whose channels fit runs NHWC with its weight packed
+    `O/L KH KW I/4 L 4` for the target's VNNI; the 3-channel conv stays NCHW; a CPU whose only u8 x s8
+    instruction saturates (vpmaddubsw) keeps every conv NCHW."""
+    from tvm.target import Target
+
+    ep, _ = wide
+    model = M.import_model(ep, layout="blocked", target=Target(target))
+    dot = _dot_tasks(model)
+    if lanes is None:
+        assert not dot, [t.name for t in model.tasks]
+        return
+    assert len(dot) == 2, [t.name for t in model.tasks]
+    kernels = sorted(a.shape for t in dot for a in t.args if a.dtype == "int8")
+    assert kernels == [(32 // lanes, 3, 3, 4, lanes, 4), (32 // lanes, 3, 3, 8, lanes, 4)], kernels
+    assert any("conv2d" in t.name and t.name not in {d.name for d in dot} for t in model.tasks)  # the RGB conv
+
+
+def test_the_dot_product_form_is_searched_with_its_group_innermost(wide):
+    """The loop space of a dot-form conv: the group is an axis with no tile knob; marked for the instruction,
+    the group loop is the innermost, below the register block's lanes; unmarked it stays with the outer
+    reduction loops, the lanes innermost."""
+    from tvm.target import Target
+
+    from compiler.target import vector_unit
+    from tuner.space import LoopSpace
+
+    ep, _ = wide
+    target = Target(CASCADELAKE)
+    task = _dot_tasks(M.import_model(ep, layout="blocked", target=target))[0]
+    space = LoopSpace(task.prim_func, unit=vector_unit(target))
+    assert [a.kind for a in space.structure.axes][-1] == "G" and space.structure.group.extent == 4
+    assert not [k for k in space.knobs if k.name.startswith("tile.g.")]
+    seed = space.blocked_config()
+    assert seed["tensorize"] == 1 and seed["tile.ol.3"] == 16
+
+    def innermost(config):
+        sch = space.apply(config)
+        update = sch.get_sblock(f"{space.structure.main}_update")  # decompose_reduction's name of the sum
+        return [str(sch.get(loop).loop_var.name) for loop in sch.get_loops(update)]
+
+    assert innermost(seed)[-1].startswith("g") and innermost(seed)[-2].startswith("ol")
+    assert innermost({**seed, "tensorize": 0})[-1].startswith("ol")
+
+
+def test_a_tensorized_dot_product_model_matches_torch(wide, host_target):
+    """On a CPU with VNNI: each dot-form conv scheduled with the space's seed (marked) compiles to vpdpbusd, and
+    the model built with those schedules matches the quantized program."""
+    from compiler.build import compile_module
+    from compiler.workloads.model.layouts import dot_instruction
+    from tuner.space import LoopSpace
+
+    if dot_instruction(host_target) is None:
+        pytest.skip("this CPU has no exact u8 x s8 dot-product instruction (VNNI)")
+    ep, x = wide
+    model = M.import_model(ep, layout="blocked", target=host_target)
+    schedules = {}
+    for task in _dot_tasks(model):
+        space = LoopSpace(task.prim_func)
+        mod = space.apply(space.blocked_config()).mod
+        assert "vpdpbusd" in compile_module(mod, host_target).mod.inspect_source("asm")
+        schedules[task.workload_key] = mod
+    assert len(schedules) == 2
+    built = M.build_model(model, host_target, schedules)
+    outs = M.run_model(built, [x.numpy()], host_target)
+    assert M.compare_outputs(outs, M.reference_outputs(ep, [x.numpy()]), **M.tolerance(model)) is None

@@ -6,6 +6,7 @@ Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy ar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 # "search" imports as "blocked" (the rule's blocks, where the search starts); `tuner.graph_layout` then chooses the
 # blocks of the convs' layout groups, which `import_model(blocks=...)` applies.
 MODEL_LAYOUTS = ("blocked", "search", "none")
+# the block attribute of a reduction whose last axis is a dot-product instruction's group (`conv2d_nhwc_dot`)
+DOT_GROUP = "altune.dot_group"
 
 
 def vector_lanes(target: Any, dtype: str = "float32") -> int:
@@ -47,9 +50,39 @@ def conv_blocks(out_channels: int, in_channels: int, lanes: int) -> tuple[int, i
     return block(out_channels), block(in_channels)
 
 
-def blocked_conv_layouts(lanes: int) -> Any:
-    """`ConvertLayout`'s per-call callback: the blocked layout for dense and depthwise NCHW conv2d,
-    nothing else (other grouped convs, every other operator: ConvertLayout's own rules)."""
+def dot_instruction(target: Any) -> tuple[int, int] | None:
+    """(lanes, group) of the exact u8 x s8 -> s32 dot-product instruction `target` has (AVX-512 VNNI, AVX-VNNI),
+    or None (`vpmaddubsw` saturates its pair sums, so a model's full-range uint8 data never gets it)."""
+    from compiler.passes.tensorize.instructions import choose
+
+    if target is None or target.kind.name != "llvm":
+        return None
+    ins = choose(target, "uint8", "int8", "int32", exact=True)
+    return (ins.lanes, ins.group) if ins is not None else None
+
+
+def integer_conv_layouts(call: Any, dot: tuple[int, int] | None) -> list[str] | None:
+    """[data, kernel, out] layouts of a quantized conv2d (uint8 data, int8 weight, int32 sum; `quantized`'s) in
+    the dot-product form: NHWC data and output, the weight `OHWI{L}o{G}i` (`conv2d_nhwc_dot`), so that a group
+    of G input channels is one 32-bit word of the data and L output channels one vector of sums; None where
+    the target has no exact instruction (`dot`) or the conv does not fit it (grouped, channels that L or G does
+    not divide)."""
+    attrs = call.attrs
+    data, weight = call.args[0].ty, call.args[1].ty
+    if dot is None or (str(data.dtype), str(weight.dtype), str(attrs.out_dtype)) != ("uint8", "int8", "int32"):
+        return None
+    lanes, group = dot
+    out_channels, in_channels = int(weight.shape[0]), int(weight.shape[1])
+    if int(attrs.groups) != 1 or out_channels % lanes or in_channels % group:
+        return None
+    return ["NHWC", f"OHWI{lanes}o{group}i", "NHWC"]
+
+
+def blocked_conv_layouts(lanes: int, dot: tuple[int, int] | None = None) -> Any:
+    """`ConvertLayout`'s per-call callback: the blocked layout for dense and depthwise NCHW conv2d, the
+    dot-product form for quantized ones where `dot` (the target's instruction, `dot_instruction`) fits them
+    (`integer_conv_layouts`), nothing else (other grouped convs, every other operator: ConvertLayout's own
+    rules)."""
 
     def layouts(call: Any) -> dict:
         op = getattr(call, "op", None)
@@ -58,6 +91,9 @@ def blocked_conv_layouts(lanes: int) -> Any:
         attrs = call.attrs
         if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
             return {"relax.nn.conv2d": [str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)]}
+        if str(call.args[0].ty.dtype) == "uint8":
+            integer = integer_conv_layouts(call, dot)
+            return {"relax.nn.conv2d": integer or ["NCHW", "OIHW", "NCHW"]}
         shape = call.args[1].ty.shape
         out_channels, in_channels, groups = int(shape[0]), int(shape[1]), int(attrs.groups)
         if groups == out_channels and in_channels == 1:  # depthwise: one block for data and output
@@ -78,6 +114,44 @@ def block_candidates(channels: int, lanes: int) -> tuple[int, ...]:
     ours = conv_blocks(channels, channels, lanes)[0]
     blocks = {b for b in (lanes // 4, lanes // 2, lanes, 2 * lanes) if b >= 4 and channels % b == 0}
     return tuple(sorted(blocks | {ours}))
+
+
+def conv2d_nhwc_dot(data: Any, kernel: Any, strides: Any, padding: Any, dilation: Any,
+                    out_dtype: str = "int32") -> Any:
+    """conv2d of NHWC data and a kernel packed for a dot-product instruction, `O/L KH KW I/G L G`
+    (`OHWI{L}o{G}i`), as TE:
+
+        out[n, y, x, ob, ol] = sum_{kh, kw, rc, g} pad(data)[n, y*sh + kh*dh, x*sw + kw*dw, rc*G + g]
+                                                   * kernel[ob, kh, kw, rc, ol, g]
+
+    then reshaped to NHWC (the same bytes). The output channel is two axes, a block and its L lanes, so that
+    a register block of one or two whole vectors indexes the kernel affinely; the group `g` is a reduction
+    axis of its own, the last, and the block says so (`DOT_GROUP`): the loop search (`tuner.space.LoopSpace`)
+    keeps it whole, innermost below the register block, the operand of the instruction
+    (`compiler.passes.tensorize`; `kernels.conv2d`'s layout with a general stride and dilation)."""
+    from tvm import te, topi
+
+    n, height, width, _ = (int(d) for d in data.shape)
+    blocks, kh_, kw_, chunks, lanes, group = (int(d) for d in kernel.shape)
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    out_h = (height + top + bottom - (kh_ - 1) * dh - 1) // sh + 1
+    out_w = (width + left + right - (kw_ - 1) * dw - 1) // sw + 1
+    if top or left or bottom or right:
+        data = topi.nn.pad(data, (0, top, left, 0), (0, bottom, right, 0), name="data_pad")
+    kh = te.reduce_axis((0, kh_), name="kh")
+    kw = te.reduce_axis((0, kw_), name="kw")
+    rc = te.reduce_axis((0, chunks), name="rc")
+    g = te.reduce_axis((0, group), name="g")
+    out = te.compute(
+        (n, out_h, out_w, blocks, lanes),
+        lambda b, y, x, ob, ol: te.sum(
+            data[b, y * sh + kh * dh, x * sw + kw * dw, rc * group + g].astype(out_dtype)
+            * kernel[ob, kh, kw, rc, ol, g].astype(out_dtype), axis=[kh, kw, rc, g]),
+        name="conv2d_nhwc_dot", attrs={DOT_GROUP: group},
+    )
+    return topi.reshape(out, (n, out_h, out_w, blocks * lanes))
 
 
 @dataclass(frozen=True)
@@ -152,11 +226,27 @@ def _blockable_convs(mod: Any, policy: Any) -> list[str]:
         for binding in block.bindings:
             call = binding.value
             if (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.conv2d"
-                    and isinstance(call.args[1], relax.Var) and call.args[1].name not in names):
+                    and weight_key(call) is not None and weight_key(call) not in names):
                 wanted = policy(call).get("relax.nn.conv2d", ["NCHW"])
                 if wanted[0] != str(call.attrs.data_layout):
-                    names.append(call.args[1].name)
+                    names.append(weight_key(call))
     return names
+
+
+def weight_key(call: Any) -> str | None:
+    """Which conv2d `call` is, by its weight: the parameter's name, or for a weight bound as a constant (the
+    int8 weights of a quantized program are buffers, which TVM's importer binds) "constant <shape> #<hash of its
+    value>"; None for a computed weight."""
+    import tvm_ffi
+    from tvm import relax
+
+    weight = call.args[1]
+    if isinstance(weight, relax.Var):
+        return weight.name
+    if type(weight).__name__ == "GenericConst":  # TVM 0.27's relax constant
+        shape = "x".join(str(int(d)) for d in weight.ty.shape)
+        return f"constant {shape} #{tvm_ffi.structural_hash(weight) & 0xFFFFFFFF:08x}"
+    return None
 
 
 def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False,
@@ -175,11 +265,11 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     at its boundary. With no conv blocked the module is returned as it is (no layout pass at all)."""
     from tvm import relax
 
-    rule = blocked_conv_layouts(lanes)
+    rule = blocked_conv_layouts(lanes, dot_instruction(target))
     sites = {site.weight: site for site in conv_sites(mod, lanes)} if blocks else {}
 
     def policy(call: Any) -> dict:
-        name = (getattr(call.args[1], "name", None)
+        name = (weight_key(call)
                 if getattr(getattr(call, "op", None), "name", "") == "relax.nn.conv2d" else None)
         if name in sites and name in blocks:
             return {"relax.nn.conv2d": site_layouts(sites[name], tuple(blocks[name]))}
@@ -190,7 +280,7 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     def attempt(blocked: set[str]) -> Any:
         def layouts(call: Any) -> dict:
             if (getattr(getattr(call, "op", None), "name", "") == "relax.nn.conv2d"
-                    and getattr(call.args[1], "name", None) not in blocked):
+                    and weight_key(call) not in blocked):
                 attrs = call.attrs  # said explicitly: {} would take the producer's blocked layout
                 return {"relax.nn.conv2d": [str(attrs.data_layout), str(attrs.kernel_layout),
                                             str(attrs.out_layout)]}
@@ -227,6 +317,10 @@ def legalize_conv2d(bb: Any, call: Any) -> Any:
     from tvm import relax, topi
 
     attrs = call.attrs
+    dot = re.fullmatch(r"OHWI(\d+)o(\d+)i", str(attrs.kernel_layout))
+    if str(attrs.data_layout) == "NHWC" and dot:
+        return bb.call_te(conv2d_nhwc_dot, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation,
+                          attrs.out_dtype or "int32", primfunc_name_hint="conv2d_nhwc_dot")
     if len(attrs.data_layout) == 4 and len(attrs.kernel_layout) == 4:
         return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
     args = (call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation, attrs.data_layout,

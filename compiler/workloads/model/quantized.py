@@ -93,13 +93,15 @@ def _quantize_per_tensor(node: Any, importer: Any) -> Any:
 
 
 def _dequantize_per_tensor(node: Any, importer: Any) -> Any:
-    """dequantize_per_tensor(x, scale, zero_point, ...): `(x - zero_point) * scale` in float32."""
+    """dequantize_per_tensor(x, scale, zero_point, ...): torch's `(x.to(float32) - zero_point) * scale`, as
+    element-wise operators (which `ConvertLayout` carries in any layout; `relax.op.dequantize` it wraps in
+    transposes)."""
     from tvm import relax
 
     x = importer.env[node.args[0]]
     scale, zero_point = float(node.args[1]), int(node.args[2])
-    return importer.block_builder.emit(relax.op.dequantize(
-        x, relax.const(scale, "float32"), relax.const(zero_point, "int32"), axis=0, out_dtype="float32"))
+    shifted = relax.op.subtract(relax.op.astype(x, "float32"), relax.const(float(zero_point), "float32"))
+    return importer.block_builder.emit(relax.op.multiply(shifted, relax.const(scale, "float32")))
 
 
 def _dequantize_per_channel(node: Any, importer: Any) -> Any:
