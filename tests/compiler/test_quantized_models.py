@@ -267,3 +267,21 @@ def test_a_tensorized_dot_product_model_matches_torch(wide, host_target):
     built = M.build_model(model, host_target, schedules)
     outs = M.run_model(built, [x.numpy()], host_target)
     assert M.compare_outputs(outs, M.reference_outputs(ep, [x.numpy()]), **M.tolerance(model)) is None
+
+
+@pytest.mark.parametrize("name", ["unet", "vit_block", "audio_cnn", "video_cnn", "fpn"])
+def test_pt2e_quantized_zoo_models_import_and_match_torch(name, host_target):
+    """Zoo models quantized by torchao's PT2E flow import under the default layouts and match the quantized
+    program: a transposed conv on dequantized data (unet: its blocked layout is not legalized, so it keeps
+    its own), attention and layer norm (vit_block), 1-D convs computed in integers, a video net whose 3-D
+    convs the X86 quantizer leaves in float (only its linear is quantized), an FPN's adds and upsampling on
+    dequantized tensors."""
+    _, inputs, ep = pt2e_quantized(name)
+    model = M.import_model(ep, layout="blocked", target=host_target)
+    assert model.quantized
+    integer = _integer_tasks(model)
+    kind = {"audio_cnn": "conv1d", "video_cnn": "matmul", "vit_block": "matmul"}.get(name, "conv2d")
+    assert any(kind in n for n in integer), [t.name for t in model.tasks]
+    arrays = [i.numpy() for i in inputs]
+    outs, expected = _run(model, ep, arrays, host_target)
+    assert M.compare_outputs(outs, expected, **M.tolerance(model)) is None

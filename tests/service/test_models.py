@@ -312,7 +312,7 @@ def test_a_quantized_model_tunes_in_integers_and_its_artifact_matches_torch(api,
 
     from service.worker import Worker
 
-    module, inputs, ep = pt2e_quantized("small_cnn")
+    module, inputs, ep = pt2e_quantized("se_net")  # 3 of its convs fit a VNNI instruction (NHWC, packed)
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     r = _upload(api, buf.getvalue(), budget=8, target="host")
@@ -328,8 +328,13 @@ def test_a_quantized_model_tunes_in_integers_and_its_artifact_matches_torch(api,
         trials = [(*tasks[t.task_id][:1], t.latency_ms, t.error, tasks[t.task_id][1])
                   for t in s.query(TrialRow).filter(TrialRow.job_id == job_id)]
     assert len(trials) == 8 and not [e for *_, e, _ in trials if e], trials
-    # an integer conv measured: its key names its operands' dtypes
+    # an integer conv measured: its key names its operands' dtypes; on a CPU with VNNI, in the dot-product form
     assert any("conv2d" in name and ms and "uint8" in key for name, ms, _, key in trials), trials
+    from compiler.target import resolve_target
+    from compiler.workloads.model.layouts import dot_instruction
+
+    if dot_instruction(resolve_target("host")) is not None:
+        assert any("conv2d_nhwc_dot" in name and ms for name, ms, *_ in trials), trials
 
     folder = tmp_path / "artifact"
     folder.mkdir()

@@ -16,7 +16,7 @@ from ..pt2 import ModelError, short_error
 
 from .converters import translate
 from .fold import fold_batch_norms
-from .layouts import MODEL_LAYOUTS, conv_sites, convert_layouts, legalize_conv2d, vector_lanes
+from .layouts import MODEL_LAYOUTS, conv_sites, convert_layouts, legalize_conv2d, unlegalized, vector_lanes
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
 if TYPE_CHECKING:
@@ -282,7 +282,11 @@ def _lower(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         relax.transform.DeadCodeElimination(),
     ])
     with target:  # topi's NCHWc conv2d asks for one
-        return seq(mod)
+        lowered = seq(mod)
+    left = unlegalized(lowered)
+    if left:
+        raise ValueError(f"operators not legalized in their layouts: {', '.join(left)}")
+    return lowered
 
 
 def _failing_operator(mod: tvm.IRModule, target: tvm.target.Target) -> str:

@@ -249,6 +249,22 @@ def weight_key(call: Any) -> str | None:
     return None
 
 
+def unlegalized(mod: Any) -> list[str]:
+    """The operators of "main" that `LegalizeOps` left as they were although they have a legalization: it
+    declined them, in a layout it does not take (a transposed conv in `NCHW16c`); the VM cannot run them."""
+    import tvm
+    from tvm import relax
+
+    found: set[str] = set()
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                    and call.op.get_attr("FLegalize") is not None):
+                found.add(str(call.op.name))
+    return sorted(found)
+
+
 def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False,
                     blocks: dict[str, tuple[int, int]] | None = None) -> tuple[Any, list[str]]:
     """`relax.transform.ConvertLayout` with the blocked policy (`blocked_conv_layouts`), for every conv2d it can
@@ -290,7 +306,9 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
             converted = relax.transform.ConvertLayout({}, layouts)(mod)
             if legalize:
                 with target:
-                    relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d})(converted)
+                    legalized = relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d})(converted)
+                if unlegalized(legalized):
+                    return None
         except Exception:  # noqa: BLE001 - TVM's internal errors (InternalError, bad_alloc as RuntimeError)
             return None
         return converted
