@@ -3,6 +3,7 @@
     python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
                            [--layout blocked|search|none] [--also-layouts L,...] [--no-metaschedule] [--no-torch] [--no-untuned]
                            [--torch-variants eager,channels_last,compile] [--no-onnxruntime] [--rounds N]
+                           [--quantize]
 
 Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
 mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side at its best:
@@ -28,6 +29,12 @@ mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side a
   optimization on (its NCHWc layout rewrite for x86 included), as many intra-op threads
   as torch; checked against torch once, then timed like the others (`onnxruntime_ms`,
   `vs_onnxruntime`).
+
+`--quantize` benchmarks each model quantized by torchao's PT2E flow (`zoo.quantized`: uint8 activations,
+int8 per-channel weights) on every side: ours imports it with its quantized convs and linears in integers
+(`compiler.workloads.model.quantized`; in the dot-product form where the CPU has VNNI), MetaSchedule gets the
+same translation, torch's variants run the quantized module (`compile`: inductor's int8 lowering to oneDNN);
+ONNX Runtime is not run; results are checked within a quantization step (`QUANTIZED_RTOL`).
 
 Every program (the untuned build, ours, MetaSchedule's, each torch variant, ONNX Runtime's) is timed in a
 fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
@@ -60,13 +67,26 @@ def torch_model(name: str, seed: int) -> tuple[Any, list]:
     return module, list(inputs)
 
 
-def _check(outs: list, expected: list) -> str | None:
+def torch_quantized_model(name: str, seed: int) -> tuple[Any, list]:
+    """`bench.common.TorchProgram` factory of `--quantize`: zoo model `name` quantized by torchao's PT2E flow
+    (`zoo.quantized`; its inductor lowering runs the quantized convs and linears with oneDNN's int8 kernels)."""
+    from compiler.workloads import zoo
+
+    module, inputs = zoo.quantized(name, seed)
+    return module, list(inputs)
+
+
+def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None:
+    """None when `outs` match `expected`; a quantized model's within `compiler.workloads.model.tolerance`'s bound
+    (a value rounded across a quantization step moves what follows by one step)."""
     from compiler.arrays import check_close
+    from compiler.workloads.model import QUANTIZED_ATOL, QUANTIZED_RTOL
 
     if len(outs) != len(expected):
         return f"{len(outs)} outputs, expected {len(expected)}"
+    bounds = {"rtol": QUANTIZED_RTOL, "atol": QUANTIZED_ATOL} if quantized else {}
     for i, (out, ref) in enumerate(zip(outs, expected)):
-        mismatch = check_close(out, ref)
+        mismatch = check_close(out, ref, **bounds)
         if mismatch is not None:
             return f"output {i}: {mismatch}"
     return None
@@ -166,7 +186,7 @@ def _ours_in(variant: str, ep: Any, target: Any, budget: int, seed: int, options
             facts["ours_trials"] += joint["measurements"] - sum(len(ts) for ts in joint["trials"].values())
             facts["ours_tune_s"] += joint["seconds"]
             facts["layout_search"] = {k: v for k, v in joint.items() if k != "trials"}
-        mismatch = _check(_run_vm(built.ex, inputs, built.params), expected)
+        mismatch = _check(_run_vm(built.ex, inputs, built.params), expected, quantized=options.get("quantize", False))
         facts["ours_correct"] = mismatch is None
         if mismatch is None:
             return facts, _export_vm(built.ex, inputs, built.params, folder / f"ours-{layout}-{fusion}")
@@ -206,10 +226,14 @@ def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any, f
                           "trials": {k: v for k, v in trials.items() if k in keys}}
 
 
-def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_round: int) -> dict:
+def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_round: int,
+                     quantized: bool = False) -> dict:
     """MetaSchedule's Relax flow at the same budget, weights layout-free and prepacked once (TVM's
     `static_shape_tuning_pipeline(cpu_weight_prepack=True)`, step by step so that the tuning gets our builder);
-    returns its executable, the transformed parameters and the tuning time."""
+    returns its executable, the transformed parameters and the tuning time. A `quantized` program, which TVM's
+    importer cannot read (torch's quantized_decomposed operators), is given our translation
+    (`compiler.workloads.model.translate`: the quantized convs and linears as u8 x s8 -> s32 operators, the
+    program ours starts from too)."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -218,7 +242,12 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
 
     from bench.baselines import fast_tvmscript_import, quiet_metaschedule, target_cores
 
-    mod, params = relax.frontend.detach_params(from_exported_program(ep, keep_params_as_input=True))
+    if quantized:
+        from compiler.workloads.model import translate
+
+        mod, params = relax.frontend.detach_params(translate(ep))
+    else:
+        mod, params = relax.frontend.detach_params(from_exported_program(ep, keep_params_as_input=True))
     cores = target_cores(target)
     fast_tvmscript_import()
     import tvm.s_tir.tensor_intrin  # noqa: F401 - start-up, not search
@@ -273,13 +302,15 @@ def _export_vm(ex: Any, inputs: list, params: list, path: Path) -> TvmProgram:
     return TvmProgram(str(path.with_suffix(".so")), save_args([*inputs, *params], path.with_suffix(".npz")), vm=True)
 
 
-def torch_programs(name: str, seed: int, variants: Sequence[str]) -> dict[str, TorchProgram]:
-    """The torch variants of zoo model `name` (channels_last only where an input is 4-D or 5-D)."""
+def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: bool = False) -> dict[str, TorchProgram]:
+    """The torch variants of zoo model `name` (channels_last only where an input is 4-D or 5-D), of its
+    PT2E-quantized form where `quantized`."""
     from compiler.workloads import zoo
 
     _, inputs = zoo.create(name, seed)
     spatial = any(x.dim() in (4, 5) for x in inputs)
-    return {f"torch_{v}": TorchProgram(torch_model, (name, seed), v) for v in variants
+    factory = torch_quantized_model if quantized else torch_model
+    return {f"torch_{v}": TorchProgram(factory, (name, seed), v) for v in variants
             if v != "channels_last" or spatial}
 
 
@@ -319,7 +350,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     from compiler.workloads.model import build_model, import_model, torch_outputs
 
     target = resolve_target(target_name)
-    module, torch_inputs = zoo.create(name, seed)
+    module, torch_inputs = zoo.quantized(name, seed) if options.get("quantize", False) else zoo.create(name, seed)
     import torch
 
     ep = torch.export.export(module, torch_inputs)
@@ -327,7 +358,8 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     expected = torch_outputs(module, torch_inputs)
     model = import_model(ep, layout=options["layout"], target=target)
     row: dict[str, Any] = {"name": name, "budget": budget, "layout": options["layout"], "inputs": [list(s.shape) for s in
-                                                                                      model.inputs]}
+                                                                                      model.inputs],
+                           "quantized": options.get("quantize", False)}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
 
     programs: dict[str, Any] = {}  # every correct program, timed at the end, each in a fresh process
@@ -352,10 +384,11 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_correct=None, metaschedule_error=None)
     if options["metaschedule"]:
         try:
-            ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["trials_per_round"])
+            ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["trials_per_round"],
+                                  quantized=options.get("quantize", False))
             ex, params = ms.pop("ex"), ms.pop("params")
             row.update(ms)
-            mismatch = _check(_run_vm(ex, inputs, params), expected)
+            mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=options.get("quantize", False))
             row["metaschedule_correct"] = mismatch is None
             if mismatch is None:
                 programs["metaschedule"] = _export_vm(ex, inputs, params, folder / "metaschedule")
@@ -364,9 +397,11 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
         except Exception as e:  # noqa: BLE001
             row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
     if options["torch"]:
-        programs.update(torch_programs(name, seed, options["torch_variants"]))
+        programs.update(torch_programs(name, seed, options["torch_variants"], options.get("quantize", False)))
     row["onnxruntime_ms"] = None
-    if options.get("onnxruntime"):
+    if options.get("onnxruntime") and options.get("quantize", False):
+        row["onnxruntime_error"] = "not run: torch.onnx does not export the quantized_decomposed operators"
+    elif options.get("onnxruntime"):
         facts, program = onnxruntime_program(module, torch_inputs, expected, folder)
         row.update(facts)
         if program is not None:
@@ -463,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-onnxruntime", action="store_true", help="leave ONNX Runtime (CPU) out")
     parser.add_argument("--torch-variants", default=",".join(TORCH_VARIANTS),
                         help=f"comma-separated torch variants to time (default: all of {', '.join(TORCH_VARIANTS)})")
+    parser.add_argument("--quantize", action="store_true",
+                        help="each model quantized by torchao's PT2E flow (X86 quantizer: uint8 activations, int8 "
+                             "per-channel weights), on every side: ours and MetaSchedule from it, torch's variants "
+                             "of it (compile: inductor's oneDNN int8 kernels); ONNX Runtime not run")
     parser.add_argument("--rounds", type=int, default=1,
                         help="fresh-process readings per program, in a new shuffled order each round (median)")
     args = parser.parse_args(argv)
@@ -491,12 +530,13 @@ def main(argv: list[str] | None = None) -> int:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
                    "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime, "layout": args.layout, "trials_per_round": args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
-                   "also_layouts": also}
+                   "also_layouts": also, "quantize": args.quantize}
         rows = []
         for i, name in enumerate(names):
             print(f"[{i + 1}/{len(names)}] {name} (budget {args.budget}) ...", file=sys.stderr, flush=True)
             rows.append(run_model(name, args.target, args.budget, args.seed, options, sys.stderr))
-    report = {"suite": "models", "target": target_key(args.target), "budget": args.budget, "cases": rows,
+    report = {"suite": "models", "target": target_key(args.target), "budget": args.budget, "quantized": args.quantize,
+              "cases": rows,
               "geomean": geomeans(rows) | {"vs_onnxruntime": geomean(r.get("vs_onnxruntime") for r in rows)},
               "environment": environment()}
     print(table(report))

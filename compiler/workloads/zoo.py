@@ -500,3 +500,26 @@ def export(name: str, seed: int = 0) -> torch.export.ExportedProgram:
 
     model, inputs = create(name, seed)
     return torch.export.export(model, inputs)
+
+
+def quantized(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Model `name` quantized as a user quantizes for an x86 CPU: torchao's PT2E flow (`prepare_pt2e`, one
+    calibration run on the example inputs, `convert_pt2e`) with its X86 quantizer's default configuration
+    (uint8 activations per tensor, int8 weights per output channel, symmetric); the quantized module (an
+    fx GraphModule computing with torch's quantized_decomposed operators) and the inputs.
+
+    Needs `torchao` (the dev extra: tests and benchmarks quantize; the service only loads what users quantized).
+    """
+    import torch
+
+    try:
+        from torchao.quantization.pt2e import quantize_pt2e
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+    except ImportError as e:  # pragma: no cover - the dev extra installs it
+        raise RuntimeError("quantizing a zoo model needs torchao (pip install -e '.[dev]')") from e
+
+    module, inputs = create(name, seed)
+    quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+    prepared = quantize_pt2e.prepare_pt2e(torch.export.export(module, inputs).module(), quantizer)
+    prepared(*inputs)
+    return quantize_pt2e.convert_pt2e(prepared), inputs

@@ -1,4 +1,5 @@
-"""bench.models' ONNX Runtime side (export, check, fresh-process timing) and its columns, without tuning."""
+"""bench.models' ONNX Runtime side (export, check, fresh-process timing) and its columns, without tuning; a
+`--quantize` run on a small model."""
 
 from __future__ import annotations
 
@@ -58,3 +59,19 @@ def test_also_layouts_take_chains_and_refuse_what_is_not_a_layout(capsys):
             main(["--models", "resnet18", "--also-layouts", bad])
         assert e.value.code == 2
         assert "--also-layouts" in capsys.readouterr().err
+
+
+def test_quantize_benchmarks_the_pt2e_quantized_model_on_every_side(tmp_path, capsys):
+    """`--quantize`: ours tunes the torchao-quantized model (checked within a quantization step), torch times the
+    quantized module, ONNX Runtime says why it is not run; the report says the models were quantized."""
+    import json
+
+    pytest.importorskip("torchao")
+    out = tmp_path / "q.json"
+    assert models.main(["--models", "se_net", "--budget", "2", "--quantize", "--no-metaschedule", "--no-untuned",
+                 "--torch-variants", "eager", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    row = report["cases"][0]
+    assert report["quantized"] and row["quantized"]
+    assert row["ours_correct"] and row["ours_ms"] > 0 and row["torch_variants_ms"]["eager"] > 0, row
+    assert "quantized_decomposed" in row["onnxruntime_error"]

@@ -132,15 +132,10 @@ def test_quantization_with_tensor_parameters_is_named_as_unsupported(host_target
 
 
 def pt2e_quantized(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], torch.export.ExportedProgram]:
-    """Zoo model `name` quantized as a user would: torchao's PT2E flow with its X86 quantizer (uint8 activations,
-    int8 per-channel weights), calibrated on the example inputs; the quantized module, inputs and its export."""
-    pt2e = pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
-    x86 = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
-    module, inputs = zoo.create(name)
-    quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
-    prepared = pt2e.prepare_pt2e(torch.export.export(module, inputs).module(), quantizer)
-    prepared(*inputs)
-    converted = pt2e.convert_pt2e(prepared)
+    """Zoo model `name` quantized as a user would (`zoo.quantized`: torchao's PT2E flow, its X86 quantizer), the
+    inputs and the quantized module's export."""
+    pytest.importorskip("torchao")
+    converted, inputs = zoo.quantized(name)
     return converted, inputs, torch.export.export(converted, inputs)
 
 
