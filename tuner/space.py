@@ -506,15 +506,16 @@ class LoopSpace(SearchSpace):
         axis before them up to `REGISTER_ROWS` and the accumulators -- the kernel window and up to 16 channel
         chunks in the inner reduction level, marked for the instruction (order SSRSRS), unrolled whole."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
-        spatial = [a for a in self.structure.spatial if a.extent > 1]
-        if len(spatial) >= 2:
-            *outer, block, lane = spatial
+        *outer, block, lane = self.structure.spatial  # (a unit block or rows axis has no knob)
+        outer = [a for a in outer if a.extent > 1]
+        if lane.extent > 1:
             config[lane.knob(SPATIAL_LEVELS - 1)] = lane.extent
-            vectors = 2 if block.extent % 2 == 0 else 1
+        vectors = 2 if block.extent % 2 == 0 else 1
+        if block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
-            if outer:
-                config[outer[-1].knob(SPATIAL_LEVELS - 1)] = max(
-                    d for d in divisors(outer[-1].extent) if d <= REGISTER_ROWS and d * vectors <= self.unit.accumulators)
+        if outer:
+            config[outer[-1].knob(SPATIAL_LEVELS - 1)] = max(
+                d for d in divisors(outer[-1].extent) if d <= REGISTER_ROWS and d * vectors <= self.unit.accumulators)
         *window, chunks = [a for a in self.structure.reduce if a.extent > 1] or [None]
         config.update({a.knob(1): a.extent for a in window if a is not None})
         if chunks is not None:
@@ -526,8 +527,8 @@ class LoopSpace(SearchSpace):
         try:
             return self.validate(config)
         except InvalidConfig:  # a register block over the unit's limit: one vector
-            if len(spatial) >= 2:
-                config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = 1
+            if block.extent > 1:
+                config[block.knob(SPATIAL_LEVELS - 1)] = 1
             return self.validate(config)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:

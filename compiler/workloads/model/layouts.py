@@ -72,7 +72,10 @@ def integer_conv_layouts(call: Any, dot: tuple[int, int] | None) -> list[str] | 
     if dot is None or (str(data.dtype), str(weight.dtype), str(attrs.out_dtype)) != ("uint8", "int8", "int32"):
         return None
     lanes, group = dot
-    out_channels, in_channels = int(weight.shape[0]), int(weight.shape[1])
+    kernel = str(attrs.kernel_layout)
+    if str(attrs.data_layout) not in ("NCHW", "NHWC") or sorted(kernel) != sorted("OIHW"):
+        return None
+    out_channels, in_channels = int(weight.shape[kernel.index("O")]), int(weight.shape[kernel.index("I")])
     if int(attrs.groups) != 1 or out_channels % lanes or in_channels % group:
         return None
     return ["NHWC", f"OHWI{lanes}o{group}i", "NHWC"]
@@ -89,11 +92,11 @@ def blocked_conv_layouts(lanes: int, dot: tuple[int, int] | None = None) -> Any:
         if getattr(op, "name", "") != "relax.nn.conv2d":
             return {}
         attrs = call.attrs
+        own = [str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)]
+        if str(call.args[0].ty.dtype) == "uint8":  # quantized (NCHW, or a quantized linear's NHWC 1x1 form)
+            return {"relax.nn.conv2d": integer_conv_layouts(call, dot) or own}
         if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
-            return {"relax.nn.conv2d": [str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)]}
-        if str(call.args[0].ty.dtype) == "uint8":
-            integer = integer_conv_layouts(call, dot)
-            return {"relax.nn.conv2d": integer or ["NCHW", "OIHW", "NCHW"]}
+            return {"relax.nn.conv2d": own}
         shape = call.args[1].ty.shape
         out_channels, in_channels, groups = int(shape[0]), int(shape[1]), int(attrs.groups)
         if groups == out_channels and in_channels == 1:  # depthwise: one block for data and output
@@ -227,8 +230,8 @@ def _blockable_convs(mod: Any, policy: Any) -> list[str]:
             call = binding.value
             if (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.conv2d"
                     and weight_key(call) is not None and weight_key(call) not in names):
-                wanted = policy(call).get("relax.nn.conv2d", ["NCHW"])
-                if wanted[0] != str(call.attrs.data_layout):
+                wanted = policy(call).get("relax.nn.conv2d", ["NCHW", "OIHW"])
+                if list(wanted[:2]) != [str(call.attrs.data_layout), str(call.attrs.kernel_layout)]:
                     names.append(weight_key(call))
     return names
 

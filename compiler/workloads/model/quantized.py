@@ -13,8 +13,9 @@ The integer part of that sum is exact in int32, so with the weights' zero point 
 where `pad(xq, zx)` pads with the zero point (the value that dequantizes to 0): one u8 x s8 -> s32 convolution
 on a quarter of the bytes of the float one, the form the int8 dot-product instructions take, and a per-channel
 correction and scale that depend on the parameters alone (`LiftTransformParams` computes them once, at build
-time). A linear (`addmm` / `mm` after torch's decompositions) is the same with a matmul. Between two quantized
-operators the tensor stays uint8: the first's epilogue ends in `quantize_per_tensor`, the next reads it.
+time). A linear (`addmm` / `mm` after torch's decompositions) is the same, as a 1x1 conv over its rows (NHWC).
+Between two quantized operators the tensor stays uint8: the first's epilogue ends in `quantize_per_tensor`, the
+next reads it.
 
 What is not of that form -- a dequantized tensor read by an add, a pooling, a concat; a quantized operator with
 weights that are not symmetric or not per output channel -- computes in float on the dequantized values, as the
@@ -205,8 +206,13 @@ def _integer_linear(fallback: Converter, values: Mapping[str, torch.Tensor], *, 
         (xq_node, scale, zero_point), (wq_node, scales_node) = operands
         xq, wq, scales = importer.env[xq_node], importer.env[wq_node], importer.env[scales_node]
         bb = importer.block_builder
-        acc = bb.emit(relax.op.matmul(xq, relax.op.permute_dims(wq, [1, 0]), out_dtype="int32"))
-        out = _scaled(importer, acc, wq, scales, scale, zero_point, [1], (int(wq.ty.shape[0]),))
+        (m, k), n = (int(d) for d in xq.ty.shape), int(wq.ty.shape[0])
+        # a 1x1 conv in NHWC: one program form with the quantized convs, so the layout policy gives it the same
+        # dot-product form where the CPU has one (`layouts.integer_conv_layouts`)
+        acc = bb.emit(relax.op.nn.conv2d(relax.op.reshape(xq, (1, 1, m, k)), relax.op.reshape(wq, (n, 1, 1, k)),
+                                         data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32"))
+        acc = bb.emit(relax.op.reshape(acc, (m, n)))
+        out = _scaled(importer, acc, wq, scales, scale, zero_point, [1], (n,))
         if bias:
             out = bb.emit(relax.op.add(out, importer.env[node.args[0]]))
         return out
