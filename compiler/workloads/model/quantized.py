@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 Converter = Callable[[Any, Any], Any]
 
 _DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
+INT8_GROUP = 4  # reduction elements an int8 dot-product instruction sums per lane (VNNI, vpmaddubsw, sdot)
 _DEQUANTIZE_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
 
 
@@ -172,8 +173,13 @@ def _integer_conv(fallback: Converter, values: Mapping[str, torch.Tensor]) -> Co
             return fallback(node, importer)
         bb = importer.block_builder
         padding = [int(p) for p in padding] * (rank if len(padding) == 1 else 1)
-        if any(padding) and zero_point:  # padded with the zero point: the value that dequantizes to 0
-            widths = [0, 0, 0, 0] + [w for p in padding for w in (p, p)]
+        # input channels up to a multiple of the int8 instructions' group (3 RGB channels -> 4), the weights
+        # of the new channels 0 (a constant, folded at import), so the dot-product form takes the conv too
+        extra = -int(xq.ty.shape[1]) % INT8_GROUP if groups == 1 else 0
+        if extra:
+            wq = bb.emit(relax.op.nn.pad(wq, [0, 0, 0, extra] + [0, 0] * rank, pad_value=0.0))
+        if extra or (any(padding) and zero_point):  # padded with the zero point: the value that dequantizes to 0
+            widths = [0, 0, 0, extra] + [w for p in padding for w in (p, p)]
             xq = bb.emit(relax.op.nn.pad(xq, widths, pad_value=float(zero_point)))
             padding = [0] * rank
         conv = {1: relax.op.nn.conv1d, 2: relax.op.nn.conv2d, 3: relax.op.nn.conv3d}[rank]
