@@ -129,6 +129,23 @@ def client(settings, admin_token):
         yield c
 
 
+def _run_async(coro):
+    """`asyncio.run(coro)` in a thread of its own: the web tests' session-wide browser (playwright's sync API)
+    keeps an event loop running in this process's main thread, where `asyncio.run` then refuses to start."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture
+def run_async():
+    """`run_async(coro)`: `asyncio.run` that works in any test process (see `_run_async`; a fixture, since
+    `from conftest import` may find tests/web/conftest.py)."""
+    return _run_async
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

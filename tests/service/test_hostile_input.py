@@ -70,7 +70,7 @@ def test_event_stream_parameters_are_bounded(client, path, headers, status):
     assert r.status_code == status, r.text
 
 
-def test_the_jobs_stream_takes_the_oldest_timestamp(settings):
+def test_the_jobs_stream_takes_the_oldest_timestamp(settings, run_async):
     """Year 1 as Last-Event-ID: the stream reads a window behind it, which underflowed (a 500 in the stream)."""
     import asyncio
 
@@ -83,7 +83,7 @@ def test_the_jobs_stream_takes_the_oldest_timestamp(settings):
         return [await anext(stream), await asyncio.wait_for(anext(stream), 5)]
 
     with pytest.raises(TimeoutError):  # no job: nothing to send, and nothing raised
-        asyncio.run(first_two())
+        run_async(first_two())
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])

@@ -144,7 +144,7 @@ async def _run(base: str, job_id: int, load: Load) -> None:
         await asyncio.gather(*clients, *streams, return_exceptions=True)
 
 
-def test_hundred_clients_and_fifty_streams_while_a_worker_tunes(served):
+def test_hundred_clients_and_fifty_streams_while_a_worker_tunes(served, run_async):
     r = httpx.post(f"{served}/api/v1/jobs", json=JOB, timeout=REQUEST_TIMEOUT)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
@@ -156,7 +156,7 @@ def test_hundred_clients_and_fifty_streams_while_a_worker_tunes(served):
     load = Load()
     started = time.monotonic()
     try:
-        asyncio.run(asyncio.wait_for(_run(served, job_id, load), BOUND_SECONDS))
+        run_async(asyncio.wait_for(_run(served, job_id, load), BOUND_SECONDS))
         finished = True
     except TimeoutError:
         finished = False

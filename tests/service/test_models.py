@@ -259,47 +259,59 @@ def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
+def _tune_upload(api, settings, data: bytes, budget: int) -> tuple[dict, list]:
+    """Uploads `data`, runs the worker once; the succeeded job and its trials (task name, ms, error, task key)."""
+    from service.worker import Worker
+
+    r = _upload(api, data, budget=budget, target="host")
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    assert Worker(settings).run_once() == job_id
+    job = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job["error"]
+    tasks = {t["id"]: (t["name"], t["workload_key"]) for t in job["tasks"]}
+    with session_scope(settings.resolved_database_url) as s:
+        trials = [(tasks[t.task_id][0], t.latency_ms, t.error, tasks[t.task_id][1])
+                  for t in s.query(TrialRow).filter(TrialRow.job_id == job_id)]
+    return job, trials
+
+
+def _run_artifact(api, job_id: int, folder, arrays: list) -> tuple[dict, dict]:
+    """Downloads the job's artifact into `folder`, runs its run.py on `arrays`; (manifest, outputs by name)."""
+    folder.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(api.get(f"/api/v1/jobs/{job_id}/artifact").content)) as tar:
+        tar.extractall(folder, filter="data")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    np.savez(folder / "in.npz", **{s["name"]: a for s, a in zip(manifest["inputs"], arrays)})
+    done = subprocess.run([sys.executable, "run.py", "in.npz", "out.npz"], cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with np.load(folder / "out.npz") as out:
+        return manifest, dict(out)
+
+
 def test_a_bfloat16_model_tunes_and_its_artifact_matches_torch(api, settings, tmp_path):
     """A model exported in bfloat16 (`module.to(torch.bfloat16)`): convs and matmuls accumulate in float32 and
     round back, as torch does on a CPU; tuned, checked whole and served; run.py takes float32 inputs (rounds them)
     and writes bfloat16 outputs as float32."""
     if settings.resolved_database_url.startswith("postgresql"):
         pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
-    from service.worker import Worker
-
     module, inputs = zoo.create("small_cnn")
     module, inputs = module.to(torch.bfloat16), [x.to(torch.bfloat16) for x in inputs]
     buf = io.BytesIO()
     torch.export.save(torch.export.export(module, tuple(inputs)), buf)
-    r = _upload(api, buf.getvalue(), budget=8, target="host")
-    assert r.status_code == 201, r.text
-    job_id = r.json()["id"]
-    assert Worker(settings).run_once() == job_id
-    job = api.get(f"/api/v1/jobs/{job_id}").json()
-    assert job["status"] == "succeeded", job["error"]
+    job, trials = _tune_upload(api, settings, buf.getvalue(), budget=8)
     report = job["spec"]["report"]
     assert report["check"]["passed"] and not report["check"]["removed_schedules"], report["check"]
-    names = {t["id"]: t["name"] for t in job["tasks"]}
-    with session_scope(settings.resolved_database_url) as s:
-        trials = [(names[t.task_id], t.latency_ms, t.error) for t in s.query(TrialRow).filter(TrialRow.job_id == job_id)]
-    assert len(trials) == 8 and not [e for *_, e in trials if e], trials
-    assert any("conv2d_NCHWc" in name and ms for name, ms, _ in trials), trials  # bfloat16 convs searched
+    assert len(trials) == 8 and not [e for _, _, e, _ in trials if e], trials
+    assert any("conv2d_NCHWc" in name and ms for name, ms, *_ in trials), trials  # bfloat16 convs searched
 
-    folder = tmp_path / "artifact"
-    folder.mkdir()
-    with tarfile.open(fileobj=io.BytesIO(api.get(f"/api/v1/jobs/{job_id}/artifact").content)) as tar:
-        tar.extractall(folder, filter="data")
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest, out = _run_artifact(api, job["id"], tmp_path / "artifact", [x.float().numpy() for x in inputs])
     assert [s["dtype"] for s in manifest["inputs"]] == ["bfloat16"] and manifest["outputs"][0]["dtype"] == "bfloat16"
-    np.savez(folder / "in.npz", **{s["name"]: x.float().numpy() for s, x in zip(manifest["inputs"], inputs)})
-    done = subprocess.run([sys.executable, "run.py", "in.npz", "out.npz"], cwd=folder, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
     with torch.no_grad():
         expected = module(*inputs).float().numpy()
-    with np.load(folder / "out.npz") as out:
-        assert out["output0"].dtype == np.float32
-        np.testing.assert_allclose(out["output0"], expected, rtol=1 / 64, atol=1 / 64 * np.abs(expected).max())
+    assert out["output0"].dtype == np.float32
+    np.testing.assert_allclose(out["output0"], expected, rtol=1 / 64, atol=1 / 64 * np.abs(expected).max())
 
 
 def test_a_quantized_model_tunes_in_integers_and_its_artifact_matches_torch(api, settings, tmp_path):
@@ -308,45 +320,23 @@ def test_a_quantized_model_tunes_in_integers_and_its_artifact_matches_torch(api,
     program and matches it within a quantization step."""
     if settings.resolved_database_url.startswith("postgresql"):
         pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
+    from compiler.target import resolve_target
+    from compiler.workloads.model.layouts import dot_instruction
     from tests.compiler.test_quantized_models import pt2e_quantized
-
-    from service.worker import Worker
 
     module, inputs, ep = pt2e_quantized("se_net")  # 3 of its convs fit a VNNI instruction (NHWC, packed)
     buf = io.BytesIO()
     torch.export.save(ep, buf)
-    r = _upload(api, buf.getvalue(), budget=8, target="host")
-    assert r.status_code == 201, r.text
-    job_id = r.json()["id"]
-    assert Worker(settings).run_once() == job_id
-    job = api.get(f"/api/v1/jobs/{job_id}").json()
-    assert job["status"] == "succeeded", job["error"]
-    report = job["spec"]["report"]
-    assert report["check"]["passed"], report["check"]
-    tasks = {t["id"]: (t["name"], t["workload_key"]) for t in job["tasks"]}
-    with session_scope(settings.resolved_database_url) as s:
-        trials = [(*tasks[t.task_id][:1], t.latency_ms, t.error, tasks[t.task_id][1])
-                  for t in s.query(TrialRow).filter(TrialRow.job_id == job_id)]
-    assert len(trials) == 8 and not [e for *_, e, _ in trials if e], trials
+    job, trials = _tune_upload(api, settings, buf.getvalue(), budget=8)
+    assert job["spec"]["report"]["check"]["passed"], job["spec"]["report"]["check"]
+    assert len(trials) == 8 and not [e for _, _, e, _ in trials if e], trials
     # an integer conv measured: its key names its operands' dtypes; on a CPU with VNNI, in the dot-product form
     assert any("conv2d" in name and ms and "uint8" in key for name, ms, _, key in trials), trials
-    from compiler.target import resolve_target
-    from compiler.workloads.model.layouts import dot_instruction
-
     if dot_instruction(resolve_target("host")) is not None:
         assert any("conv2d_nhwc_dot" in name and ms for name, ms, *_ in trials), trials
 
-    folder = tmp_path / "artifact"
-    folder.mkdir()
-    with tarfile.open(fileobj=io.BytesIO(api.get(f"/api/v1/jobs/{job_id}/artifact").content)) as tar:
-        tar.extractall(folder, filter="data")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    np.savez(folder / "in.npz", **{s["name"]: x.numpy() for s, x in zip(manifest["inputs"], inputs)})
-    done = subprocess.run([sys.executable, "run.py", "in.npz", "out.npz"], cwd=folder, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    _, out = _run_artifact(api, job["id"], tmp_path / "artifact", [x.numpy() for x in inputs])
     with torch.no_grad():
         expected = module(*inputs).numpy()
-    with np.load(folder / "out.npz") as out:
-        np.testing.assert_allclose(out["output0"], expected, rtol=M.QUANTIZED_RTOL,
-                                   atol=M.QUANTIZED_ATOL * max(1.0, np.abs(expected).max()))
+    np.testing.assert_allclose(out["output0"], expected, rtol=M.QUANTIZED_RTOL,
+                               atol=M.QUANTIZED_ATOL * max(1.0, np.abs(expected).max()))

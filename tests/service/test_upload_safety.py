@@ -9,7 +9,6 @@ nothing stored, no job) and given to the worker's loader directly.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
@@ -333,7 +332,7 @@ def test_upload_over_the_limit_is_413_before_reading(small_client, settings):
     assert _stored(settings) == [] and _jobs(settings) == 0
 
 
-def test_streaming_reader_stops_at_the_limit(tmp_path):
+def test_streaming_reader_stops_at_the_limit(tmp_path, run_async):
     """No Content-Length: the body is read as it comes and reading stops at the first chunk over the limit."""
     from fastapi import HTTPException
     from starlette.requests import Request
@@ -352,13 +351,13 @@ def test_streaming_reader_stops_at_the_limit(tmp_path):
     scope = {"type": "http", "method": "POST", "path": "/", "headers": [
         (b"content-type", b"multipart/form-data; boundary=" + boundary)]}
     with pytest.raises(HTTPException) as info:
-        asyncio.run(receive_upload(Request(scope, receive), tmp_path, max_file_bytes=10 * chunk))
+        run_async(receive_upload(Request(scope, receive), tmp_path, max_file_bytes=10 * chunk))
     assert info.value.status_code == 413
     assert len(sent) == 1 + 11  # the headers, ten chunks within the limit, the one over it; no more
     assert list(tmp_path.iterdir()) == []
 
 
-def test_streaming_reader_keeps_the_file_on_disk(tmp_path):
+def test_streaming_reader_keeps_the_file_on_disk(tmp_path, run_async):
     import hashlib
 
     from starlette.requests import Request
@@ -376,7 +375,7 @@ def test_streaming_reader_keeps_the_file_on_disk(tmp_path):
 
     scope = {"type": "http", "method": "POST", "path": "/", "headers": [
         (b"content-type", b"multipart/form-data; boundary=b"), (b"content-length", str(len(body)).encode())]}
-    upload = asyncio.run(receive_upload(Request(scope, receive), tmp_path, max_file_bytes=len(payload)))
+    upload = run_async(receive_upload(Request(scope, receive), tmp_path, max_file_bytes=len(payload)))
     assert upload.path.parent == tmp_path and upload.path.read_bytes() == payload
     assert upload.size == len(payload) and upload.sha256 == hashlib.sha256(payload).hexdigest()
     assert upload.filename == "net.pt2" and upload.fields == {"spec": "{\"budget\": 8}"}
