@@ -350,7 +350,8 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     from compiler.workloads.model import build_model, import_model, torch_outputs
 
     target = resolve_target(target_name)
-    module, torch_inputs = zoo.quantized(name, seed) if options.get("quantize", False) else zoo.create(name, seed)
+    quantized = options.get("quantize", False)
+    module, torch_inputs = zoo.quantized(name, seed) if quantized else zoo.create(name, seed)
     import torch
 
     ep = torch.export.export(module, torch_inputs)
@@ -359,7 +360,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     model = import_model(ep, layout=options["layout"], target=target)
     row: dict[str, Any] = {"name": name, "budget": budget, "layout": options["layout"], "inputs": [list(s.shape) for s in
                                                                                       model.inputs],
-                           "quantized": options.get("quantize", False)}
+                           "quantized": quantized}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
 
     programs: dict[str, Any] = {}  # every correct program, timed at the end, each in a fresh process
@@ -385,10 +386,10 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     if options["metaschedule"]:
         try:
             ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["trials_per_round"],
-                                  quantized=options.get("quantize", False))
+                                  quantized=quantized)
             ex, params = ms.pop("ex"), ms.pop("params")
             row.update(ms)
-            mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=options.get("quantize", False))
+            mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=quantized)
             row["metaschedule_correct"] = mismatch is None
             if mismatch is None:
                 programs["metaschedule"] = _export_vm(ex, inputs, params, folder / "metaschedule")
@@ -397,9 +398,9 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
         except Exception as e:  # noqa: BLE001
             row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
     if options["torch"]:
-        programs.update(torch_programs(name, seed, options["torch_variants"], options.get("quantize", False)))
+        programs.update(torch_programs(name, seed, options["torch_variants"], quantized))
     row["onnxruntime_ms"] = None
-    if options.get("onnxruntime") and options.get("quantize", False):
+    if options.get("onnxruntime") and quantized:
         row["onnxruntime_error"] = "not run: torch.onnx does not export the quantized_decomposed operators"
     elif options.get("onnxruntime"):
         facts, program = onnxruntime_program(module, torch_inputs, expected, folder)

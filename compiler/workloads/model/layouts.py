@@ -228,11 +228,13 @@ def _blockable_convs(mod: Any, policy: Any) -> list[str]:
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
             call = binding.value
-            if (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.conv2d"
-                    and weight_key(call) is not None and weight_key(call) not in names):
+            if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.nn.conv2d"):
+                continue
+            key = weight_key(call)  # hashes a constant weight's values: once per conv
+            if key is not None and key not in names:
                 wanted = policy(call).get("relax.nn.conv2d", ["NCHW", "OIHW"])
                 if list(wanted[:2]) != [str(call.attrs.data_layout), str(call.attrs.kernel_layout)]:
-                    names.append(weight_key(call))
+                    names.append(key)
     return names
 
 
