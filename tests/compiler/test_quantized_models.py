@@ -155,7 +155,9 @@ def test_a_pt2e_quantized_model_imports_in_integers_and_matches_torch(host_targe
     assert M.compare_outputs(outs, [expected], **M.tolerance(model)) is None
 
 
-SKYLAKE_AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512"}  # AVX-512 BW (vpmaddubsw: saturates), no VNNI
+SKYLAKE_AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512"}  # AVX-512 BW, no VNNI: vpmaddwd, 16 lanes x pairs
+HASWELL = {"kind": "llvm", "mcpu": "haswell"}  # AVX2, no VNNI: vpmaddwd, 8 lanes x pairs
+GENERIC = {"kind": "llvm", "mcpu": "x86-64"}  # SSE2: no int8 instruction of ours
 CASCADELAKE = {"kind": "llvm", "mcpu": "cascadelake"}  # AVX-512 VNNI: 16 int32 lanes x groups of 4
 ALDERLAKE = {"kind": "llvm", "mcpu": "alderlake"}  # AVX-VNNI (ymm): 8 lanes x 4
 
@@ -196,11 +198,14 @@ def wide(tmp_path_factory):
     return _saved(torch.export.export(Wide().eval(), (x,)), tmp_path_factory.mktemp("wide")), x
 
 
-@pytest.mark.parametrize(("target", "lanes"), [(CASCADELAKE, 16), (ALDERLAKE, 8), (SKYLAKE_AVX512, None)])
-def test_quantized_convs_take_the_dot_product_layout_where_the_target_has_an_exact_instruction(wide, target, lanes):
+@pytest.mark.parametrize(("target", "lanes", "group"), [(CASCADELAKE, 16, 4), (ALDERLAKE, 8, 4),
+                                                      (SKYLAKE_AVX512, 16, 2), (HASWELL, 8, 2), (GENERIC, None, 0)])
+def test_quantized_convs_take_the_dot_product_layout_where_the_target_has_an_exact_instruction(
+        wide, target, lanes, group):
     """With the default (blocked) layouts a quantized conv or linear whose channels fit runs NHWC with its
-    weight packed `O/L KH KW I/4 L 4` for the target's VNNI (the 3-channel conv's input padded to 4 channels);
-    a CPU whose only u8 x s8 instruction saturates (vpmaddubsw) keeps every conv in its own layout."""
+    weight packed `O/L KH KW I/G L G` for the target's exact instruction: VNNI's groups of 4, or on a CPU without
+    VNNI the pairs of `vpmaddwd` (never the saturating `vpmaddubsw`); the 3-channel conv's input padded to 4
+    channels. A CPU with no int8 instruction at all keeps every conv in its own layout."""
     from tvm.target import Target
 
     ep, _ = wide
@@ -211,9 +216,10 @@ def test_quantized_convs_take_the_dot_product_layout_where_the_target_has_an_exa
         return
     assert len(dot) == 4, [t.name for t in model.tasks]
     kernels = sorted(a.shape for t in dot for a in t.args if a.dtype == "int8")
-    # the RGB conv's 3 input channels padded to one group of 4 (zero weights), the others', the linear's
-    assert kernels == sorted([(16 // lanes, 3, 3, 1, lanes, 4), (32 // lanes, 3, 3, 4, lanes, 4),
-                              (32 // lanes, 3, 3, 8, lanes, 4), (16 // lanes, 1, 1, 8, lanes, 4)]), kernels
+    # the RGB conv's 3 input channels padded to 4 (zero weights), the others', the linear's
+    # (output, kernel, input channels) of each
+    shapes = [(16, 3, 4), (32, 3, 16), (32, 3, 32), (16, 1, 32)]
+    assert kernels == sorted((o // lanes, k, k, i // group, lanes, group) for o, k, i in shapes), kernels
 
 
 def test_the_dot_product_form_is_searched_with_its_group_innermost(wide):
@@ -244,27 +250,31 @@ def test_the_dot_product_form_is_searched_with_its_group_innermost(wide):
 
 
 def test_a_tensorized_dot_product_model_matches_torch(wide, host_target):
-    """On a CPU with VNNI: each dot-form conv scheduled with the space's seed (marked) compiles to vpdpbusd, and
-    the model built with those schedules (the linear's too) matches the quantized program."""
-    from compiler.build import compile_module
+    """On a CPU with an exact int8 instruction (VNNI, or vpmaddwd's pairs without it): each dot-form conv
+    scheduled with the space's seed (marked) is tensorized, and the model built with those schedules (the
+    linear's too) matches the quantized program."""
+    import tvm
+
+    from compiler.passes.tensorize import tensorize_module
     from compiler.workloads.model.layouts import dot_instruction
     from tuner.space import LoopSpace
 
     if dot_instruction(host_target) is None:
-        pytest.skip("this CPU has no exact u8 x s8 dot-product instruction (VNNI)")
+        pytest.skip("this CPU has no exact u8 x s8 dot-product instruction")
     ep, x = wide
     model = M.import_model(ep, layout="blocked", target=host_target)
     schedules, tensorized = {}, []
     for task in _dot_tasks(model):
         space = LoopSpace(task.prim_func)
         mod = space.apply(space.blocked_config()).mod
-        if "vpdpbusd" in compile_module(mod, host_target).mod.inspect_source("asm"):
-            tensorized.append(task.workload_key)
+        _, reports = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod), exact=True)
+        if any(r.used for r in reports.values()):
+            tensorized.append(next(a.shape for a in task.args if a.dtype == "int8"))
         schedules[task.workload_key] = mod
-    # the convs; not the linear: its one row leaves no rows loop for the micro-kernel (select.py), so LLVM
-    # vectorizes it as it was
+    # the convs; not the linear (its packed weight is 1x1): its one row leaves no rows loop for the
+    # micro-kernel (select.py), so LLVM vectorizes it as it was
     assert len(schedules) == 4 and len(tensorized) == 3, tensorized
-    assert not [k for k in tensorized if ",1x1x1x8x16x4," in k], tensorized  # the linear's packed 1x1 weight
+    assert all(shape[1:3] == (3, 3) for shape in tensorized), tensorized
     built = M.build_model(model, host_target, schedules)
     outs = M.run_model(built, [x.numpy()], host_target)
     assert M.compare_outputs(outs, M.reference_outputs(ep, [x.numpy()]), **M.tolerance(model)) is None

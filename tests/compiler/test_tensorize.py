@@ -82,10 +82,10 @@ def test_eliminate_conditions_decides_by_ranges():
     assert _ir.is_noop(eliminate_conditions(never, {}))
 
 
-def _gemm_mod(m, n, k, dtype, target, marked=True):
-    blk = kernels.blocking(target, dtype)
+def _gemm_mod(m, n, k, dtype, target, marked=True, exact=True):
+    blk = kernels.blocking(target, dtype, exact)
     types = kernels.operands(target, dtype)
-    func = kernels.gemm(m, n, k, dtype, blk.lanes, types=types)
+    func = kernels.gemm(m, n, k, dtype, blk.lanes, types=types, group=blk.group)
     return kernels.schedule_gemm(func, blk, marked), blk
 
 
@@ -93,8 +93,9 @@ def test_partition_leaves_the_main_part_without_branches(host_target):
     mod, blk = _gemm_mod(55, 55, 64, "float32", host_target)
     func = partition(lower(mod)["main"])
     marked = [x for x in _ir.walk(func.body) if isinstance(x, tirx.For) and ANNOTATION in x.annotations]
-    # rows 55 = 4 x 12 + 7 (AVX-512), columns 55 = 32 + 16 + 7: four pieces, none with a branch inside
-    assert len(marked) == 4, func.script()
+    # rows 55 = 4 x 12 + 7 on AVX-512 (11 x 5 on AVX2), columns 55 = 32 + 23 (48 + 7): a main part and a
+    # remainder of the columns, of the rows where they do not divide; none with a branch inside
+    assert len(marked) == 2 * (2 if 55 % blk.rows else 1), func.script()
     assert all(_ifs(x) == [] for x in marked)
     lane = [x.loop_var.name for x in _ir.walk(marked[0]) if isinstance(x, tirx.For)][-1]
     lane_extents = {int(x.extent) for m in marked for x in _ir.walk(m) if isinstance(x, tirx.For)
@@ -174,7 +175,7 @@ def test_gemm_non_divisible_equals_numpy(dtype, host_target):
     _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
     assert report["main"].used, report
     # the lane remainder (127 = 7 x 16 + 15) is tensorized too (a whole vector on B's padding); only the
-    # reduction's group remainder (255 = 63 x 4 + 3) stays scalar
+    # reduction's group remainder (255 = 63 x 4 + 3, or 127 x 2 + 1 for vpmaddwd's pairs) stays scalar
     assert all("group" in why for why in report["main"].left), report
     assert (dtype == "float32") == (not report["main"].left), report
     a, b, ref = _gemm_data(m, n, k, dtype, types, np.random.default_rng(0))
@@ -185,9 +186,9 @@ def test_gemm_non_divisible_equals_numpy(dtype, host_target):
 @pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
 def test_conv2d_255_channels_equals_numpy(dtype, host_target):
     n, h, w, c, f, kh = 1, 11, 11, 255, 127, 3
-    blk = kernels.blocking(host_target, dtype)
+    blk = kernels.blocking(host_target, dtype, exact=True)
     types = kernels.operands(host_target, dtype)
-    func = kernels.conv2d(n, h, w, c, f, kh, dtype, blk.lanes, types=types)
+    func = kernels.conv2d(n, h, w, c, f, kh, dtype, blk.lanes, types=types, group=blk.group)
     mod = kernels.schedule_conv2d(func, blk)
     _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
     assert report["main"].used, report
@@ -257,9 +258,9 @@ def _asm(lib):
 def test_avx2_target_never_gets_avx512_or_vnni_and_still_computes(host_target):
     target = tvm.target.Target(HASWELL)
     names = {i.name for i in available(target)}
-    assert names == {"fma_f32_avx2", "dot_u8i8_avx2", "dot_bf16_fma256"}, names
+    assert names == {"fma_f32_avx2", "dot_u8i8_wd256", "dot_u8i8_avx2", "dot_bf16_fma256"}, names
     m, n, k = 23, 37, 61
-    mod, blk = _gemm_mod(m, n, k, "int8", target)
+    mod, blk = _gemm_mod(m, n, k, "int8", target, exact=False)
     assert blk.lanes == 8
     # vpmaddubsw saturates int16 pair sums: exact for activations below 128 (see instructions.py)
     a, b, ref = _gemm_data(m, n, k, "int8", kernels.OPERANDS["int8"], np.random.default_rng(4), unsigned_max=128)
@@ -267,6 +268,34 @@ def test_avx2_target_never_gets_avx512_or_vnni_and_still_computes(host_target):
     np.testing.assert_array_equal(got, ref)
     asm = _asm(lib)
     assert "vpmaddubsw" in asm and "vpdpbusd" not in asm and "zmm" not in asm
+
+
+@pytest.mark.parametrize("mcpu,zmm", [("haswell", False), ("skylake-avx512", True)])
+def test_without_vnni_full_range_uint8_gets_the_exact_pairs(mcpu, zmm, host_target):
+    # vpmaddubsw saturates on activations >= 128; the exact form of a CPU without VNNI is vpmaddwd on pairs
+    # sign-extended to int16 (what a quantized model's full-range uint8 data gets)
+    from compiler.workloads.model.layouts import dot_instruction
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    lanes = 16 if zmm else 8
+    assert dot_instruction(target) == (lanes, 2)
+    mod, blk = _gemm_mod(19, 45, 131, "int8", target)
+    assert (blk.lanes, blk.group) == (lanes, 2)
+    _, report = tensorize_module(tvm.tirx.transform.BindTarget(target)(mod))
+    assert f"dot_u8i8_wd{32 * lanes}" in report["main"].used, report
+    # a remainder of the lanes may take the 8-lane pairs; never the saturating vpmaddubsw
+    assert set(report["main"].used) <= {"dot_u8i8_wd512", "dot_u8i8_wd256"}, report
+    lib = compile_module(mod, target)
+    asm = _asm(lib)
+    assert "vpmaddwd" in asm and "vpmaddubsw" not in asm and "vpdpbusd" not in asm
+    assert ("zmm" in asm) == zmm
+    if zmm and not _host_has("avx512bw"):
+        return
+    a, b, ref = _gemm_data(19, 45, 131, "int8", kernels.OPERANDS["int8"], np.random.default_rng(8))
+    assert a.max() >= 250 and b.min() == -128
+    out = tvm.runtime.tensor(np.zeros((19, 45), "int32"))
+    lib.jit()["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(kernels.pack_gemm_weight(b, lanes, 2)), out)
+    np.testing.assert_array_equal(out.numpy(), ref)
 
 
 def test_generic_x86_gets_no_instruction():
@@ -326,8 +355,8 @@ def test_aarch64_cross_compiles_to_neon(dtype, instruction):
 def test_a_mark_on_any_loop_keeps_the_result_exact(host_target):
     from tvm import s_tir
 
-    blk = kernels.blocking(host_target, "int8")
-    func = kernels.gemm(29, 45, 37, "int8", blk.lanes)
+    blk = kernels.blocking(host_target, "int8", exact=True)
+    func = kernels.gemm(29, 45, 37, "int8", blk.lanes, group=blk.group)
     base = kernels.schedule_gemm(func, blk, marked=False)
     a, b, ref = _gemm_data(29, 45, 37, "int8", kernels.OPERANDS["int8"], np.random.default_rng(7))
     weight = kernels.pack_gemm_weight(b, blk.lanes, blk.group)

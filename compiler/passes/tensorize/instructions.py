@@ -12,6 +12,8 @@ lane, `B` `lanes * group` contiguous elements. fp32 FMA is the group-1 case (an 
 | fma_f32_neon       | f32 x f32 -> f32  | 4 x 1         | aarch64 neon          | fmla v.4s               |
 | dot_u8i8_vnni512   | u8 x i8 -> i32    | 16 x 4        | avx512vnni            | vpdpbusd zmm            |
 | dot_u8i8_avxvnni   | u8 x i8 -> i32    | 8 x 4         | avxvnni               | {vex} vpdpbusd ymm      |
+| dot_u8i8_wd512     | u8 x i8 -> i32    | 16 x 2        | avx512bw              | vpmovsxbw + vpmaddwd zmm|
+| dot_u8i8_wd256     | u8 x i8 -> i32    | 8 x 2         | avx2                  | vpmovsxbw + vpmaddwd ymm|
 | dot_u8i8_avx512bw  | u8 x i8 -> i32    | 16 x 4        | avx512bw              | vpmaddubsw + vpmaddwd   |
 | dot_u8i8_avx2      | u8 x i8 -> i32    | 8 x 4         | avx2                  | vpmaddubsw + vpmaddwd   |
 | dot_i8i8_sdot      | i8 x i8 -> i32    | 4 x 4         | aarch64 dotprod       | sdot v.4s               |
@@ -22,6 +24,11 @@ lane, `B` `lanes * group` contiguous elements. fp32 FMA is the group-1 case (an 
 only while it stays within int16, which holds for activations below 128 (7-bit quantization, what oneDNN
 asks of this path on CPUs without VNNI) and not for all of uint8 (255 * -128 * 2 < -32768). TVM's own
 AVX-512 int8 intrinsic has the same property. The VNNI instructions accumulate into int32 and are exact.
+The `wd` forms are the exact int8 dot product of CPUs without VNNI: a pair of activations is widened to two
+int16 once per broadcast, each weight vector sign-extended as it is loaded (`vpmovsxbw`), and `vpmaddwd`
+adds the two int16 x int16 products of each pair into int32 lanes, exactly (at most 2 * 255 * 128). Half the
+group of `vpmaddubsw`, twice the multiply-adds per instruction of fp32 FMA; what a full-range uint8 program
+(a quantized model's) gets on AVX2 and on AVX-512 without VNNI.
 
 bf16: AVX512_BF16's `vdpbf16ps` takes `<32 x bfloat>` operands in LLVM (22 here); TVM 0.27's LLVM code
 generator crashes (segfault) on a `bfloat16x32` call operand, and its BF16 legalization turns bf16
@@ -81,6 +88,13 @@ class Instruction:
         vec = f"{self.c_dtype}x{self.lanes}"
         if self.group == 1:
             return call(vec, "llvm.fma", tirx.Broadcast(a, self.lanes), b, acc)
+        if self.name.startswith("dot_u8i8_wd"):
+            # the pair as two int16 in one 32-bit word, broadcast; the weights sign-extended to int16
+            pair = tirx.reinterpret("int32", tirx.Cast("int16x2", a))
+            wide = _reinterpret(tirx.Broadcast(pair, self.lanes), f"int16x{2 * self.lanes}")
+            sums = call(vec, "llvm.x86.avx512.pmaddw.d.512" if self.lanes == 16 else "llvm.x86.avx2.pmadd.wd",
+                        wide, tirx.Cast(f"int16x{2 * self.lanes}", b))
+            return acc + sums
         word = tirx.reinterpret("int32", a)  # the group as one 32-bit word
         words = tirx.Broadcast(word, self.lanes)
         if self.name.startswith("dot_u8i8_vnni") or self.name == "dot_u8i8_avxvnni":
@@ -132,6 +146,8 @@ INSTRUCTIONS: tuple[Instruction, ...] = (
     Instruction("fma_f32_neon", "float32", "float32", "float32", 4, 1, "aarch64", ("neon",)),
     Instruction("dot_u8i8_vnni512", "uint8", "int8", "int32", 16, 4, "x86", ("avx512vnni", "avx512bw")),
     Instruction("dot_u8i8_avxvnni", "uint8", "int8", "int32", 8, 4, "x86", ("avxvnni",)),
+    Instruction("dot_u8i8_wd512", "uint8", "int8", "int32", 16, 2, "x86", ("avx512bw",)),
+    Instruction("dot_u8i8_wd256", "uint8", "int8", "int32", 8, 2, "x86", ("avx2",)),
     Instruction("dot_u8i8_avx512bw", "uint8", "int8", "int32", 16, 4, "x86", ("avx512bw",), exact=False),
     Instruction("dot_u8i8_avx2", "uint8", "int8", "int32", 8, 4, "x86", ("avx2",), exact=False),
     Instruction("dot_i8i8_sdot", "int8", "int8", "int32", 4, 4, "aarch64", ("dotprod",)),

@@ -58,20 +58,26 @@ class Blocking:
     k_block: int = 0  # the reduction split into blocks of this many (0: not split)
 
 
-def blocking(target: tvm.target.Target, dtype: DType) -> Blocking:
+def blocking(target: tvm.target.Target, dtype: DType, exact: bool = False) -> Blocking:
     """The default register block for `target`: its preferred instruction's lanes (fp32 lanes where it has
     none for `dtype`: the schedule is then left to LLVM), two vectors per row (each broadcast of A serves
     two FMAs: ~25% faster than one on the 512^3 GEMM here), as many rows as leave two registers spare
-    (AVX-512 12 x 32, AVX2 5 x 16, NEON 12 x 8)."""
+    (AVX-512 12 x 32, AVX2 5 x 16, NEON 12 x 8).
+
+    Args:
+        exact: the preferred instruction that never saturates, whatever its group (on a CPU without VNNI,
+            int8 gets `vpmaddwd`'s pairs rather than `vpmaddubsw`'s groups of 4, which are exact only for
+            activations below 128); otherwise the preferred one of the dtype's usual group (`GROUP`).
+    """
     from ...target import vector_unit
 
     a, b, c = operands(target, dtype)
-    ins = choose(target, a, b, c, GROUP[dtype])
+    ins = choose(target, a, b, c, None, exact=True) if exact else choose(target, a, b, c, GROUP[dtype])
     unit = vector_unit(target)
     lanes = ins.lanes if ins is not None else unit.lanes
     vectors = 2
     rows = max(1, min(12, (unit.accumulators - 2) // vectors))
-    return Blocking(lanes=lanes, group=GROUP[dtype], rows=rows, vectors=vectors)
+    return Blocking(lanes=lanes, group=ins.group if ins is not None else GROUP[dtype], rows=rows, vectors=vectors)
 
 
 def ceil_to(n: int, m: int) -> int:
@@ -83,18 +89,19 @@ def ceil_to(n: int, m: int) -> int:
 
 
 def gemm(m: int, n: int, k: int, dtype: DType, lanes: int, packed: bool = True,
-         types: tuple[str, str, str] | None = None) -> tvm.tirx.PrimFunc:
+         types: tuple[str, str, str] | None = None, group: int | None = None) -> tvm.tirx.PrimFunc:
     """GEMM as a PrimFunc (A, B or its packed form, C).
 
     Args:
-        lanes: the lanes of the packed weight (`pack_gemm_weight`).
+        lanes, group: the lanes and group of the packed weight (`pack_gemm_weight`; group `GROUP[dtype]`
+            by default).
         packed: B packed (always for int8 and bf16); fp32 B[K, N] as it is where False.
         types: (A, B, C) storage types (default `OPERANDS[dtype]`; see `operands`).
     """
     from tvm import te
 
     a_t, b_t, c_t = types or OPERANDS[dtype]
-    g = GROUP[dtype]
+    g = group or GROUP[dtype]
     A = te.placeholder((m, k), a_t, name="A")
     r = te.reduce_axis((0, k), name="k")
     if dtype == "float32" and not packed:
@@ -149,16 +156,18 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, block: Blocking, marked: bool = True)
 
 
 def conv2d(n: int, h: int, w: int, c: int, f: int, kernel: int, dtype: DType, lanes: int,
-           types: tuple[str, str, str] | None = None, packed: bool = True) -> tvm.tirx.PrimFunc:
+           types: tuple[str, str, str] | None = None, packed: bool = True, group: int | None = None
+           ) -> tvm.tirx.PrimFunc:
     """conv2d as a PrimFunc (data, weight or its packed form, out); the input is padded by a stage "pad".
 
     Args:
         packed: the weight packed (`pack_conv_weight`; always for int8 and bf16); fp32 HWIO where False.
+        group: the packed weight's group (`GROUP[dtype]` by default).
     """
     from tvm import te
 
     a_t, b_t, c_t = types or OPERANDS[dtype]
-    g = GROUP[dtype]
+    g = group or GROUP[dtype]
     pad = kernel // 2
     data = te.placeholder((n, h, w, c), a_t, name="data")
     padded = te.compute((n, h + 2 * pad, w + 2 * pad, c), lambda b, y, x, ch: te.if_then_else(

@@ -40,7 +40,14 @@ if TYPE_CHECKING:
     import tvm
 
 MAX_ACCUMULATORS = 32  # a rewrite of more accumulators than this would be all spills: left alone
-GROUPS = {"float32": 1, "uint8": 4, "int8": 4, "bfloat16": 2}
+
+
+def _groups(dtype: str) -> tuple[int, ...]:
+    """The group sizes of the instructions that take `dtype` operands, largest first (int8: 4 for VNNI and
+    `vpmaddubsw`, 2 for `vpmaddwd`)."""
+    from .instructions import INSTRUCTIONS
+
+    return tuple(sorted({i.group for i in INSTRUCTIONS if dtype in (i.a_dtype, i.b_dtype)}, reverse=True))
 
 
 @dataclass(frozen=True)
@@ -241,12 +248,14 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
     x, y = _strip_cast(prod.a, c_dtype), _strip_cast(prod.b, c_dtype)
     if not (_is_load(x) and _is_load(y)):
         return None, ins, "the factors are not loads"
-    group = GROUPS.get(str(x.source.dtype))
-    if group is None:
+    groups = _groups(str(x.source.dtype)) if ins is None else (ins.group,)
+    if not groups:
         return None, ins, f"no instruction for {x.source.dtype}"
+    # the group: the innermost loop's extent where an instruction sums that many, else 1 (fp32 FMA)
+    group = next((g for g in groups if g > 1 and len(loops) >= 2 and _extent(loops[-1]) == g), min(groups))
     if group > 1:
         if len(loops) < 2 or _extent(loops[-1]) != group:
-            return None, ins, f"no group loop of extent {group}"
+            return None, ins, f"no group loop of extent {' or '.join(map(str, groups))}"
         g, rest = loops[-1], loops[:-1]
     else:
         g, rest = None, loops

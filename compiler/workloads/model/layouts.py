@@ -51,8 +51,9 @@ def conv_blocks(out_channels: int, in_channels: int, lanes: int) -> tuple[int, i
 
 
 def dot_instruction(target: Any) -> tuple[int, int] | None:
-    """(lanes, group) of the exact u8 x s8 -> s32 dot-product instruction `target` has (AVX-512 VNNI, AVX-VNNI),
-    or None (`vpmaddubsw` saturates its pair sums, so a model's full-range uint8 data never gets it)."""
+    """(lanes, group) of the preferred exact u8 x s8 -> s32 dot-product instruction `target` has: AVX-512 VNNI or
+    AVX-VNNI (groups of 4), else `vpmaddwd` on sign-extended pairs (AVX-512BW, AVX2: groups of 2); None where it
+    has none. `vpmaddubsw` saturates its pair sums, so a model's full-range uint8 data never gets it."""
     from compiler.passes.tensorize.instructions import choose
 
     if target is None or target.kind.name != "llvm":
