@@ -502,8 +502,8 @@ class LoopSpace(SearchSpace):
     def _dot_config(self) -> Config:
         """`blocked_config` of the dot-product form (`compiler.workloads.model.layouts.conv2d_nhwc_dot`: spatial
         axes ..., row, output block, lanes; reductions ..., channel chunks; the group): the instruction's
-        register block -- the lanes whole, two output blocks where they divide (one vector each), rows of the
-        axis before them up to `REGISTER_ROWS` and the accumulators -- the kernel window and up to 16 channel
+        register block -- the lanes whole, one or two output blocks (one vector each), rows of the axis before
+        them up to `REGISTER_ROWS`, the most accumulators the unit holds -- the kernel window and up to 16 channel
         chunks in the inner reduction level, marked for the instruction (order SSRSRS), unrolled whole."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         *outer, block, lane = self.structure.spatial  # (a unit block or rows axis has no knob)
@@ -511,11 +511,16 @@ class LoopSpace(SearchSpace):
         if lane.extent > 1:
             config[lane.knob(SPATIAL_LEVELS - 1)] = lane.extent
         vectors = 2 if block.extent % 2 == 0 else 1
+        if outer:
+            # the block of most accumulators (two vectors before one where they tie): 7 rows of one vector
+            # where 7 x 2 is more than the unit holds (AVX2's 12) and one row of two would leave no rows loop
+            rows, vectors = max(((max(d for d in divisors(outer[-1].extent)
+                                      if d <= REGISTER_ROWS and d * v <= self.unit.accumulators), v)
+                                 for v in ((2, 1) if block.extent % 2 == 0 else (1,))),
+                                key=lambda rv: (rv[0] * rv[1], rv[1]))
+            config[outer[-1].knob(SPATIAL_LEVELS - 1)] = rows
         if block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
-        if outer:
-            config[outer[-1].knob(SPATIAL_LEVELS - 1)] = max(
-                d for d in divisors(outer[-1].extent) if d <= REGISTER_ROWS and d * vectors <= self.unit.accumulators)
         *window, chunks = [a for a in self.structure.reduce if a.extent > 1] or [None]
         config.update({a.knob(1): a.extent for a in window if a is not None})
         if chunks is not None:

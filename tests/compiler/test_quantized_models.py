@@ -280,6 +280,23 @@ def test_a_tensorized_dot_product_model_matches_torch(wide, host_target):
     assert M.compare_outputs(outs, M.reference_outputs(ep, [x.numpy()]), **M.tolerance(model)) is None
 
 
+def test_a_transformers_linears_on_tokens_compute_in_integers(host_target):
+    """torch's decompositions (the import runs them) make a linear on 3-D tokens `view -> mm -> view`; the integer
+    form looks through the view
+    of the dequantized tokens: the ViT block's qkv, projection and two MLP linears compute in integers, as its
+    head (on the class token: 2-D) and its patch embedding (a conv) do, and the model matches the program."""
+    _, inputs, ep = pt2e_quantized("vit_block")
+    model = M.import_model(ep, layout="none", target=host_target)
+    integer = _integer_tasks(model)
+    # one int8 weight per integer task: the embedding's 4x4 kernel and the five linears' (a 1x1 conv each)
+    weights = sorted(tuple(a.shape) for t in model.tasks if t.name in integer for a in t.args if a.dtype == "int8")
+    assert weights == sorted([(32, 4, 4, 4), (96, 1, 1, 32), (32, 1, 1, 32), (64, 1, 1, 32), (32, 1, 1, 64),
+                              (10, 1, 1, 32)]), weights
+    arrays = [i.numpy() for i in inputs]
+    outs, expected = _run(model, ep, arrays, host_target)
+    assert M.compare_outputs(outs, expected, **M.tolerance(model)) is None
+
+
 @pytest.mark.parametrize("name", ["unet", "vit_block", "audio_cnn", "video_cnn", "fpn"])
 def test_pt2e_quantized_zoo_models_import_and_match_torch(name, host_target):
     """Zoo models quantized by torchao's PT2E flow import under the default layouts and match the quantized

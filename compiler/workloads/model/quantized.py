@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 Converter = Callable[[Any, Any], Any]
 
 _DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
-INT8_GROUP = 4  # reduction elements an int8 dot-product instruction sums per lane (VNNI, vpmaddubsw, sdot)
+INT8_GROUP = 4  # reduction elements an int8 dot-product instruction sums per lane (VNNI, sdot; vpmaddwd: 2)
 _DEQUANTIZE_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
 
 
@@ -195,9 +195,26 @@ def _integer_conv(fallback: Converter, values: Mapping[str, torch.Tensor]) -> Co
     return convert
 
 
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _rows_of(x_node: Any) -> Any:
+    """The dequantized tensor a linear's `mm` reads, through the view that makes rows of it: torch decomposes a
+    linear on a 3-D input (a transformer's tokens) into `view(x, [B * S, K]) -> mm -> view`, and the view of a
+    dequantized tensor is the dequantized view of its uint8 tensor. Other nodes as they are."""
+    if getattr(x_node, "op", None) == "call_function" and str(x_node.target) in _VIEWS \
+            and _is(x_node.args[0], _DEQUANTIZE):
+        source = x_node.args[0].meta.get("val")
+        shape = [int(d) for d in x_node.args[1]]
+        if source is not None and len(shape) == 2 and shape[-1] == int(source.shape[-1]):
+            return x_node.args[0]
+    return x_node
+
+
 def _integer_linear(fallback: Converter, values: Mapping[str, torch.Tensor], *, bias: bool) -> Converter:
     """addmm(bias, x, w.T) / mm(x, w.T) on quantized operands (a linear after torch's decompositions: the
-    weight is `permute(dequantize_per_channel(wq), [1, 0])`) in integers, else `fallback`."""
+    weight is `permute(dequantize_per_channel(wq), [1, 0])`; `x` is the dequantized input, or its rows through a
+    view for inputs of more than two dimensions) in integers, else `fallback`."""
 
     def convert(node: Any, importer: Any) -> Any:
         from tvm import relax
@@ -206,13 +223,17 @@ def _integer_linear(fallback: Converter, values: Mapping[str, torch.Tensor], *, 
         if not (getattr(t_node, "op", None) == "call_function" and str(t_node.target) == "aten.permute.default"
                 and [int(d) for d in t_node.args[1]] == [1, 0]):
             return fallback(node, importer)
+        x_node = _rows_of(x_node)
         operands = _operands(x_node, t_node.args[0], values)
         if operands is None or (bias and (node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("beta", 1) != 1)):
             return fallback(node, importer)
         (xq_node, scale, zero_point), (wq_node, scales_node) = operands
         xq, wq, scales = importer.env[xq_node], importer.env[wq_node], importer.env[scales_node]
         bb = importer.block_builder
-        (m, k), n = (int(d) for d in xq.ty.shape), int(wq.ty.shape[0])
+        *rows, k = (int(d) for d in xq.ty.shape)
+        n, m = int(wq.ty.shape[0]), 1
+        for d in rows:
+            m *= d
         # a 1x1 conv in NHWC: one program form with the quantized convs, so the layout policy gives it the same
         # dot-product form where the CPU has one (`layouts.integer_conv_layouts`)
         acc = bb.emit(relax.op.nn.conv2d(relax.op.reshape(xq, (1, 1, m, k)), relax.op.reshape(wq, (n, 1, 1, k)),
