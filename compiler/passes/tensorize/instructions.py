@@ -90,8 +90,8 @@ class Instruction:
             return call(vec, "llvm.fma", tirx.Broadcast(a, self.lanes), b, acc)
         if self.name.startswith("dot_u8i8_wd"):
             # the pair as two int16 in one 32-bit word, broadcast; the weights sign-extended to int16
-            pair = tirx.reinterpret("int32", tirx.Cast("int16x2", a))
-            wide = _reinterpret(tirx.Broadcast(pair, self.lanes), f"int16x{2 * self.lanes}")
+            pairs = _reinterpret(tirx.Broadcast(tirx.reinterpret("uint16", a), self.lanes), f"uint8x{2 * self.lanes}")
+            wide = tirx.Cast(f"int16x{2 * self.lanes}", pairs)
             sums = call(vec, "llvm.x86.avx512.pmaddw.d.512" if self.lanes == 16 else "llvm.x86.avx2.pmadd.wd",
                         wide, tirx.Cast(f"int16x{2 * self.lanes}", b))
             return acc + sums
