@@ -32,6 +32,7 @@ Layering: `compiler` never imports `tuner` or `service`. torch and TVM are impor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -231,9 +232,7 @@ def _integer_linear(fallback: Converter, values: Mapping[str, torch.Tensor], *, 
         xq, wq, scales = importer.env[xq_node], importer.env[wq_node], importer.env[scales_node]
         bb = importer.block_builder
         *rows, k = (int(d) for d in xq.ty.shape)
-        n, m = int(wq.ty.shape[0]), 1
-        for d in rows:
-            m *= d
+        m, n = math.prod(rows), int(wq.ty.shape[0])
         # a 1x1 conv in NHWC: one program form with the quantized convs, so the layout policy gives it the same
         # dot-product form where the CPU has one (`layouts.integer_conv_layouts`)
         acc = bb.emit(relax.op.nn.conv2d(relax.op.reshape(xq, (1, 1, m, k)), relax.op.reshape(wq, (n, 1, 1, k)),
