@@ -323,6 +323,28 @@ def test_avxvnni_target_gets_the_vex_form_without_avx512():
     assert "{vex}\tvpdpbusd" in asm and "zmm" not in asm
 
 
+@pytest.mark.parametrize("mcpu,has", [("cascadelake", False), ("cooperlake", True), ("znver4", True)])
+def test_avx512_bf16_targets_get_vdpbf16ps_through_our_llvm_function(mcpu, has):
+    # vdpbf16ps is called through LLVM IR of ours that TVM links in and inlines (instructions.py); a CPU without
+    # AVX512_BF16 gets the widened pairs instead
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    assert ("dot_bf16_avx512bf16" in {i.name for i in available(target)}) == has
+    mod, blk = _gemm_mod(21, 40, 70, "bfloat16", target)
+    assert (blk.lanes, blk.group) == (16, 2)
+    out, report = tensorize_module(tvm.tirx.transform.BindTarget(target)(mod))
+    assert report["main"].used[0] == ("dot_bf16_avx512bf16" if has else "dot_bf16_fma512"), report
+    assert ("pragma_import_llvm" in out["main"].script()) == has
+    lib = compile_module(mod, target)
+    asm = _asm(lib)
+    assert ("vdpbf16ps" in asm) == has and "altune_dpbf16ps" not in asm  # inlined, no call
+    if has and not _host_has("avx512_bf16"):
+        return
+    a, b, ref = _gemm_data(21, 40, 70, "bfloat16", kernels.OPERANDS["bfloat16"], np.random.default_rng(9))
+    out = tvm.runtime.tensor(np.zeros((21, 40), "float32"))
+    lib.jit()["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(kernels.pack_gemm_weight(b, 16, 2)), out)
+    _check(out.numpy(), ref, "bfloat16")
+
+
 @pytest.mark.skipif(not _host_has("avx512_vnni"), reason="this machine has no AVX-512 VNNI")
 def test_vnni_runs_exact_on_full_uint8(host_target):
     # 40 columns = 32 + 8: the 8-lane remainder must not go to the saturating 8-lane vpmaddubsw (LAYOUT

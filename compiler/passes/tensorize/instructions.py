@@ -17,6 +17,7 @@ lane, `B` `lanes * group` contiguous elements. fp32 FMA is the group-1 case (an 
 | dot_u8i8_avx512bw  | u8 x i8 -> i32    | 16 x 4        | avx512bw              | vpmaddubsw + vpmaddwd   |
 | dot_u8i8_avx2      | u8 x i8 -> i32    | 8 x 4         | avx2                  | vpmaddubsw + vpmaddwd   |
 | dot_i8i8_sdot      | i8 x i8 -> i32    | 4 x 4         | aarch64 dotprod       | sdot v.4s               |
+| dot_bf16_avx512bf16| bf16 x bf16 -> f32| 16 x 2        | avx512bf16            | vdpbf16ps zmm           |
 | dot_bf16_fma512    | bf16 x bf16 -> f32| 16 x 2        | avx512f, fma          | vpslld/vpandd + 2 vfmadd|
 | dot_bf16_fma256    | bf16 x bf16 -> f32| 8 x 2         | avx2, fma             | vpslld/vpand + 2 vfmadd |
 
@@ -31,11 +32,17 @@ group of `vpmaddubsw`, twice the multiply-adds per instruction of fp32 FMA (on z
 with fp32: 159 GOP/s, fp32 156-177, `vpmaddubsw` 311-364); what a full-range uint8 program (a quantized
 model's) gets on AVX2 and on AVX-512 without VNNI.
 
-bf16: AVX512_BF16's `vdpbf16ps` takes `<32 x bfloat>` operands in LLVM (22 here); TVM 0.27's LLVM code
-generator crashes (segfault) on a `bfloat16x32` call operand, and its BF16 legalization turns bf16
-values into fp32 before code generation anyway, so `vdpbf16ps` cannot be emitted through TVM today. The
-bf16 instructions here widen instead: a bf16 is the high half of an fp32, so each pair is split out of
-its 32-bit word by one shift and one mask and multiplied by fp32 FMA (exact products, fp32 sums, the way
+bf16: AVX512_BF16's `vdpbf16ps` takes `<32 x bfloat>` operands in LLVM (the signature of LLVM 18 on; older LLVMs
+get the widened form below); TVM 0.27's LLVM code
+generator crashes (segfault) on a `bfloat16x32` call operand, and its BF16 legalization turns bf16 values into
+fp32 before code generation anyway, so TIR cannot call it directly. `dot_bf16_avx512bf16` calls a function of
+our own instead, `altune_dpbf16ps_512(<16 x float>, <16 x i32>, <16 x i32>)`, written in LLVM IR
+(`Instruction.llvm_ir`): it bitcasts the 32-bit words (two bf16 each) to `<32 x bfloat>` and calls the
+intrinsic. The tensorize pass hands that IR to TVM's code generator (the `pragma_import_llvm` attribute),
+which links it into the module as always-inline, so the kernel holds `vdpbf16ps` itself, no call. Like the
+instruction, it rounds nothing but the sums, in fp32 (denormal inputs and results flushed to zero).
+Elsewhere the bf16 instructions widen instead: a bf16 is the high half of an fp32, so each pair is split out
+of its 32-bit word by one shift and one mask and multiplied by fp32 FMA (exact products, fp32 sums, the way
 oneDNN runs bf16 on AVX-512 without BF16). The bf16 data stays bf16 in memory (half the bytes of fp32).
 
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
@@ -62,6 +69,7 @@ class Instruction:
         arch: "x86" or "aarch64".
         needs: LLVM features that must all be enabled for the target.
         exact: False where the instruction saturates (see the module docstring).
+        min_llvm: the oldest LLVM whose intrinsic has the operand types `emit` and `llvm_ir` use.
     """
 
     name: str
@@ -73,6 +81,15 @@ class Instruction:
     arch: str
     needs: tuple[str, ...]
     exact: bool = True
+    min_llvm: int = 0
+
+    @property
+    def llvm_ir(self) -> str | None:
+        """LLVM IR that defines the function `emit` calls, for the code generator to link in (module docstring);
+        None where `emit` uses LLVM intrinsics directly."""
+        if self.name != "dot_bf16_avx512bf16":
+            return None
+        return _DPBF16PS_512
 
     def emit(self, acc: Any, a: Any, b: Any) -> Any:
         """The expression `acc + A x B` of one step.
@@ -98,6 +115,9 @@ class Instruction:
             return acc + sums
         word = tirx.reinterpret("int32", a)  # the group as one 32-bit word
         words = tirx.Broadcast(word, self.lanes)
+        if self.name == "dot_bf16_avx512bf16":
+            return tvm.tirx.call_pure_extern(vec, _DPBF16PS_512_NAME, acc, words,
+                                             _reinterpret(b, f"int32x{self.lanes}"))
         if self.name.startswith("dot_u8i8_vnni") or self.name == "dot_u8i8_avxvnni":
             intrin = "llvm.x86.avx512.vpdpbusd.512" if self.lanes == 16 else "llvm.x86.avx512.vpdpbusd.256"
             if _vnni_takes_bytes():
@@ -127,6 +147,18 @@ class Instruction:
         raise AssertionError(f"no emitter for {self.name}")
 
 
+_DPBF16PS_512_NAME = "altune_dpbf16ps_512"
+_DPBF16PS_512 = f"""
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+define <16 x float> @{_DPBF16PS_512_NAME}(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) {{
+  %x = bitcast <16 x i32> %a to <32 x bfloat>
+  %y = bitcast <16 x i32> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, <32 x bfloat> %x, <32 x bfloat> %y)
+  ret <16 x float> %r
+}}
+"""
+
+
 def _vnni_takes_bytes() -> bool:
     """LLVM 21 retyped vpdpbusd's operands from <N x i32> to <4N x i8>."""
     from tvm.target import codegen
@@ -152,6 +184,8 @@ INSTRUCTIONS: tuple[Instruction, ...] = (
     Instruction("dot_u8i8_avx512bw", "uint8", "int8", "int32", 16, 4, "x86", ("avx512bw",), exact=False),
     Instruction("dot_u8i8_avx2", "uint8", "int8", "int32", 8, 4, "x86", ("avx2",), exact=False),
     Instruction("dot_i8i8_sdot", "int8", "int8", "int32", 4, 4, "aarch64", ("dotprod",)),
+    Instruction("dot_bf16_avx512bf16", "bfloat16", "bfloat16", "float32", 16, 2, "x86", ("avx512bf16",),
+                min_llvm=18),
     Instruction("dot_bf16_fma512", "bfloat16", "bfloat16", "float32", 16, 2, "x86", ("avx512f", "fma")),
     Instruction("dot_bf16_fma256", "bfloat16", "bfloat16", "float32", 8, 2, "x86", ("avx2", "fma")),
 )
@@ -181,8 +215,12 @@ def available(target: tvm.target.Target) -> tuple[Instruction, ...]:
     """The instructions `target` has, in preference order."""
     if str(target.kind.name) != "llvm":
         return ()
+    from tvm.target import codegen
+
     arch, features = target_arch(target), target_features(target)
-    return tuple(i for i in INSTRUCTIONS if i.arch == arch and all(f in features for f in i.needs))
+    llvm = int(codegen.llvm_version_major())
+    return tuple(i for i in INSTRUCTIONS
+                 if i.arch == arch and all(f in features for f in i.needs) and llvm >= i.min_llvm)
 
 
 def candidates_for(target: tvm.target.Target, a_dtype: str, b_dtype: str, c_dtype: str, group: int | None = None,

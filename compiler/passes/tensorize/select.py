@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _ir
-from .instructions import Instruction, candidates_for, target_arch, target_features
+from .instructions import Instruction, available, candidates_for, target_arch, target_features
 from .mark import ANNOTATION
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
     Returns:
         The function and a `Report`.
     """
+    import tvm
     from tvm import tirx
 
     report = Report([], [])
@@ -136,6 +137,9 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
         return None
 
     body = _ir.map_stmt(func.body, lambda e: e, visit)
+    for code in dict.fromkeys(ins.llvm_ir for ins in available(target) if ins.name in report.used and ins.llvm_ir):
+        # the IR of an instruction's function, linked in by TVM's code generator (`Instruction.llvm_ir`)
+        body = tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.StringImm(code), body)
     return func.with_body(body), report
 
 
