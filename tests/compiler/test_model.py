@@ -348,6 +348,55 @@ def test_a_bfloat16_model_imports_and_matches_torch(name, host_target):
     assert check_close(wrong, expected) is not None
 
 
+def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(host_target):
+    """In the default layouts a bfloat16 conv whose channels fit the target's bf16 dot product (16 or 8 output
+    lanes, pairs of input channels) is `conv2d_nhwc_dot` in NHWC, and so is a linear on tokens (torch makes it a
+    `bmm` of the broadcast weight: a 1x1 conv over all its rows, the rounding fused into it); the 3-channel
+    first conv keeps the blocked layout. Each dot task
+    scheduled with the space's seed is tensorized (vdpbf16ps where the CPU has AVX512_BF16), and the model
+    built with those schedules matches torch within bfloat16's tolerance."""
+    import tvm
+    from torch import nn
+
+    from compiler.arrays import check_close, to_numpy
+    from compiler.passes.tensorize import tensorize_module
+    from compiler.workloads.model.layouts import dot_instruction
+    from tuner.space import LoopSpace
+
+    if dot_instruction(host_target, "bfloat16") is None:
+        pytest.skip("this CPU has no bf16 dot product (no AVX2)")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 32, 3, padding=1), nn.Conv2d(32, 32, 3, padding=1)
+            self.fc = nn.Linear(32, 16)
+
+        def forward(self, x):
+            x = torch.relu(self.b(torch.relu(self.a(x))))
+            return self.fc(x.flatten(2).transpose(1, 2))  # tokens: a linear on a 3-D input
+
+    torch.manual_seed(0)
+    module, x = Net().eval().to(torch.bfloat16), torch.randn(1, 3, 12, 12).to(torch.bfloat16)
+    ep = torch.export.export(module, (x,))
+    model = M.import_model(ep, layout="blocked", target=host_target)
+    dot = [t for t in model.tasks if "conv2d_nhwc_dot" in t.name]
+    assert len(dot) == 2 and any("conv2d_NCHWc" in t.name for t in model.tasks), [t.name for t in model.tasks]
+    assert all(t.name.endswith("_cast") or "_cast_" in t.name for t in dot), [t.name for t in dot]  # rounding fused
+    schedules, used = {}, set()
+    for task in dot:
+        space = LoopSpace(task.prim_func)
+        mod = space.apply(space.blocked_config()).mod
+        _, reports = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
+        used |= {name for r in reports.values() for name in r.used}
+        schedules[task.workload_key] = mod
+    assert used & {"dot_bf16_avx512bf16", "dot_bf16_fma512", "dot_bf16_fma256"}, used
+    built = M.build_model(model, host_target, schedules)
+    (out,) = M.run_model(built, [to_numpy(x)], host_target)
+    (expected,) = M.torch_outputs(module, [x])
+    assert check_close(out, expected) is None, check_close(out, expected)
+
+
 def test_batch_norm_is_folded_into_the_conv_before_it(host_target):
     """conv -> batch norm (with and without a conv bias) becomes conv -> bias add on folded parameters; a conv
     whose output something else reads too keeps its batch norm; the model still matches torch."""

@@ -14,6 +14,8 @@ Layering: `compiler` never imports `tuner` or `service`. torch and TVM are impor
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -196,8 +198,9 @@ def _low_precision_convolution(node: Any, importer: Any) -> Any:
 
 def _matmul_like(kind: str) -> Callable[[Any, Any], Any]:
     """addmm (bias, a, b, beta=1, alpha=1), mm / bmm (a, b) on bfloat16 / float16 data: float32 accumulation,
-    the bias added in float32, the result rounded back; other types as TVM converts them (addmm by its
-    converter, mm / bmm as a `relax.op.matmul`, which is what its converter emits for two tensors)."""
+    the bias added in float32, the result rounded back (a bfloat16 linear, `b = permute(w)`, as a 1x1 conv:
+    `_linear_weight`); other types as TVM converts them (addmm by its converter, mm / bmm as a
+    `relax.op.matmul`, which is what its converter emits for two tensors)."""
 
     def convert(node: Any, importer: Any) -> Any:
         from tvm import relax
@@ -211,11 +214,40 @@ def _matmul_like(kind: str) -> Callable[[Any, Any], Any]:
         alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
         if kind == "addmm" and (alpha != 1 or beta != 1):
             raise NotImplementedError(f"addmm with alpha={alpha}, beta={beta} on {a.ty.dtype} data")
+        weight = _linear_weight(node.args[-1], importer) if str(a.ty.dtype) == "bfloat16" else None
+        if weight is not None:
+            # a linear as a 1x1 NHWC conv over its rows: the form the layout policy gives the dot-product
+            # instruction (`layouts.dot_conv_layouts`), as a quantized linear's
+            *batch, k = (int(d) for d in a.ty.shape)
+            m, n = math.prod(batch), int(weight.ty.shape[0])
+            out = relax.op.nn.conv2d(relax.op.reshape(a, (1, 1, m, k)), relax.op.reshape(weight, (n, 1, 1, k)),
+                                     data_layout="NHWC", kernel_layout="OHWI", out_dtype="float32")
+            # the bias and the rounding on the conv's own shape, so that they fuse into it (a reshape between
+            # would end the fused group)
+            rounded = _rounded(importer, out, bias, str(a.ty.dtype), (n,) if bias is not None else ())
+            return importer.block_builder.emit(relax.op.reshape(rounded, (*batch, n)))
         out = relax.op.matmul(a, b, out_dtype="float32")
         return _rounded(importer, out, bias, str(a.ty.dtype), tuple(int(d) for d in bias.ty.shape)
                         if bias is not None else ())
 
     return convert
+
+
+def _linear_weight(b_node: Any, importer: Any) -> Any:
+    """The (N, K) weight `w` of a linear's `mm` / `addmm` / `bmm` operand where the dot-product form fits it (N a
+    multiple of 16 output lanes, K of pairs), else None. torch decomposes a linear into `b = permute(w, [1, 0])`
+    and `mm` / `addmm`, or, on a non-contiguous 3-D input, into a `bmm` with `b = view(expand(permute(w)))`: the
+    same weight for every batch, so the `bmm` is a linear over all its rows."""
+    operand = [int(d) for d in importer.env[b_node].ty.shape]
+    while (getattr(b_node, "op", None) == "call_function"
+           and str(b_node.target) in ("aten.view.default", "aten.expand.default", "aten.reshape.default")):
+        b_node = b_node.args[0]
+    if not (getattr(b_node, "op", None) == "call_function" and str(b_node.target) == "aten.permute.default"
+            and [int(d) for d in b_node.args[1]] == [1, 0]):
+        return None
+    weight = importer.env[b_node.args[0]]
+    n, k = (int(d) for d in weight.ty.shape)
+    return weight if operand[-2:] == [k, n] and n % 16 == 0 and k % 2 == 0 else None
 
 
 def _convolution(node: Any, importer: Any) -> Any:

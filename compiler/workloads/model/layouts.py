@@ -50,27 +50,39 @@ def conv_blocks(out_channels: int, in_channels: int, lanes: int) -> tuple[int, i
     return block(out_channels), block(in_channels)
 
 
-def dot_instruction(target: Any) -> tuple[int, int] | None:
-    """(lanes, group) of the preferred exact u8 x s8 -> s32 dot-product instruction `target` has: AVX-512 VNNI or
-    AVX-VNNI (groups of 4), else `vpmaddwd` on sign-extended pairs (AVX-512BW, AVX2: groups of 2); None where it
-    has none. `vpmaddubsw` saturates its pair sums, so a model's full-range uint8 data never gets it."""
+# the operand types (data, weight, accumulator) of a conv the dot-product form takes, by the name
+# `dot_instruction` knows them by: a quantized conv's (u8 x s8 -> s32) and a bfloat16 conv's (-> fp32)
+DOT_OPERANDS = {("uint8", "int8", "int32"): "int8", ("bfloat16", "bfloat16", "float32"): "bfloat16"}
+
+
+def dot_instruction(target: Any, dtype: str = "int8") -> tuple[int, int] | None:
+    """(lanes, group) of the preferred dot-product instruction `target` has for `dtype` convs; None where it
+    has none.
+
+    int8 (u8 x s8 -> s32): the exact ones, AVX-512 VNNI or AVX-VNNI (groups of 4), else `vpmaddwd` on
+    sign-extended pairs (AVX-512BW, AVX2: groups of 2); `vpmaddubsw` saturates its pair sums, so a model's
+    full-range uint8 data never gets it. bfloat16 (-> fp32): AVX512_BF16's `vdpbf16ps`, else the pairs widened
+    to fp32 FMA (AVX-512, AVX2), groups of 2."""
     from compiler.passes.tensorize.instructions import choose
 
     if target is None or target.kind.name != "llvm":
         return None
-    ins = choose(target, "uint8", "int8", "int32", exact=True)
+    operands = next(types for types, name in DOT_OPERANDS.items() if name == dtype)
+    ins = choose(target, *operands, exact=True)
     return (ins.lanes, ins.group) if ins is not None else None
 
 
-def integer_conv_layouts(call: Any, dot: tuple[int, int] | None) -> list[str] | None:
-    """[data, kernel, out] layouts of a quantized conv2d (uint8 data, int8 weight, int32 sum; `quantized`'s) in
-    the dot-product form: NHWC data and output, the weight `OHWI{L}o{G}i` (`conv2d_nhwc_dot`), so that a group
-    of G input channels is one 32-bit word of the data and L output channels one vector of sums; None where
-    the target has no exact instruction (`dot`) or the conv does not fit it (grouped, channels that L or G does
-    not divide)."""
+def dot_conv_layouts(call: Any, dots: dict[str, tuple[int, int] | None]) -> list[str] | None:
+    """[data, kernel, out] layouts of a quantized conv2d (uint8 data, int8 weight, int32 sum; `quantized`'s) or
+    a bfloat16 one (float32 sum; `converters`') in the dot-product form: NHWC data and output, the weight
+    `OHWI{L}o{G}i` (`conv2d_nhwc_dot`), so that a group of G input channels is one 32-bit word of the data and
+    L output channels one vector of sums; None where the target has no instruction for its types (`dots`:
+    `dot_instruction` by type name) or the conv does not fit it (grouped, channels that L or G does not
+    divide)."""
     attrs = call.attrs
     data, weight = call.args[0].ty, call.args[1].ty
-    if dot is None or (str(data.dtype), str(weight.dtype), str(attrs.out_dtype)) != ("uint8", "int8", "int32"):
+    dot = dots.get(DOT_OPERANDS.get((str(data.dtype), str(weight.dtype), str(attrs.out_dtype)), ""))
+    if dot is None:
         return None
     lanes, group = dot
     kernel = str(attrs.kernel_layout)
@@ -82,11 +94,11 @@ def integer_conv_layouts(call: Any, dot: tuple[int, int] | None) -> list[str] | 
     return ["NHWC", f"OHWI{lanes}o{group}i", "NHWC"]
 
 
-def blocked_conv_layouts(lanes: int, dot: tuple[int, int] | None = None) -> Any:
-    """`ConvertLayout`'s per-call callback: the blocked layout for dense and depthwise NCHW conv2d, the
-    dot-product form for quantized ones where `dot` (the target's instruction, `dot_instruction`) fits them
-    (`integer_conv_layouts`), nothing else (other grouped convs, every other operator: ConvertLayout's own
-    rules)."""
+def blocked_conv_layouts(lanes: int, dots: dict[str, tuple[int, int] | None] | None = None) -> Any:
+    """`ConvertLayout`'s per-call callback: the dot-product form for quantized and bfloat16 convs where the
+    target's instruction (`dots`, `dot_instruction` by type name) fits them (`dot_conv_layouts`), else the
+    blocked layout for dense and depthwise NCHW conv2d (a quantized conv keeps its own), nothing else (other
+    grouped convs, every other operator: ConvertLayout's own rules)."""
 
     def layouts(call: Any) -> dict:
         op = getattr(call, "op", None)
@@ -94,8 +106,11 @@ def blocked_conv_layouts(lanes: int, dot: tuple[int, int] | None = None) -> Any:
             return {}
         attrs = call.attrs
         own = [str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)]
+        dot = dot_conv_layouts(call, dots or {})
+        if dot is not None:
+            return {"relax.nn.conv2d": dot}
         if str(call.args[0].ty.dtype) == "uint8":  # quantized (NCHW, or a quantized linear's NHWC 1x1 form)
-            return {"relax.nn.conv2d": integer_conv_layouts(call, dot) or own}
+            return {"relax.nn.conv2d": own}
         if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
             return {"relax.nn.conv2d": own}
         shape = call.args[1].ty.shape
@@ -287,7 +302,7 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     at its boundary. With no conv blocked the module is returned as it is (no layout pass at all)."""
     from tvm import relax
 
-    rule = blocked_conv_layouts(lanes, dot_instruction(target))
+    rule = blocked_conv_layouts(lanes, {name: dot_instruction(target, name) for name in DOT_OPERANDS.values()})
     sites = {site.weight: site for site in conv_sites(mod, lanes)} if blocks else {}
 
     def policy(call: Any) -> dict:

@@ -234,7 +234,7 @@ def _integer_linear(fallback: Converter, values: Mapping[str, torch.Tensor], *, 
         *rows, k = (int(d) for d in xq.ty.shape)
         m, n = math.prod(rows), int(wq.ty.shape[0])
         # a 1x1 conv in NHWC: one program form with the quantized convs, so the layout policy gives it the same
-        # dot-product form where the CPU has one (`layouts.integer_conv_layouts`)
+        # dot-product form where the CPU has one (`layouts.dot_conv_layouts`)
         acc = bb.emit(relax.op.nn.conv2d(relax.op.reshape(xq, (1, 1, m, k)), relax.op.reshape(wq, (n, 1, 1, k)),
                                          data_layout="NHWC", kernel_layout="OHWI", out_dtype="int32"))
         acc = bb.emit(relax.op.reshape(acc, (m, n)))
