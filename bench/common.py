@@ -316,9 +316,11 @@ def save_args(arrays: Sequence[Any], path: Path) -> str:
 def _load_args(program: TvmProgram, seed: int) -> list:
     import numpy as np
 
+    from compiler.arrays import loaded
+
     if program.args_path is not None:
         with np.load(program.args_path) as data:
-            return [data[f"arr_{i}"] for i in range(len(data.files))]
+            return [loaded(data[f"arr_{i}"]) for i in range(len(data.files))]
     from compiler.arrays import random_inputs
 
     return random_inputs([(tuple(s), d) for s, d in program.specs], seed)

@@ -36,6 +36,11 @@ int8 per-channel weights) on every side: ours imports it with its quantized conv
 same translation, torch's variants run the quantized module (`compile`: inductor's int8 lowering to oneDNN);
 ONNX Runtime is not run; results are checked within a quantization step (`QUANTIZED_RTOL`).
 
+`--bf16` benchmarks each model in bfloat16 (`module.to(torch.bfloat16)`, floating inputs too): ours with its
+convs and linears in the bf16 dot-product form (`vdpbf16ps` on AVX512_BF16), MetaSchedule from our translation,
+torch's variants of the bf16 module (oneDNN's bf16 kernels); ONNX Runtime is not run; results are checked within
+bfloat16's tolerance.
+
 Every program (the untuned build, ours, MetaSchedule's, each torch variant, ONNX Runtime's) is timed in a
 fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
 medians of `time_evaluator` repeats of at least 50 ms (torch: the same calibration in
@@ -74,6 +79,20 @@ def torch_quantized_model(name: str, seed: int) -> tuple[Any, list]:
 
     module, inputs = zoo.quantized(name, seed)
     return module, list(inputs)
+
+
+def torch_bf16_model(name: str, seed: int) -> tuple[Any, list]:
+    """`bench.common.TorchProgram` factory of `--bf16`: zoo model `name` in bfloat16 (`module.to(torch.bfloat16)`,
+    its floating inputs too; torch's CPU kernels for bf16 are oneDNN's, with AVX512_BF16 / AMX where present)."""
+    module, inputs = torch_model(name, seed)
+    return bf16(module, inputs)
+
+
+def bf16(module: Any, inputs: Sequence[Any]) -> tuple[Any, list]:
+    """`module` and its floating `inputs` in bfloat16 (token ids stay integers)."""
+    import torch
+
+    return module.to(torch.bfloat16), [x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs]
 
 
 def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None:
@@ -227,13 +246,14 @@ def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any, f
 
 
 def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_round: int,
-                     quantized: bool = False) -> dict:
+                     quantized: bool = False, translated: bool = False) -> dict:
     """MetaSchedule's Relax flow at the same budget, weights layout-free and prepacked once (TVM's
     `static_shape_tuning_pipeline(cpu_weight_prepack=True)`, step by step so that the tuning gets our builder);
     returns its executable, the transformed parameters and the tuning time. A `quantized` program, which TVM's
     importer cannot read (torch's quantized_decomposed operators), is given our translation
     (`compiler.workloads.model.translate`: the quantized convs and linears as u8 x s8 -> s32 operators, the
-    program ours starts from too)."""
+    program ours starts from too); so is a bfloat16 one (`translated`: TVM's converters make its convs and matmuls
+    float32 and then fail on the bf16 bias)."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -242,7 +262,7 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
 
     from bench.baselines import fast_tvmscript_import, quiet_metaschedule, target_cores
 
-    if quantized:
+    if quantized or translated:
         from compiler.workloads.model import translate
 
         mod, params = relax.frontend.detach_params(translate(ep))
@@ -302,14 +322,15 @@ def _export_vm(ex: Any, inputs: list, params: list, path: Path) -> TvmProgram:
     return TvmProgram(str(path.with_suffix(".so")), save_args([*inputs, *params], path.with_suffix(".npz")), vm=True)
 
 
-def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: bool = False) -> dict[str, TorchProgram]:
+def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: bool = False,
+                   bfloat16: bool = False) -> dict[str, TorchProgram]:
     """The torch variants of zoo model `name` (channels_last only where an input is 4-D or 5-D), of its
-    PT2E-quantized form where `quantized`."""
+    PT2E-quantized form where `quantized`, in bfloat16 where `bfloat16`."""
     from compiler.workloads import zoo
 
     _, inputs = zoo.create(name, seed)
     spatial = any(x.dim() in (4, 5) for x in inputs)
-    factory = torch_quantized_model if quantized else torch_model
+    factory = torch_quantized_model if quantized else torch_bf16_model if bfloat16 else torch_model
     return {f"torch_{v}": TorchProgram(factory, (name, seed), v) for v in variants
             if v != "channels_last" or spatial}
 
@@ -347,20 +368,23 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     """All three on one zoo model; a failure of one is reported in the row, never raised."""
     from compiler.target import resolve_target
     from compiler.workloads import zoo
+    from compiler.arrays import to_numpy
     from compiler.workloads.model import build_model, import_model, torch_outputs
 
     target = resolve_target(target_name)
-    quantized = options.get("quantize", False)
+    quantized, bfloat16 = options.get("quantize", False), options.get("bf16", False)
     module, torch_inputs = zoo.quantized(name, seed) if quantized else zoo.create(name, seed)
+    if bfloat16:
+        module, torch_inputs = bf16(module, torch_inputs)
     import torch
 
-    ep = torch.export.export(module, torch_inputs)
-    inputs = [t.numpy() for t in torch_inputs]
+    ep = torch.export.export(module, tuple(torch_inputs))
+    inputs = [to_numpy(t) for t in torch_inputs]
     expected = torch_outputs(module, torch_inputs)
     model = import_model(ep, layout=options["layout"], target=target)
     row: dict[str, Any] = {"name": name, "budget": budget, "layout": options["layout"], "inputs": [list(s.shape) for s in
                                                                                       model.inputs],
-                           "quantized": quantized}
+                           "quantized": quantized, "bf16": bfloat16}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
 
     programs: dict[str, Any] = {}  # every correct program, timed at the end, each in a fresh process
@@ -386,7 +410,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     if options["metaschedule"]:
         try:
             ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["trials_per_round"],
-                                  quantized=quantized)
+                                  quantized=quantized, translated=bfloat16)
             ex, params = ms.pop("ex"), ms.pop("params")
             row.update(ms)
             mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=quantized)
@@ -398,10 +422,12 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
         except Exception as e:  # noqa: BLE001
             row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
     if options["torch"]:
-        programs.update(torch_programs(name, seed, options["torch_variants"], quantized))
+        programs.update(torch_programs(name, seed, options["torch_variants"], quantized, bfloat16))
     row["onnxruntime_ms"] = None
     if options.get("onnxruntime") and quantized:
         row["onnxruntime_error"] = "not run: torch.onnx does not export the quantized_decomposed operators"
+    elif options.get("onnxruntime") and bfloat16:
+        row["onnxruntime_error"] = "not run for bfloat16 models (its bf16 export and CPU kernels not tried)"
     elif options.get("onnxruntime"):
         facts, program = onnxruntime_program(module, torch_inputs, expected, folder)
         row.update(facts)
@@ -503,6 +529,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="each model quantized by torchao's PT2E flow (X86 quantizer: uint8 activations, int8 "
                              "per-channel weights), on every side: ours and MetaSchedule from it, torch's variants "
                              "of it (compile: inductor's oneDNN int8 kernels); ONNX Runtime not run")
+    parser.add_argument("--bf16", action="store_true",
+                        help="each model in bfloat16 (module.to(torch.bfloat16)), on every side: ours (convs and "
+                             "linears in the bf16 dot-product form), MetaSchedule from our translation, torch's "
+                             "variants in bf16 (oneDNN); ONNX Runtime not run")
     parser.add_argument("--rounds", type=int, default=1,
                         help="fresh-process readings per program, in a new shuffled order each round (median)")
     args = parser.parse_args(argv)
@@ -513,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--torch-variants: each of {', '.join(TORCH_VARIANTS)}, got {args.torch_variants!r}")
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    if args.bf16 and args.quantize:
+        parser.error("--bf16 and --quantize are two precisions: one at a time")
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in zoo.MODELS]
     if unknown:
@@ -531,13 +563,13 @@ def main(argv: list[str] | None = None) -> int:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
                    "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime, "layout": args.layout, "trials_per_round": args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
-                   "also_layouts": also, "quantize": args.quantize}
+                   "also_layouts": also, "quantize": args.quantize, "bf16": args.bf16}
         rows = []
         for i, name in enumerate(names):
             print(f"[{i + 1}/{len(names)}] {name} (budget {args.budget}) ...", file=sys.stderr, flush=True)
             rows.append(run_model(name, args.target, args.budget, args.seed, options, sys.stderr))
     report = {"suite": "models", "target": target_key(args.target), "budget": args.budget, "quantized": args.quantize,
-              "cases": rows,
+              "bf16": args.bf16, "cases": rows,
               "geomean": geomeans(rows) | {"vs_onnxruntime": geomean(r.get("vs_onnxruntime") for r in rows)},
               "environment": environment()}
     print(table(report))

@@ -69,6 +69,16 @@ def to_numpy(tensor: Any) -> np.ndarray:
     return tensor.numpy()
 
 
+def loaded(array: np.ndarray) -> np.ndarray:
+    """An array as `np.load` gave it back, bfloat16 again: np.savez / np.save store an ml_dtypes bfloat16 array as
+    2-byte voids (the only such type we save); other arrays as they are."""
+    if array.dtype.kind != "V" or array.dtype.itemsize != 2:
+        return array
+    import ml_dtypes
+
+    return array.view(ml_dtypes.bfloat16)
+
+
 def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> str | None:
     """None when `actual` matches `expected`, else a one-line "wrong result: ..." naming the worst element.
 

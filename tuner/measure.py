@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from compiler.arrays import ATOL, RTOL, arg_specs, check_close, device, random_inputs
+from compiler.arrays import ATOL, RTOL, arg_specs, check_close, device, loaded, random_inputs
 from compiler.build import Pipeline, compile_module
 
 from .space import Config
@@ -124,18 +124,8 @@ def _child_arrays(path: str) -> Any:
 
     if path not in _CHILD_CACHE:
         with np.load(path) as data:
-            # np.savez / np.save store an ml_dtypes bfloat16 array as 2-byte voids: the only such type we save
-            _CHILD_CACHE[path] = [_bfloat16(data[f"arr_{i}"]) for i in range(len(data.files))]
+            _CHILD_CACHE[path] = [loaded(data[f"arr_{i}"]) for i in range(len(data.files))]
     return _CHILD_CACHE[path]
-
-
-def _bfloat16(array: Any) -> Any:
-    """`array` as bfloat16 where np.load gave 2-byte voids (a saved bfloat16 array), else itself."""
-    if array.dtype.kind != "V" or array.dtype.itemsize != 2:
-        return array
-    import ml_dtypes
-
-    return array.view(ml_dtypes.bfloat16)
 
 
 def _child_build(mod_json: str, target_config: dict, pipeline: Pipeline, lib_path: str,
@@ -193,7 +183,7 @@ def _child_run(
         np.save(expected_path, out)
     elif expected_path is not None:
         if expected_path not in _CHILD_CACHE:
-            _CHILD_CACHE[expected_path] = _bfloat16(np.load(expected_path))
+            _CHILD_CACHE[expected_path] = loaded(np.load(expected_path))
         expected = _CHILD_CACHE[expected_path]
         mismatch = check_close(out, expected, rtol, atol)
         if mismatch is not None:

@@ -75,3 +75,21 @@ def test_quantize_benchmarks_the_pt2e_quantized_model_on_every_side(tmp_path, ca
     assert report["quantized"] and row["quantized"]
     assert row["ours_correct"] and row["ours_ms"] > 0 and row["torch_variants_ms"]["eager"] > 0, row
     assert "quantized_decomposed" in row["onnxruntime_error"]
+
+
+def test_bf16_benchmarks_the_bfloat16_model_on_every_side(tmp_path):
+    """`--bf16`: ours tunes the bfloat16 model (its convs in the dot-product form) and matches torch within
+    bfloat16's tolerance, MetaSchedule runs from our translation, torch times the bf16 module, ONNX Runtime says
+    why it is not run; the report says so."""
+    import json
+
+    out = tmp_path / "b.json"
+    assert models.main(["--models", "small_transformer", "--budget", "2", "--bf16", "--no-untuned",
+                        "--torch-variants", "eager", "--trials-per-round", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    row = report["cases"][0]
+    assert report["bf16"] and row["bf16"] and row["correct"], row
+    assert row["ours_ms"] > 0 and row["metaschedule_ms"] > 0 and row["torch_variants_ms"]["eager"] > 0, row
+    assert "bfloat16" in row["onnxruntime_error"]
+    with pytest.raises(SystemExit):  # two precisions at once
+        models.main(["--models", "small_cnn", "--bf16", "--quantize"])
