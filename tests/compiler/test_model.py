@@ -352,7 +352,7 @@ def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(host
     """In the default layouts a bfloat16 conv whose channels fit the target's bf16 dot product (16 or 8 output
     lanes, pairs of input channels) is `conv2d_nhwc_dot` in NHWC, and so is a linear on tokens (torch makes it a
     `bmm` of the broadcast weight: a 1x1 conv over all its rows, the rounding fused into it); the 3-channel
-    first conv keeps the blocked layout. Each dot task
+    first conv too, its input channels padded to 4 with zero weights. Each dot task
     scheduled with the space's seed is tensorized (vdpbf16ps where the CPU has AVX512_BF16), and the model
     built with those schedules matches torch within bfloat16's tolerance."""
     import tvm
@@ -381,7 +381,8 @@ def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(host
     ep = torch.export.export(module, (x,))
     model = M.import_model(ep, layout="blocked", target=host_target)
     dot = [t for t in model.tasks if "conv2d_nhwc_dot" in t.name]
-    assert len(dot) == 2 and any("conv2d_NCHWc" in t.name for t in model.tasks), [t.name for t in model.tasks]
+    assert len(dot) == 3 and not any("NCHWc" in t.name for t in model.tasks), [t.name for t in model.tasks]
+    assert sorted(a.shape[3:5] for t in dot for a in t.args if len(a.shape) == 6) == [(2, 16), (16, 16), (16, 16)]  # 3 -> 4 channels: 2 pairs
     assert all(t.name.endswith("_cast") or "_cast_" in t.name for t in dot), [t.name for t in dot]  # rounding fused
     schedules, used = {}, set()
     for task in dot:

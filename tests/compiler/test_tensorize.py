@@ -174,10 +174,11 @@ def test_gemm_non_divisible_equals_numpy(dtype, host_target):
     types = kernels.operands(host_target, dtype)
     _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
     assert report["main"].used, report
-    # the lane remainder (127 = 7 x 16 + 15) is tensorized too (a whole vector on B's padding); only the
-    # reduction's group remainder (255 = 63 x 4 + 3, or 127 x 2 + 1 for vpmaddwd's pairs) stays scalar
-    assert all("group" in why for why in report["main"].left), report
-    assert (dtype == "float32") == (not report["main"].left), report
+    # the lane remainder (127 = 7 x 16 + 15) is tensorized too (a whole vector on B's padding), and so is the
+    # reduction's group remainder (255 = 63 x 4 + 3, or 127 x 2 + 1 for pairs): the reduction runs over a
+    # zero-padded copy of A's whole groups (COM), so no nest is left
+    assert report["main"].left == [], report
+    assert (dtype == "float32") == ("A_pad" not in mod.script()), mod.script()
     a, b, ref = _gemm_data(m, n, k, dtype, types, np.random.default_rng(0))
     got, _ = _run(mod, host_target, [a, kernels.pack_gemm_weight(b, blk.lanes, blk.group)], (m, n), types[2])
     _check(got, ref, dtype)
@@ -191,7 +192,8 @@ def test_conv2d_255_channels_equals_numpy(dtype, host_target):
     func = kernels.conv2d(n, h, w, c, f, kh, dtype, blk.lanes, types=types, group=blk.group)
     mod = kernels.schedule_conv2d(func, blk)
     _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
-    assert report["main"].used, report
+    # 255 channels padded to whole groups with the input (COM): no group remainder left scalar
+    assert report["main"].used and report["main"].left == [], report
     rng = np.random.default_rng(1)
     if dtype == "int8":
         x = rng.integers(0, 256, (n, h, w, c)).astype(types[0])

@@ -6,7 +6,10 @@ The layouts are the instructions' (ALIGN of Alg. 1 at the layout level): weights
 `[ceil(N/L), ceil(K/G), L, G]` (GEMM) or `[ceil(F/L), KH, KW, ceil(C/G), L, G]` (conv2d), zero padded to
 whole vectors and groups, as TVM's and oneDNN's VNNI kernels pack them; `pack_gemm_weight` /
 `pack_conv_weight` do it in numpy, once per weight. conv2d reads an input padded by a stage of its own
-(COM of Alg. 1: the enlarged input leaves the window reduction without a boundary branch).
+(COM of Alg. 1: the enlarged input leaves the window reduction without a boundary branch), its channels to
+whole groups too; a GEMM whose K is no multiple of the group reads A through a zero-padded copy of whole
+groups (`A_pad`), so the reduction has no group remainder (K = 255 with VNNI's groups of 4: 64 whole groups,
+the last one's fourth product 0 x 0) and every iteration takes the instruction.
 
 The default schedule (`schedule_*`) is what the search starts from: a register block of `rows` x `vectors`
 vectors of the target's lanes, the reduction loop marked for an outer-product instruction, the outer rows loop
@@ -109,8 +112,13 @@ def gemm(m: int, n: int, k: int, dtype: DType, lanes: int, packed: bool = True,
         C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
     else:
         B = te.placeholder((ceil_to(n, lanes) // lanes, ceil_to(k, g) // g, lanes, g), b_t, name="B")
+        source = A
+        if k % g:  # COM: the reduction over whole groups of a zero-padded copy of A (B's padding is zero too)
+            r = te.reduce_axis((0, ceil_to(k, g)), name="k")
+            source = te.compute((m, ceil_to(k, g)), lambda i, kk: te.if_then_else(kk < k, A[i, kk], te.const(0, a_t)),
+                                name="A_pad")
         C = te.compute((m, n), lambda i, j: te.sum(
-            A[i, r].astype(c_t) * B[j // lanes, r // g, j % lanes, r % g].astype(c_t), axis=r), name="C")
+            source[i, r].astype(c_t) * B[j // lanes, r // g, j % lanes, r % g].astype(c_t), axis=r), name="C")
     return te.create_prim_func([A, B, C])
 
 
@@ -125,7 +133,8 @@ def pack_gemm_weight(b: np.ndarray, lanes: int, group: int) -> np.ndarray:
 
 def schedule_gemm(func: tvm.tirx.PrimFunc, block: Blocking, marked: bool = True) -> tvm.IRModule:
     """The outer-product schedule: i -> (io parallel, ii = rows), j -> (jo, jl = lanes), k -> (ko, kg = group);
-    order io, jo, ko, ii, jl, kg; the init decomposed out; ko marked."""
+    order io, jo, ko, ii, jl, kg; the init decomposed out; ko marked; A's zero-padded copy (`gemm`), where there
+    is one, computed per block of rows."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
@@ -146,6 +155,8 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, block: Blocking, marked: bool = True)
         sch.reorder(*outer, ko, ii, *jv, jl)
     sch.parallel(outer[0])
     sch.decompose_reduction(c, outer[1] if len(outer) == 3 else ko)
+    if any(sch.get(b).name_hint == "A_pad" for b in sch.get_producers(c)):
+        sch.compute_at(sch.get_sblock("A_pad"), io)  # each parallel block of rows pads its own rows
     if marked:
         mark(sch, ko, "outer_product")
     return sch.mod
@@ -170,12 +181,14 @@ def conv2d(n: int, h: int, w: int, c: int, f: int, kernel: int, dtype: DType, la
     g = group or GROUP[dtype]
     pad = kernel // 2
     data = te.placeholder((n, h, w, c), a_t, name="data")
-    padded = te.compute((n, h + 2 * pad, w + 2 * pad, c), lambda b, y, x, ch: te.if_then_else(
-        te.all(y >= pad, y < h + pad, x >= pad, x < w + pad), data[b, y - pad, x - pad, ch],
+    # the packed forms reduce over whole groups: the channels padded with zeros too (COM)
+    channels = c if dtype == "float32" and not packed else ceil_to(c, g)
+    padded = te.compute((n, h + 2 * pad, w + 2 * pad, channels), lambda b, y, x, ch: te.if_then_else(
+        te.all(y >= pad, y < h + pad, x >= pad, x < w + pad, ch < c), data[b, y - pad, x - pad, ch],
         te.const(0, a_t)), name="pad")
     rh = te.reduce_axis((0, kernel), name="rh")
     rw = te.reduce_axis((0, kernel), name="rw")
-    rc = te.reduce_axis((0, c), name="rc")
+    rc = te.reduce_axis((0, channels), name="rc")
     if dtype == "float32" and not packed:
         weight = te.placeholder((kernel, kernel, c, f), b_t, name="weight")
         out = te.compute((n, h, w, f), lambda b, y, x, o: te.sum(

@@ -13,7 +13,8 @@ atoms (`&&`, `||`, `!`); for each atom that mentions the loop variable, TVM's bo
 variable where the atom holds for *all* values of the loops inside the body (relaxed over their ranges) and,
 for the negated atom, where it fails for all of them, given the ranges of the enclosing loops (the
 constraint map C). The ends of these intervals cut the loop's range into pieces (TSet, FSet and what lies
-between, BSet); each piece gets a copy of the body with a fresh loop variable, in which
+between, BSet); each piece gets a copy of the body with a fresh loop variable (and fresh buffers for
+the ones the body allocates), in which
 `EliminateCondition` replaces every `if` whose condition the analyzer proves true or false under the
 piece's ranges by the branch taken; pieces whose body becomes empty are dropped; then the body is
 partitioned recursively with the piece's range in C.
@@ -221,9 +222,11 @@ class _Partitioner:
                                                             s.thread_binding, s.annotations, s.step)
         pieces = self._pieces(s.body, s.loop_var, lo, lo + ext - 1)
         out = []
-        for a, b in pieces:
+        for n, (a, b) in enumerate(pieces):
             var = s.loop_var if len(pieces) == 1 else tirx.Var(s.loop_var.name, str(s.loop_var.ty.dtype))
             body = s.body if len(pieces) == 1 else _ir.subst_stmt(s.body, {_ir.key(s.loop_var): var})
+            if n and any(isinstance(x, tirx.AllocBuffer) for x in _ir.walk(body)):
+                body = _fresh_allocations(body)  # a copy may not define the first piece's buffers again
             body = self._piece_body(body, var, a, b, inside)
             if _ir.is_noop(body):
                 continue
@@ -250,6 +253,14 @@ class _Partitioner:
         if len(bodies) == 1 and chain.same_as(s.body):
             return s
         return tirx.AttrStmt(s.node, s.attr_key, s.value, chain)
+
+
+def _fresh_allocations(body: Any) -> Any:
+    """`body` with every buffer (and variable) it defines itself renewed (TVM's `renew_defs`); what it reads from
+    outside stays."""
+    from tvm import s_tir, tirx
+
+    return s_tir.renew_defs(tirx.PrimFunc([], body)).body
 
 
 def _holds_mark(s: Any) -> bool:

@@ -157,6 +157,7 @@ def _upsample3d(method: str) -> Callable[[Any, Any], Any]:
 # rounded back (TVM's converters make every convolution and addmm float32 and then fail to add a bias of the
 # model's own type)
 LOW_PRECISION = ("bfloat16", "float16")
+BF16_GROUP = 2  # bfloat16 values per 32-bit word: the group of every bf16 dot-product instruction
 
 
 def _low_precision(x: Any) -> bool:
@@ -190,6 +191,16 @@ def _low_precision_convolution(node: Any, importer: Any) -> Any:
         out = op(x, weight, strides=stride, padding=padding, output_padding=output_padding, dilation=dilation,
                  groups=int(groups), data_layout=data_layout, kernel_layout="IO" + spatial, out_dtype="float32")
     else:
+        extra = -int(x.ty.shape[1]) % BF16_GROUP if str(x.ty.dtype) == "bfloat16" and int(groups) == 1 else 0
+        if extra:
+            # input channels up to whole pairs of the bf16 dot product (3 RGB channels -> 4), the new weights 0,
+            # so the dot-product form takes the conv (`layouts.dot_conv_layouts`); the spatial padding goes
+            # into the same pad
+            bb = importer.block_builder
+            padding = [int(p) for p in padding] * (dims if len(padding) == 1 else 1)
+            x = bb.emit(relax.op.nn.pad(x, [0, 0, 0, extra] + [w for p in padding for w in (p, p)], pad_value=0.0))
+            weight = bb.emit(relax.op.nn.pad(weight, [0, 0, 0, extra] + [0, 0] * dims, pad_value=0.0))
+            padding = [0] * dims
         op = getattr(relax.op.nn, f"conv{dims}d")
         out = op(x, weight, strides=stride, padding=padding, dilation=dilation, groups=int(groups),
                  data_layout=data_layout, kernel_layout="OI" + spatial, out_dtype="float32")
