@@ -185,6 +185,35 @@ def test_gemm_non_divisible_equals_numpy(dtype, host_target):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
+def test_one_row_without_a_rows_loop_is_tensorized(dtype, host_target):
+    """A one-row GEMM (a batch-1 linear) scheduled without a rows loop: the columns sit right under the marked
+    reduction, and the micro-kernel takes them as one row."""
+    from tvm import s_tir
+
+    blk = kernels.blocking(host_target, dtype, exact=True)
+    types = kernels.operands(host_target, dtype)
+    n, k = 100, 255
+    sch = s_tir.Schedule(kernels.gemm(1, n, k, dtype, blk.lanes, types=types, group=blk.group))
+    c = sch.get_sblock("C")
+    i, j, r = sch.get_loops(c)
+    jo, jl = sch.split(j, [None, blk.lanes])
+    loops = [jo, i]
+    if blk.group > 1:
+        ro, rg = sch.split(r, [None, blk.group])
+        sch.reorder(jo, i, ro, jl, rg)
+    else:
+        ro = r
+        sch.reorder(jo, i, ro, jl)
+    sch.decompose_reduction(c, ro)
+    kernels.mark(sch, ro, "outer_product")
+    _, report = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(sch.mod))
+    assert report["main"].used and not report["main"].left, report
+    a, b, ref = _gemm_data(1, n, k, dtype, types, np.random.default_rng(10))
+    got, _ = _run(sch.mod, host_target, [a, kernels.pack_gemm_weight(b, blk.lanes, blk.group)], (1, n), types[2])
+    _check(got, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
 def test_conv2d_255_channels_equals_numpy(dtype, host_target):
     n, h, w, c, f, kh = 1, 11, 11, 255, 127, 3
     blk = kernels.blocking(host_target, dtype, exact=True)

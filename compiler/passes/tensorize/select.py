@@ -13,6 +13,7 @@ outer product (a register-blocked micro-kernel; fp32 FMA with group 1, int8/bf16
             [for g in [g0, g0 + G):]    the instruction's group (dot products)
               C[c] = C[c] + X(A[a]) * X(B[b])     X: nothing, or a cast to C's type
 
+    a nest with no rows loop (a batch-1 linear) matches as one row (MR = 1);
     parameters extracted (row-major element offsets of the indices, strides by `_ir.coefficient`):
     C's offset has stride 1 in l and 0 in r, g; A's stride 0 in v, l and 1 in g; B's stride 0 in i,
     1 in l (G = 1) or G in l and 1 in g; the operand types pick the instruction (`instructions.choose`).
@@ -205,8 +206,26 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
     if r.kind != tirx.ForKind.SERIAL:
         return None, "the marked loop is not serial"
     i = r.body
-    if not (isinstance(i, tirx.For) and i.kind == tirx.ForKind.SERIAL and _ir.const_int(i.extent) is not None):
+    if not isinstance(i, tirx.For):
         return None, "no rows loop under the marked loop"
+    m, why = None, "no rows loop under the marked loop"
+    if i.kind == tirx.ForKind.SERIAL and _ir.const_int(i.extent) is not None:
+        m, why = _match_rows(r, i, target, exact, outer)
+    if m is None:
+        # one row (a linear on one vector, batch 1): the schedule has no rows loop left, the columns sit right
+        # under the reduction; matched as a rows loop of extent 1 that nothing depends on (a loop A depends
+        # on is no column loop: the columns' checks refuse it)
+        one = tirx.For(tirx.Var("row", "int32"), tirx.const(0, "int32"), tirx.const(1, "int32"),
+                       tirx.ForKind.SERIAL, i)
+        m, _ = _match_rows(r, one, target, exact, outer)
+    return m, why if m is None else ""
+
+
+def _match_rows(r: Any, i: Any, target: tvm.target.Target, exact: bool, outer: list[tuple[Any, int, int]] | None
+                ) -> tuple[OuterProduct | None, str]:
+    """`match_outer_product` with `i` as the rows loop."""
+    from tvm import tirx
+
     nests = list(i.body.seq) if isinstance(i.body, tirx.SeqStmt) else [i.body]
     ins: Instruction | None = None
     columns = []
