@@ -284,8 +284,9 @@ def test_licm_is_a_knob_and_older_configurations_keep_it_on():
 def test_tensorize_is_a_knob_that_marks_the_register_block():
     """tensorize=1 marks the inner reduction loop above the register block; where the nest is an outer product
     (NCHW conv: rows over output channels, lanes over the width) the build runs the target's fp32 FMA
-    micro-kernel and computes the same; where it is not (rows over the height: the input depends on them) or
-    the target has no instruction, the nest is left as it was. 0, and configurations older than the knob,
+    micro-kernel and computes the same; with rows over the height (the input depends on them) the nest is still
+    one: one row of the broadcast weight times the input's vectors, the height a loop of columns; where the
+    target has no instruction, the nest is left as it was. 0, and configurations older than the knob,
     give today's program; int8 and bf16 programs are not offered it (their dot products need packed weights)."""
     import tvm
 
@@ -306,11 +307,11 @@ def test_tensorize_is_a_knob_that_marks_the_register_block():
     assert space.apply(older).mod.script() == space.apply(blocked).mod.script()
     assert ANNOTATION not in space.apply(blocked).mod.script()
     outer_product = space.validate({**blocked, "tile.yy.3": 1, "tile.ff.3": 4, "tensorize": 1})
-    across_rows = space.validate({**blocked, "tensorize": 1})  # rows over yy: the input depends on them
+    across_rows = space.validate({**blocked, "tensorize": 1})  # yy under the mark: a loop of columns
     inputs = wl.random_inputs(3)
     host = resolve_target("host")
     bare = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu"})  # SSE2 only: no FMA
-    for config, target, used in ((outer_product, host, True), (across_rows, host, False),
+    for config, target, used in ((outer_product, host, True), (across_rows, host, True),
                                  (outer_product, bare, False)):
         mod = space.apply(config).mod
         _, reports = tensorize_module(mod, target)
