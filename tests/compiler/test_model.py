@@ -348,13 +348,15 @@ def test_a_bfloat16_model_imports_and_matches_torch(name, host_target):
     assert check_close(wrong, expected) is not None
 
 
-def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(host_target):
+@pytest.mark.parametrize("mcpu", [None, "haswell"])
+def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(mcpu, host_target):
     """In the default layouts a bfloat16 conv whose channels fit the target's bf16 dot product (16 or 8 output
     lanes, pairs of input channels) is `conv2d_nhwc_dot` in NHWC, and so is a linear on tokens (torch makes it a
     `bmm` of the broadcast weight: a 1x1 conv over all its rows, the rounding fused into it); the 3-channel
     first conv too, its input channels padded to 4 with zero weights. Each dot task
     scheduled with the space's seed is tensorized (vdpbf16ps where the CPU has AVX512_BF16), and the model
-    built with those schedules matches torch within bfloat16's tolerance."""
+    built with those schedules matches torch within bfloat16's tolerance; on the host and on an AVX2 target
+    (haswell: 8 lanes, the widened pairs), which every x86 CI machine runs."""
     import tvm
     from torch import nn
 
@@ -363,8 +365,10 @@ def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(host
     from compiler.workloads.model.layouts import dot_instruction
     from tuner.space import LoopSpace
 
+    target = host_target if mcpu is None else tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     if dot_instruction(host_target, "bfloat16") is None:
         pytest.skip("this CPU has no bf16 dot product (no AVX2)")
+    lanes = dot_instruction(target, "bfloat16")[0]
 
     class Net(nn.Module):
         def __init__(self):
@@ -379,21 +383,23 @@ def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(host
     torch.manual_seed(0)
     module, x = Net().eval().to(torch.bfloat16), torch.randn(1, 3, 12, 12).to(torch.bfloat16)
     ep = torch.export.export(module, (x,))
-    model = M.import_model(ep, layout="blocked", target=host_target)
+    model = M.import_model(ep, layout="blocked", target=target)
     dot = [t for t in model.tasks if "conv2d_nhwc_dot" in t.name]
     assert len(dot) == 3 and not any("NCHWc" in t.name for t in model.tasks), [t.name for t in model.tasks]
-    assert sorted(a.shape[3:5] for t in dot for a in t.args if len(a.shape) == 6) == [(2, 16), (16, 16), (16, 16)]  # 3 -> 4 channels: 2 pairs
+    packed = sorted(a.shape[3:5] for t in dot for a in t.args if len(a.shape) == 6)
+    assert packed == [(2, lanes), (16, lanes), (16, lanes)], packed  # 3 -> 4 channels: 2 pairs
     assert all(t.name.endswith("_cast") or "_cast_" in t.name for t in dot), [t.name for t in dot]  # rounding fused
     schedules, used = {}, set()
     for task in dot:
         space = LoopSpace(task.prim_func)
         mod = space.apply(space.blocked_config()).mod
-        _, reports = tensorize_module(tvm.tirx.transform.BindTarget(host_target)(mod))
+        _, reports = tensorize_module(tvm.tirx.transform.BindTarget(target)(mod))
         used |= {name for r in reports.values() for name in r.used}
         schedules[task.workload_key] = mod
     assert used & {"dot_bf16_avx512bf16", "dot_bf16_fma512", "dot_bf16_fma256"}, used
-    built = M.build_model(model, host_target, schedules)
-    (out,) = M.run_model(built, [to_numpy(x)], host_target)
+    assert mcpu != "haswell" or used == {"dot_bf16_fma256"}, used
+    built = M.build_model(model, target, schedules)
+    (out,) = M.run_model(built, [to_numpy(x)], target)
     (expected,) = M.torch_outputs(module, [x])
     assert check_close(out, expected) is None, check_close(out, expected)
 
