@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _ir
-from .instructions import Instruction, available, candidates_for, target_arch, target_features
+from .instructions import INSTRUCTIONS, Instruction, candidates_for, target_arch, target_features
 from .mark import ANNOTATION
 
 if TYPE_CHECKING:
@@ -46,8 +46,6 @@ MAX_ACCUMULATORS = 32  # a rewrite of more accumulators than this would be all s
 def _groups(dtype: str) -> tuple[int, ...]:
     """The group sizes of the instructions that take `dtype` operands, largest first (int8: 4 for VNNI and
     `vpmaddubsw`, 2 for `vpmaddwd`)."""
-    from .instructions import INSTRUCTIONS
-
     return tuple(sorted({i.group for i in INSTRUCTIONS if dtype in (i.a_dtype, i.b_dtype)}, reverse=True))
 
 
@@ -138,7 +136,7 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
         return None
 
     body = _ir.map_stmt(func.body, lambda e: e, visit)
-    for code in dict.fromkeys(ins.llvm_ir for ins in available(target) if ins.name in report.used and ins.llvm_ir):
+    for code in dict.fromkeys(ins.llvm_ir for ins in INSTRUCTIONS if ins.name in report.used and ins.llvm_ir):
         # the IR of an instruction's function, linked in by TVM's code generator (`Instruction.llvm_ir`)
         body = tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.StringImm(code), body)
     return func.with_body(body), report

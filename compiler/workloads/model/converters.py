@@ -15,10 +15,10 @@ Layering: `compiler` never imports `tuner` or `service`. torch and TVM are impor
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ...passes.tensorize.kernels import GROUP
 from ..pt2 import ModelError, short_error
 
 if TYPE_CHECKING:
@@ -157,7 +157,6 @@ def _upsample3d(method: str) -> Callable[[Any, Any], Any]:
 # rounded back (TVM's converters make every convolution and addmm float32 and then fail to add a bias of the
 # model's own type)
 LOW_PRECISION = ("bfloat16", "float16")
-BF16_GROUP = 2  # bfloat16 values per 32-bit word: the group of every bf16 dot-product instruction
 
 
 def _low_precision(x: Any) -> bool:
@@ -191,7 +190,7 @@ def _low_precision_convolution(node: Any, importer: Any) -> Any:
         out = op(x, weight, strides=stride, padding=padding, output_padding=output_padding, dilation=dilation,
                  groups=int(groups), data_layout=data_layout, kernel_layout="IO" + spatial, out_dtype="float32")
     else:
-        extra = -int(x.ty.shape[1]) % BF16_GROUP if str(x.ty.dtype) == "bfloat16" and int(groups) == 1 else 0
+        extra = -int(x.ty.shape[1]) % GROUP["bfloat16"] if str(x.ty.dtype) == "bfloat16" and int(groups) == 1 else 0
         if extra:
             # input channels up to whole pairs of the bf16 dot product (3 RGB channels -> 4), the new weights 0,
             # so the dot-product form takes the conv (`layouts.dot_conv_layouts`); the spatial padding goes

@@ -36,13 +36,14 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ...passes.tensorize.kernels import GROUP
+
 if TYPE_CHECKING:
     import torch
 
 Converter = Callable[[Any, Any], Any]
 
 _DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
-INT8_GROUP = 4  # reduction elements an int8 dot-product instruction sums per lane (VNNI, sdot; vpmaddwd: 2)
 _DEQUANTIZE_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
 
 
@@ -176,7 +177,7 @@ def _integer_conv(fallback: Converter, values: Mapping[str, torch.Tensor]) -> Co
         padding = [int(p) for p in padding] * (rank if len(padding) == 1 else 1)
         # input channels up to a multiple of the int8 instructions' group (3 RGB channels -> 4), the weights
         # of the new channels 0 (a constant, folded at import), so the dot-product form takes the conv too
-        extra = -int(xq.ty.shape[1]) % INT8_GROUP if groups == 1 else 0
+        extra = -int(xq.ty.shape[1]) % GROUP["int8"] if groups == 1 else 0  # VNNI, sdot (vpmaddwd: 2)
         if extra:
             wq = bb.emit(relax.op.nn.pad(wq, [0, 0, 0, extra] + [0, 0] * rank, pad_value=0.0))
         if extra or (any(padding) and zero_point):  # padded with the zero point: the value that dequantizes to 0
