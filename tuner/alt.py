@@ -98,7 +98,7 @@ IDENTITY = "as-given"  # key of the user's own layouts (the untransformed progra
 def first_layout(template: Any, lanes: int | None = None) -> dict[str, int]:
     """A oneDNN-like starting point: channel tiles of one vector (`lanes`: this machine's when None), a
     short tile of the last spatial axis."""
-    from compiler.layout import OUTER_SUFFIX
+    from compiler.layout import GROUP_PARAM, OUTER_SUFFIX
     from compiler.target import vector_unit
 
     lanes = vector_unit().lanes if lanes is None else lanes
@@ -107,13 +107,16 @@ def first_layout(template: Any, lanes: int | None = None) -> dict[str, int]:
     for p in template.params:
         if p.name in TIED:
             continue
+        if p.name == GROUP_PARAM:  # the dot-product form's one group
+            choice[p.name] = max(p.candidates)
+            continue
         if p.name in ("ot", "it", "nt"):
             limit = lanes
         elif p.name == "mt":
             limit = 8
         else:
             limit = 1
-        choice[p.name] = max(c for c in p.candidates if c <= limit)
+        choice[p.name] = max((c for c in p.candidates if c <= limit), default=min(p.candidates))
     spatial = [p for p in template.params if p.tensor == "output" and p.name not in ("ot", "mt", "nt")
                and not p.name.endswith(OUTER_SUFFIX)]  # second-level factors start at 1
     if spatial:  # the innermost spatial axis: a register row of 8-16 outputs

@@ -1,7 +1,8 @@
 """ALT's joint space (paper sec. 4-5): a layout of the operator's template and the loops of the program in it.
 
 A configuration is one flat JSON dict: `layout.<param>` (the template's split factors; the weight's are
-tied to the consumer's: kot = ot, kit = it) plus the loop knobs of `LoopSpace` over the program rewritten
+tied to the consumer's: kot = ot, kit = it, or kit = group in the dot-product form of an int8 / bfloat16
+operator, `compiler.layout.templates`) plus the loop knobs of `LoopSpace` over the program rewritten
 into that layout, data and output kept in the user's layouts (converted inside, as the artifact runs).
 A configuration without `layout.*` knobs is the user's own layouts: the untransformed program's loops.
 
@@ -78,13 +79,14 @@ class LayoutSpace(SearchSpace):
         Raises:
             ValueError: the task carries no workload.
         """
-        from compiler.layout import layout_template
+        from compiler.layout import dot_template, layout_template
 
         if task.workload is None:
             raise ValueError("the ALT space needs task.workload (the layout template comes from it)")
         self.task = task
         self.layout_levels = layout_levels
-        self.template = layout_template(task.workload, layout_levels)
+        # an int8 / bfloat16 operator on a target with its dot-product instruction: the template's dot form
+        self.template = layout_template(task.workload, layout_levels, dot=dot_template(task.workload, task.target))
         self.free = tuple(p for p in self.template.params if p.name not in TIED)  # what a search chooses
 
     @property
@@ -94,10 +96,15 @@ class LayoutSpace(SearchSpace):
 
     def full_choice(self, choice: dict[str, int]) -> dict[str, int]:
         """The template's defaults filled in and the tied weight factors set from the consumer's."""
+        from compiler.layout import GROUP_PARAM
+
         full = {**self.template.default(), **choice}
         for k, v in TIED.items():
             if k in full and v in full:
                 full[k] = full[v]
+        if "kit" in full and full.get(GROUP_PARAM, 1) > 1:  # the dot-product form: the weight's input channels
+            # in single groups
+            full["kit"] = full[GROUP_PARAM]
         return full
 
     @staticmethod

@@ -174,7 +174,7 @@ class Structure:
 
     @property
     def group(self) -> Axis | None:
-        """The dot-product group axis (`compiler.workloads.model.layouts.DOT_GROUP`), if the block has one."""
+        """The dot-product group axis (`compiler.passes.tensorize.DOT_GROUP`), if the block has one."""
         return next((a for a in self.axes if a.kind == "G"), None)
 
 
@@ -213,7 +213,7 @@ def analyze(prim_func: tvm.tirx.PrimFunc | tvm.IRModule) -> Structure:
     block = sch.get(main_rv)
     loops = sch.get_loops(main_rv)
     assert len(loops) == len(block.iter_vars), f"{main}: {len(loops)=} != {len(block.iter_vars)=}"
-    from compiler.workloads.model.layouts import DOT_GROUP
+    from compiler.passes.tensorize.mark import DOT_GROUP
 
     group = int(block.annotations[DOT_GROUP]) if DOT_GROUP in block.annotations else 0
     axes, seen = [], set()
@@ -504,13 +504,20 @@ class LoopSpace(SearchSpace):
         axes ..., row, output block, lanes; reductions ..., channel chunks; the group): the instruction's
         register block -- the lanes whole, one or two output blocks (one vector each), rows of the axis before
         them up to `REGISTER_ROWS`, the most accumulators the unit holds -- the kernel window and up to 16 channel
-        chunks in the inner reduction level, marked for the instruction (order SSRSRS), unrolled whole."""
+        chunks in the inner reduction level, marked for the instruction (order SSRSRS), unrolled whole.
+
+        A layout template's dot-product form (`compiler.layout.templates`: spatial axes ..., output block, ...,
+        the spatial tiles, lanes) has rows, not an output block, before the lanes (the axis before the lanes does
+        not index the weight): one vector, rows of that axis."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         *outer, block, lane = self.structure.spatial  # (a unit block or rows axis has no knob)
         outer = [a for a in outer if a.extent > 1]
         if lane.extent > 1:
             config[lane.knob(SPATIAL_LEVELS - 1)] = lane.extent
         vectors = 2 if block.extent % 2 == 0 else 1
+        if not self._indexes_weight(block):  # the template form: `block` holds the rows
+            outer, vectors = [block], 1
+            block = lane
         if outer:
             # the block of most accumulators (two vectors before one where they tie): 7 rows of one vector
             # where 7 x 2 is more than the unit holds (AVX2's 12) and one row of two would leave no rows loop
@@ -519,7 +526,7 @@ class LoopSpace(SearchSpace):
                                  for v in ((2, 1) if block.extent % 2 == 0 else (1,))),
                                 key=lambda rv: (rv[0] * rv[1], rv[1]))
             config[outer[-1].knob(SPATIAL_LEVELS - 1)] = rows
-        if block.extent > 1:
+        if block is not lane and block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
         *window, chunks = [a for a in self.structure.reduce if a.extent > 1] or [None]
         config.update({a.knob(1): a.extent for a in window if a is not None})
@@ -532,9 +539,25 @@ class LoopSpace(SearchSpace):
         try:
             return self.validate(config)
         except InvalidConfig:  # a register block over the unit's limit: one vector
-            if block.extent > 1:
+            if block is not lane and block.extent > 1:
                 config[block.knob(SPATIAL_LEVELS - 1)] = 1
             return self.validate(config)
+
+    def _indexes_weight(self, axis: Axis) -> bool:
+        """Whether the main block reads its weight (the operand indexed by the lanes, the last spatial axis)
+        with `axis`'s iterator."""
+        from tvm import s_tir, tirx
+
+        sch = s_tir.Schedule(self.mod)
+        block = sch.get(sch.get_sblock(self.structure.main))
+        var = {a.name: iv.var for a, iv in zip(self.structure.axes, block.iter_vars)}
+        lane, mine = var[self.structure.spatial[-1].name], var[axis.name]
+
+        def uses(region: Any, v: Any) -> bool:
+            return any(u.same_as(v) for r in region for u in tirx.analysis.undefined_vars(r.min))
+
+        weights = [r.region for r in block.reads if uses(r.region, lane)]
+        return any(uses(region, mine) for region in weights)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
         return [self._sample_one(rng) for _ in range(n)]
@@ -772,12 +795,12 @@ class LoopSpace(SearchSpace):
 
 def tensorizable(mod: tvm.IRModule, st: Structure) -> bool:
     """Whether `tensorize` is offered: the main block computes in float32 from float32 operands, the form of the
-    fp32 FMA micro-kernels, or it is in the dot-product form (a `G` axis: a model's quantized conv,
-    `compiler.workloads.model.layouts.conv2d_nhwc_dot`), whose group loop `_apply` then puts innermost, below
-    the lanes, as the int8 instructions take it. Another int8 (u8 x s8 -> s32) or bf16 (-> fp32) program is
-    not offered it: their dot-product instructions take groups of 4 (2) consecutive reduction elements of
-    weights packed `[N/L, K/G, L, G]` (`compiler.passes.tensorize.kernels`), a layout that neither the
-    catalog's weights nor ALT's templates have; marked, their nests would never match."""
+    fp32 FMA micro-kernels, or it is in the dot-product form (a `G` axis: a model's quantized or bf16 conv,
+    `compiler.workloads.model.layouts.conv2d_nhwc_dot`, or a catalog int8 / bf16 operator in its layout
+    template's dot-product form, `compiler.layout.templates`), whose group loop `_apply` then puts innermost,
+    below the lanes, as the instructions take it. Another int8 (u8 x s8 -> s32) or bf16 (-> fp32) program (the
+    catalog's own layouts) is not offered it: their dot-product instructions take groups of 4 (2) consecutive
+    reduction elements of weights packed `[N/L, K/G, L, G]`; marked, their nests would never match."""
     from tvm import s_tir
 
     if st.group is not None:

@@ -18,8 +18,10 @@ from .primitives import (
 )
 from .program import (
     ACTIVATIONS,
+    DOT_OPERATORS,
     LayoutProgram,
     apply_layout,
+    dot_template,
     layout_template,
     subgraph_layout,
     te_graph,
@@ -27,18 +29,21 @@ from .program import (
 )
 from .propagate import Graph, Plan, propagate
 from .rewrite import CONVERT_PREFIX, Rewritten, rewrite
-from .templates import OUTER_SUFFIX, LayoutTemplate, TemplateParam
+from .templates import GROUP_PARAM, OUTER_SUFFIX, LayoutTemplate, TemplateParam
 
 __all__ = [
     "ACTIVATIONS",
+    "DOT_OPERATORS",
     "LayoutProgram",
     "LayoutTemplate",
     "TemplateParam",
     "apply_layout",
+    "dot_template",
     "layout_template",
     "subgraph_layout",
     "te_graph",
     "template_levels",
+    "GROUP_PARAM",
     "OUTER_SUFFIX",
     "CONVERT_PREFIX",
     "DecoupleAt",

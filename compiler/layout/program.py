@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .primitives import Layout, LayoutError
 from .propagate import Graph, Plan, propagate
 from .rewrite import conversion, key, rewrite
-from .templates import OUTER_SUFFIX, LayoutTemplate, conv_template, gemm_template
+from .templates import GROUP_PARAM, OUTER_SUFFIX, LayoutTemplate, conv_template, gemm_template
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from compiler.workloads import TensorSpec, Workload
 
 ACTIVATIONS = ("data",)  # the workload inputs computed on every call; the others are constants
+DOT_OPERATORS = ("conv2d", "dense", "batch_matmul")  # the catalog operators with a dot-product form
 
 
 def subgraph_layout(workload: Any, block: int) -> tvm.tirx.PrimFunc:
@@ -111,14 +112,32 @@ def complex_op(graph: Graph) -> Any:
     return ops[0]
 
 
-def layout_template(workload: Workload, levels: int = 1) -> LayoutTemplate:
+def layout_template(workload: Workload, levels: int = 1, dot: tuple[int, int] | None = None) -> LayoutTemplate:
     """The sec. 5.1 layout space of a workload (convolution or GEMM template), one-level (the default) or
-    the paper's two-level output tiling."""
+    the paper's two-level output tiling; `dot=(L, G)`, the dot-product form of an int8 or bfloat16 conv2d,
+    dense or batch_matmul (`templates`' docstring; `dot_template` says whether a target has one).
+
+    Raises:
+        LayoutError: `dot` for an operator without that form.
+    """
     graph = te_graph(workload)
     op = complex_op(graph)
+    if dot is not None and workload.operator not in DOT_OPERATORS:
+        raise LayoutError(f"{workload.operator} has no dot-product form (the ones that do: {', '.join(DOT_OPERATORS)})")
     if workload.operator in ("dense", "batch_matmul"):
-        return gemm_template(graph, op, weight_is_nk=workload.operator == "dense", levels=levels)
-    return conv_template(graph, op, levels=levels, weight_is_io=workload.operator == "conv2d_transpose")
+        return gemm_template(graph, op, weight_is_nk=workload.operator == "dense", levels=levels, dot=dot)
+    return conv_template(graph, op, levels=levels, weight_is_io=workload.operator == "conv2d_transpose", dot=dot)
+
+
+def dot_template(workload: Workload, target: tvm.target.Target) -> tuple[int, int] | None:
+    """(L, G) of the target's dot-product instruction for the workload's element type, where the workload is
+    an int8 or bfloat16 operator that has the dot-product form (`DOT_OPERATORS`); None otherwise (float32,
+    other operators, a target without an exact instruction: then the template is the plain one)."""
+    from compiler.workloads.model.layouts import dot_instruction
+
+    if workload.dtype not in ("int8", "bfloat16") or workload.operator not in DOT_OPERATORS:
+        return None
+    return dot_instruction(target, workload.dtype)
 
 
 def template_levels(choice: Mapping[str, int]) -> int:
@@ -245,8 +264,8 @@ def apply_layout(
 
     Args:
         workload: from `compiler.workloads.make_workload`.
-        choice: template factors (`layout_template(workload).params`, e.g. {"ot": 16, "ht": 4}),
-            or explicit layouts keyed "output" and by the names of the tensors the
+        choice: template factors (`layout_template(workload).params`, e.g. {"ot": 16, "ht": 4}; with
+            `group` > 1, the dot-product form's), or explicit layouts keyed "output" and by the names of the tensors the
             complex op reads ("pad_temp", "weight", ...). None or {}: no layout change.
         keep_interface: data and output in the user's layouts, converted inside the function.
 
@@ -261,15 +280,22 @@ def apply_layout(
     graph = te_graph(workload)
     op = complex_op(graph)
     choice = dict(choice or {})
+    splits = {}
     if choice and all(isinstance(v, int) for v in choice.values()):
-        requested = layout_template(workload, template_levels(choice)).layouts(choice)
+        # the dot-product form's template (its candidates do not matter to `layouts`)
+        dot = (1, choice[GROUP_PARAM]) if choice.get(GROUP_PARAM, 1) > 1 else None
+        template = layout_template(workload, template_levels(choice), dot=dot)
+        requested = template.layouts(choice)
+        split = template.reduction_split(choice)
+        if split is not None:
+            splits[op.name] = split
     else:
         bad = {k: type(v).__name__ for k, v in choice.items() if not isinstance(v, Layout)}
         if bad:
             raise LayoutError(f"choice mixes template factors and layouts: {bad}")
         requested = dict(choice)
     plan = propagate(graph, {op.name: requested}, activations=ACTIVATIONS, keep_interface=keep_interface)
-    rewritten = rewrite(plan)
+    rewritten = rewrite(plan, splits)
     prim_func = rewritten.prim_func()
     args = tuple(
         TensorSpec(t.op.name if k < len(rewritten.inputs) else "output", tuple(int(s) for s in t.shape), str(t.dtype))

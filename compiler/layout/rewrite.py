@@ -76,6 +76,18 @@ def substitute(expr: Any, vmap: dict[int, Any], load: Callable[[Any, list, list]
     return go(expr)
 
 
+@dataclass(frozen=True)
+class GroupedReduction:
+    """The dot-product form of a complex op (`compiler.layout.templates`): reduce axis `axis` becomes
+    `r = ro * group + g`, and the output dims `zero_padded` (original dims) lose their padding guard: their
+    padding computes zero without it, every product there having a factor from a layout's zero padding (the
+    weight's output channel tile is the output's), so the reduction has no branch (COM)."""
+
+    axis: int
+    group: int
+    zero_padded: tuple[int, ...] = ()
+
+
 @dataclass
 class AccessContext:
     """What the index rewriting of one compute op knows: loop ranges and the reduction window."""
@@ -116,6 +128,12 @@ def _var_names(layout: Layout) -> list[str]:
     return names
 
 
+def _free_vars(e: Any) -> list:
+    from tvm import tirx
+
+    return tirx.analysis.undefined_vars(e)
+
+
 def _all(conds: list) -> Any:
     from tvm import tirx
 
@@ -131,6 +149,7 @@ def compute_in_layout(
     read: Callable[[Any, list, list, list, AccessContext], Any],
     name: str | None = None,
     attrs: Any = None,
+    split: GroupedReduction | None = None,
 ) -> te.Tensor:
     """Rebuilds compute `op` so that its output is stored in `layout`.
 
@@ -142,17 +161,34 @@ def compute_in_layout(
             original-coordinate indices, in whatever layout the producer has.
         name: the new op's name (default: the old one).
         attrs: the new op's attributes (default: the old ones; they must not name old tensors).
+        split: the dot-product form (`GroupedReduction`): reduce axis k becomes `r = ro * G + g` over
+            `ceil(extent / G)` chunks `ro` (in its place) and a group `g` (the last reduce axis), and the op's
+            attributes say so (`DOT_GROUP`). Past the extent, the loads read the zero padding of the layouts
+            that the form's inputs have; so do the output's zero-padded dims, left unguarded.
 
     Returns:
         The new output tensor, of shape `layout.new_shape`.
     """
     from tvm import ir, sym, te, tirx
 
+    from compiler.passes.tensorize.mark import DOT_GROUP
+
     assert op.num_outputs == 1, f"{op.name}: multi-output ops are not supported ({op.num_outputs})"
     out_shape = tuple(int(s) for s in op.output(0).shape)
     assert out_shape == layout.shape, f"{op.name}: {layout.name} is for {layout.shape}, op makes {out_shape}"
     body = op.body[0]
     reduce_axes = list(op.reduce_axis)
+    grouped: dict[int, Any] = {}  # old reduce variable -> its value in the split axes
+    unguarded: tuple[int, ...] = ()
+    if split is not None:
+        k, group, unguarded = split.axis, split.group, split.zero_padded
+        rv = reduce_axes[k]
+        assert int(rv.dom.min) == 0, f"{op.name}: reduce axis {rv.var.name} starts at {rv.dom.min}"
+        chunks = te.reduce_axis((0, -(-int(rv.dom.extent) // group)), name=f"{rv.var.name}o")
+        lane = te.reduce_axis((0, group), name="g")
+        grouped[key(rv.var)] = chunks.var * group + lane.var
+        reduce_axes = [*reduce_axes[:k], chunks, *reduce_axes[k + 1 :], lane]
+        attrs = {**(dict(op.attrs) if attrs is None and op.attrs is not None else attrs or {}), DOT_GROUP: group}
 
     def fcompute(*new_vars: Any) -> Any:
         analyzer = sym.Analyzer()
@@ -162,8 +198,12 @@ def compute_in_layout(
             analyzer.bind(rv.var, rv.dom)
         old, conds = layout.backward(list(new_vars))
         vmap = {key(ax.var): analyzer.simplify(e) for ax, e in zip(op.axis, old)}
+        vmap.update(grouped)
         ctx = AccessContext(analyzer, {key(rv.var): rv.dom.min for rv in reduce_axes})
         conds = [c for c in (analyzer.simplify(c) for c in conds) if not analyzer.can_prove(c)]
+        if unguarded:  # a guard over the variables of a zero-padded output dim only: computes zero anyway
+            padded = [{key(v) for v in _free_vars(old[d])} for d in unguarded]
+            conds = [c for c in conds if not any({key(v) for v in _free_vars(c)} <= vs for vs in padded)]
 
         def load(tensor: Any, new_idx: list, old_idx: list) -> Any:
             return read(tensor, [analyzer.simplify(i) for i in new_idx], old_idx, list(new_vars), ctx)
@@ -218,12 +258,13 @@ class Rewritten:
         return te.create_prim_func([*self.inputs, *self.outputs]).with_attr("global_symbol", "main")
 
 
-def rewrite(plan: Plan) -> Rewritten:
+def rewrite(plan: Plan, splits: dict[str, GroupedReduction] | None = None) -> Rewritten:
     """Rebuilds every op of `plan.graph` in the layouts the plan chose.
 
     Args:
         plan: from `propagate`: a layout for every tensor, conversions on edges,
             guests of store_at, and the layouts the outputs must end in.
+        splits: op name -> its dot-product form (`GroupedReduction`, `compute_in_layout`).
 
     Returns:
         The new placeholders and outputs (`Rewritten.prim_func()` makes the PrimFunc).
@@ -268,7 +309,8 @@ def rewrite(plan: Plan) -> Rewritten:
                 return new[pk](*new_vars)
             return new[pk](*[ctx.simplify(e) for e in src_layout.forward(idx, ctx)])
 
-        new[key(op)] = compute_in_layout(op, layout, read, attrs=_remap_attrs(op, new))
+        new[key(op)] = compute_in_layout(op, layout, read, attrs=_remap_attrs(op, new),
+                                         split=(splits or {}).get(op.name))
 
     outputs = []
     for out in graph.outputs:

@@ -11,6 +11,16 @@ contiguous for the prefetcher):
   weight `O/kot I/kit K.. kit kot`;
 * GEMMs (dense, batch_matmul): `M/mt N/nt mt nt`, `M/mt K/kt mt kt`, `K/kt N/nt kt nt`.
 
+The dot-product form (`dot=(L, G)`: an int8 or bf16 operator on a target with a dot-product instruction of L
+lanes summing groups of G, `compiler.workloads.model.layouts.dot_instruction`): the template gets a `group`
+parameter (G) and its weight is packed as the instruction reads it, the group innermost below the lanes --
+`O/kot I/G K.. kot G` (conv), `N/nt K/G nt G` (GEMM) -- with the output's channel tile (`ot`, `nt`, and so
+`kot`) one vector of L lanes and the input's channel tile (`it`, `kt`) whole groups. The complex op's
+channel reduction is then split the same way, `r = ro * G + g`, the group `g` its last axis, annotated
+(`LayoutTemplate.reduction_split`, applied by `compiler.layout.rewrite`): the loop search finds the group axis
+there and the tensorize pass rewrites the nest to the instruction. A channel count that G does not divide
+reads the layouts' zero padding in its last group (COM: no remainder branch, `0 * 0` added).
+
 A factor of 1 leaves its dimension untiled. Any factor is valid (a split that
 does not divide pads with zeros); `TemplateParam.candidates` lists the divisors,
 which is what a search should start from.
@@ -26,10 +36,11 @@ from typing import Any
 
 from .primitives import Layout, LayoutError
 from .propagate import Graph
-from .rewrite import key, substitute
+from .rewrite import GroupedReduction, key, substitute
 
 _SPATIAL_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
 OUTER_SUFFIX = "2"  # a second-level factor's name: its first-level factor's and this ("ot2")
+GROUP_PARAM = "group"  # the dot-product form's group (a template parameter, so a stored choice rebuilds it)
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,8 @@ class LayoutTemplate:
     complex_op: str  # name of the complex op in the graph (the workload's compute block)
     params: tuple[TemplateParam, ...]
     _build: Any  # (choice) -> dict[str, Layout]
+    channel_reduction: int | None = None  # index of the complex op's reduce axis over input channels (K)
+    zero_padded: tuple[int, ...] = ()  # output dims whose padding reads a zero-padded operand in the dot form
 
     def default(self) -> dict[str, int]:
         """Every factor 1: no tiling, channels last (NHWO / NHWI / OIHW; MN / MK / KN)."""
@@ -72,9 +85,72 @@ class LayoutTemplate:
                 raise LayoutError(f"template parameter {name}={value} must be >= 1")
         return self._build(full)
 
+    def reduction_split(self, choice: Mapping[str, int]) -> GroupedReduction | None:
+        """The dot-product form's reduction `r = ro * G + g` (module docstring) and the output dims it leaves
+        unguarded; None outside the form (no `group` in `choice`, or 1)."""
+        group = int(choice.get(GROUP_PARAM, 1))
+        if group == 1:
+            return None
+        if self.channel_reduction is None:
+            raise LayoutError(f"{self.complex_op}: no reduction over the weight's input channels to group by {group}")
+        return GroupedReduction(self.channel_reduction, group, self.zero_padded)
+
 
 def _divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _groups(extent: int, group: int) -> tuple[int, ...]:
+    """Channel tiles of whole groups: the multiples of `group` dividing `extent` rounded up to groups."""
+    return tuple(d for d in _divisors(_ceil_to(extent, group)) if d % group == 0)
+
+
+def _dot_params(params: list[TemplateParam], dot: tuple[int, int], lanes_of: tuple[str, ...],
+                groups_of: tuple[str, ...], weight: Any) -> list[TemplateParam]:
+    """`params` restricted to the dot-product form: the output channel tiles (`lanes_of`) one vector, the input
+    channel tile (`groups_of`: the data's, then the weight's) whole groups (the weight's: one), and the `group`
+    parameter."""
+    lanes, group = dot
+    out = []
+    for p in params:
+        if p.name in lanes_of:
+            p = TemplateParam(p.name, p.tensor, p.dim, p.extent, (lanes,))
+        elif p.name in groups_of:
+            one = p.name != groups_of[0]
+            p = TemplateParam(p.name, p.tensor, p.dim, p.extent, (group,) if one else _groups(p.extent, group))
+        out.append(p)
+    return [*out, TemplateParam(GROUP_PARAM, weight.op.name, "I", group, (group,))]
+
+
+def _group_of(c: Mapping[str, int], data_tile: str) -> int:
+    """The choice's group (1 outside the dot-product form), checked against the input's channel tile."""
+    group = c.get(GROUP_PARAM, 1)
+    if group > 1 and c[data_tile] % group:
+        raise LayoutError(f"{data_tile}={c[data_tile]}: the dot-product form's input channel tile must be whole "
+                          f"groups of {group}")
+    return group
+
+
+def _reduce_axis_at(op: Any, tensor: Any, dim: int) -> int | None:
+    """Index of the reduce axis that `op` reads `tensor`'s dimension `dim` with (None: no single one)."""
+    from tvm import tirx
+
+    loads: list[list] = []
+
+    def load(t: Any, new: list, old: list) -> Any:
+        if key(t.op) == key(tensor.op):
+            loads.append(old)
+        return t(*new)
+
+    substitute(op.body[0].source[0] if isinstance(op.body[0], tirx.Reduce) else op.body[0], {}, load)
+    if not loads:
+        return None
+    index = loads[0][dim]
+    return next((k for k, rv in enumerate(op.reduce_axis) if index.same_as(rv.var)), None)
 
 
 def _tile(layout: Layout, dim: int, factor: int) -> tuple[Layout, bool]:
@@ -177,15 +253,19 @@ def _second_level(params: list[TemplateParam], names: tuple[str, ...]) -> list[T
             for p in params if p.name in names]
 
 
-def conv_template(graph: Graph, op: Any, levels: int = 1, weight_is_io: bool = False) -> LayoutTemplate:
+def conv_template(graph: Graph, op: Any, levels: int = 1, weight_is_io: bool = False,
+                  dot: tuple[int, int] | None = None) -> LayoutTemplate:
     """The sec. 5.1 convolution template for complex op `op` (output N O S..., input N I S..., weight O I K...,
     or I O K... with `weight_is_io`, a transposed convolution's: swapped for free, weights are packed once).
 
     `levels=2` is the paper's two-level output template, N H/(ht' ht) W/(wt' wt) O/(ot' ot) ht' wt' ot' ht wt ot
     (params `ht2`, `wt2`, `ot2`); the input and weight stay one-level, following the first tiles.
+    `dot=(L, G)`: the dot-product form (module docstring).
     """
     if levels not in (1, 2):
         raise LayoutError(f"levels={levels}: layout templates have one or two levels")
+    if dot is not None and weight_is_io:
+        raise LayoutError("the dot-product form is for convolutions whose weight is O I K..., not transposed ones")
     data, weight = _inputs_by_role(graph, op)
     out_shape = graph.shape(op)
     data_shape = tuple(int(s) for s in data.shape)
@@ -206,8 +286,11 @@ def conv_template(graph: Graph, op: Any, levels: int = 1, weight_is_io: bool = F
     ]
     if levels == 2:
         params += _second_level(params, ("ot", *(f"{s.lower()}t" for s in spatial)))
+    if dot is not None:
+        params = _dot_params(params, dot, ("ot", "kot"), ("it", "kit"), weight)
 
     def build(c: dict[str, int]) -> dict[str, Layout]:
+        group = _group_of(c, "it")
         # output: N O S1..Sk -> N S1/.. Sk/.. O/.. [s1t' .. skt' ot'] s1t .. skt ot
         out = _tile_output(Layout.identity(out_shape, ("N", "O", *spatial)), 1,
                            ["ot", *(f"{s.lower()}t" for s in spatial)], c, channel_last=True)
@@ -231,7 +314,11 @@ def conv_template(graph: Graph, op: Any, levels: int = 1, weight_is_io: bool = F
         order += [d for d in dims if d.startswith("B")] + (["it"] if split_i else [])
         inp = inp.reorder(*[dims.index(d) for d in order])
 
-        # weight: O I K.. -> O/kot I/kit K.. kit kot
+        # weight: O I K.. -> O/kot I/kit K.. kit kot (the dot-product form: O/kot I/G K.. kot G)
+        if group > 1 and c["kit"] not in (1, group):
+            raise LayoutError(f"kit={c['kit']}: the dot-product form's weight is tiled by its group ({group})")
+        if group > 1 and c["kot"] != c["ot"]:  # the output channels' padding computes zero on the weight's
+            raise LayoutError(f"kot={c['kot']}: the dot-product form's weight is tiled as its output (ot={c['ot']})")
         spatial_k = tuple(f"K{s}" for s in spatial)
         if weight_is_io:
             w = Layout.identity(weight_shape, ("I", "O", *spatial_k)).reorder(1, 0, *range(2, 2 + k))
@@ -242,22 +329,25 @@ def conv_template(graph: Graph, op: Any, levels: int = 1, weight_is_io: bool = F
         if split_o:
             wdims = ["O/", "o", *wdims[1:]]
         ipos = wdims.index("I")
-        w, split_wi = _tile(w, ipos, c["kit"])
+        w, split_wi = _tile(w, ipos, group if group > 1 else c["kit"])
         if split_wi:
             wdims = [*wdims[:ipos], "I/", "i", *wdims[ipos + 1 :]]
         worder = [wdims.index("O/" if split_o else "O"), wdims.index("I/" if split_wi else "I")]
         worder += [wdims.index(f"K{j}") for j in range(k)]
-        worder += ([wdims.index("i")] if split_wi else []) + ([wdims.index("o")] if split_o else [])
-        w = w.reorder(*worder)
+        inner = ([wdims.index("i")] if split_wi else []) + ([wdims.index("o")] if split_o else [])
+        w = w.reorder(*worder, *(reversed(inner) if group > 1 else inner))
         return {"output": out, data.op.name: inp, weight.op.name: w}
 
-    return LayoutTemplate("conv", op.name, tuple(params), build)
+    # the output channels' padding: the weight's (kot = ot), zeros
+    return LayoutTemplate("conv", op.name, tuple(params), build, _reduce_axis_at(op, weight, w_i), (1,))
 
 
-def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1) -> LayoutTemplate:
+def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1,
+                  dot: tuple[int, int] | None = None) -> LayoutTemplate:
     """The sec. 5.1 GEMM template: `M/mt N/nt mt nt`, `M/mt K/kt mt kt`, `K/kt N/nt kt nt`.
 
     `levels=2`: the output two-level, `M/(mt' mt) N/(nt' nt) mt' nt' mt nt` (params `mt2`, `nt2`).
+    `dot=(L, G)`: the dot-product form (module docstring), weight `N/nt K/G nt G`.
     """
     if levels not in (1, 2):
         raise LayoutError(f"levels={levels}: layout templates have one or two levels")
@@ -273,6 +363,8 @@ def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1) ->
     ]
     if levels == 2:
         params += _second_level(params, ("mt", "nt"))
+    if dot is not None:
+        params = _dot_params(params, dot, ("nt",), ("kt",), weight)
     b = ("B",) * batch
 
     def tile2(layout: Layout, f0: int, f1: int) -> Layout:
@@ -286,14 +378,21 @@ def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1) ->
         return layout.reorder(*pre, x_out, y_out, *(d for d in (x_in, y_in) if d is not None))
 
     def build(c: dict[str, int]) -> dict[str, Layout]:
+        group = _group_of(c, "kt")
         out = _tile_output(Layout.identity(out_shape, (*b, "M", "N")), batch, ["mt", "nt"], c, channel_last=False)
         inp = tile2(Layout.identity(tuple(int(s) for s in data.shape), (*b, "M", "K")), c["mt"], c["kt"])
         wshape = tuple(int(s) for s in weight.shape)
         if weight_is_nk:  # (N, K) -> K/kt N/nt kt nt: the swap is free, weights are packed once
             w = Layout.identity(wshape, (*b, "N", "K")).reorder(*range(batch), batch + 1, batch)
-            w = tile2(w, c["kt"], c["nt"])
         else:
-            w = tile2(Layout.identity(wshape, (*b, "K", "N")), c["kt"], c["nt"])
+            w = Layout.identity(wshape, (*b, "K", "N"))
+        if group > 1:  # K N -> N/nt K/G nt G
+            w = tile2(w, group, c["nt"]).reorder(*range(batch), *(batch + d for d in ((1, 0, 3, 2) if c["nt"] > 1
+                                                                                       else (1, 0, 2))))
+        else:
+            w = tile2(w, c["kt"], c["nt"])
         return {"output": out, data.op.name: inp, weight.op.name: w}
 
-    return LayoutTemplate("gemm", op.name, tuple(params), build)
+    # the rows' padding is the data's (the same mt), the columns' the weight's (nt): zeros
+    return LayoutTemplate("gemm", op.name, tuple(params), build, _reduce_axis_at(op, weight, batch + int(weight_is_nk)),
+                          (batch, batch + 1))

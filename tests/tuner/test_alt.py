@@ -398,3 +398,66 @@ def test_without_ppo_layouts_and_walks_are_random_and_no_agent_learns():
     assert len(trials) == 24 and any(t.extra.get("origin") == "walk" for t in trials)
     assert search.layout_actor.seen == 0
     assert all(p.actor is None or p.actor.seen == 0 for p in search.points.values())
+
+
+DOT_CASES = [
+    # channels that neither the lanes (16, 8) nor the groups (4, 2) divide: the layouts' zero padding (COM)
+    ("conv2d", dict(batch=1, in_channels=15, height=9, width=9, out_channels=20, kernel=3, padding=1), "bias_relu"),
+    ("dense", dict(m=13, n=20, k=30), "bias"),
+    ("batch_matmul", dict(batch=2, m=7, n=20, k=15), "none"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+@pytest.mark.parametrize("target_name", ["host", "haswell"])
+@pytest.mark.parametrize("operator,params,epilogue", DOT_CASES, ids=[c[0] for c in DOT_CASES])
+def test_int8_and_bf16_operators_take_the_dot_product_form(operator, params, epilogue, dtype, target_name):
+    """An int8 / bf16 operator's layout template is the dot-product form where the target has the instruction:
+    its weight packed `O/L I/G .. L G`, the channel reduction split into whole groups, the group the block's last
+    axis; the seed's loop nest is then rewritten to the target's instruction (VNNI or vpmaddwd, vdpbf16ps or the
+    widened pairs: the haswell target is what an AVX2 machine gets, and this machine runs it) and computes what
+    torch computes, exactly for int8."""
+    import dataclasses
+
+    import tvm
+
+    from compiler.layout import GROUP_PARAM
+    from compiler.passes.tensorize import DOT_GROUP, choose, kernels, tensorize_module
+    from compiler.target import resolve_target
+    from tuner.alt import first_layout
+    from tuner.layout_space import LayoutSpace, join_config
+    from tuner.task import task_from_spec
+
+    task = task_from_spec({"operator": operator, "params": params, "dtype": dtype, "epilogue": epilogue})
+    target = resolve_target("host") if target_name == "host" else tvm.target.Target({"kind": "llvm",
+                                                                                     "mcpu": target_name})
+    task = dataclasses.replace(task, target=target)
+    instruction = choose(target, *kernels.OPERANDS[dtype], exact=True)
+    space = LayoutSpace(task)
+    params_of = {p.name: p for p in space.template.params}
+    assert params_of[GROUP_PARAM].candidates == (instruction.group,)
+    lanes = params_of["nt" if operator != "conv2d" else "ot"]
+    assert lanes.candidates == (instruction.lanes,)
+    choice = space.full_choice(first_layout(space.template))
+    prog = space.program(choice)
+    weight = prog.layouts["weight"].new_shape
+    assert weight[-2:] == (instruction.lanes, instruction.group), prog.layouts["weight"].name
+    loops = space.loops_of(join_config(choice, {}))
+    assert loops.structure.group is not None and loops.structure.group.extent == instruction.group
+    assert f'"{DOT_GROUP}": {instruction.group}' in prog.prim_func.script()
+    config = loops.blocked_config()
+    assert config["tensorize"] == 1
+    mod = space.apply(join_config(choice, config)).mod
+    _, reports = tensorize_module(mod, target)
+    assert reports["main"].used == [instruction.name] and not reports["main"].left, reports
+
+    from compiler.build import compile_module
+
+    lib = compile_module(mod, target).jit()
+    args = [tvm.runtime.tensor(a) for a in prog.pack_inputs(task.inputs)]
+    out = tvm.runtime.tensor(np.zeros(prog.args[-1].shape, prog.args[-1].dtype))
+    lib["main"](*args, out)
+    if dtype == "int8":
+        np.testing.assert_array_equal(out.numpy(), task.expected)
+    else:
+        np.testing.assert_allclose(out.numpy(), task.expected, rtol=2e-2, atol=2e-2)

@@ -287,7 +287,8 @@ def test_tensorize_is_a_knob_that_marks_the_register_block():
     micro-kernel and computes the same; with rows over the height (the input depends on them) the nest is still
     one: one row of the broadcast weight times the input's vectors, the height a loop of columns; where the
     target has no instruction, the nest is left as it was. 0, and configurations older than the knob,
-    give today's program; int8 and bf16 programs are not offered it (their dot products need packed weights)."""
+    give today's program; int8 and bf16 programs in the catalog's own layouts are not offered it (their dot products
+    need packed weights: test_alt's dot-product form has them)."""
     import tvm
 
     from compiler.passes.tensorize import ANNOTATION, tensorize_module

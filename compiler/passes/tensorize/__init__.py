@@ -21,12 +21,12 @@ Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside 
 from __future__ import annotations
 
 from .instructions import INSTRUCTIONS, Instruction, available, choose
-from .mark import ANNOTATION, mark
+from .mark import ANNOTATION, DOT_GROUP, mark
 from .partition import eliminate_conditions, partition
 from .pipeline import lower, tensorize_module, tensorize_pass, without_tensorize
 from .preprocess import preprocess
 from .select import tensorize
 
-__all__ = ["ANNOTATION", "INSTRUCTIONS", "Instruction", "available", "choose", "eliminate_conditions", "lower",
+__all__ = ["ANNOTATION", "DOT_GROUP", "INSTRUCTIONS", "Instruction", "available", "choose", "eliminate_conditions", "lower",
            "mark", "partition", "preprocess", "tensorize", "tensorize_module", "tensorize_pass",
            "without_tensorize"]

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     import tvm
 
 ANNOTATION = "altune.tensorize"
+# the block attribute of a reduction whose last axis is a dot-product instruction's group (a model's
+# `conv2d_nhwc_dot`, a catalog operator in `compiler.layout.templates`' dot-product form): the loop search
+# keeps that axis whole, innermost, the instruction's operand
+DOT_GROUP = "altune.dot_group"
 Kind = Literal["auto", "outer_product", "elementwise"]
 KINDS: tuple[Kind, ...] = ("auto", "outer_product", "elementwise")
 

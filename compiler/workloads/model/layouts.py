@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 # "search" imports as "blocked" (the rule's blocks, where the search starts); `tuner.graph_layout` then chooses the
 # blocks of the convs' layout groups, which `import_model(blocks=...)` applies.
 MODEL_LAYOUTS = ("blocked", "search", "none")
-# the block attribute of a reduction whose last axis is a dot-product instruction's group (`conv2d_nhwc_dot`)
-DOT_GROUP = "altune.dot_group"
 
 
 def vector_lanes(target: Any, dtype: str = "float32") -> int:
@@ -149,6 +147,8 @@ def conv2d_nhwc_dot(data: Any, kernel: Any, strides: Any, padding: Any, dilation
     keeps it whole, innermost below the register block, the operand of the instruction
     (`compiler.passes.tensorize`; `kernels.conv2d`'s layout with a general stride and dilation)."""
     from tvm import te, topi
+
+    from compiler.passes.tensorize.mark import DOT_GROUP
 
     n, height, width, _ = (int(d) for d in data.shape)
     blocks, kh_, kw_, chunks, lanes, group = (int(d) for d in kernel.shape)
