@@ -315,15 +315,19 @@ class ALTSearch(Search):
     def next_layout(self) -> LayoutPoint:
         """The next layout: the user's own first, then the oneDNN-like start, then channels last
         untiled (ALT-OL's layout, so the joint stage never misses it), then the layout actor's
-        (untried ones preferred)."""
-        from compiler.layout import LayoutError
+        (untried ones preferred). In the dot-product form (an int8 / bf16 template with a `group`) the start
+        comes before the user's layouts, which no instruction fits: a small budget's joint stage has a round
+        or two."""
+        from compiler.layout import GROUP_PARAM, LayoutError
 
         from .ppo import action_of
 
-        if self.template.params and IDENTITY not in self.points:
+        started = any(k != IDENTITY for k in self.points)
+        dot_form = any(q.name == GROUP_PARAM for q in self.template.params)
+        if self.template.params and IDENTITY not in self.points and (started or not dot_form):
             return self.identity_point()
         state = self.layout_state()
-        if not any(k != IDENTITY for k in self.points):
+        if not started:
             choice = first_layout(self.template)
             try:
                 p = self.point(choice)
@@ -522,8 +526,8 @@ class ALTSearch(Search):
             self.end_episode()
             p = self.loop_point()
         n = min(n, self.top_k)
-        if self.upper is None:
-            base = self.measurer.baseline_ms(p.task)
+        if self.upper is None:  # the untransformed program's
+            base = self.measurer.baseline_ms(self.task)
             self.upper = base if base else None
 
         exclude: set[str] = set()

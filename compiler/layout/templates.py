@@ -105,8 +105,14 @@ def _ceil_to(n: int, m: int) -> int:
 
 
 def _groups(extent: int, group: int) -> tuple[int, ...]:
-    """Channel tiles of whole groups: the multiples of `group` dividing `extent` rounded up to groups."""
-    return tuple(d for d in _divisors(_ceil_to(extent, group)) if d % group == 0)
+    """Channel tiles of whole groups: the multiples of `group` dividing `extent` rounded up to groups, and the
+    powers of two times `group` below it (their padding is never read: the reduction ends at the last group)."""
+    whole = _ceil_to(extent, group)
+    powers = {group << j for j in range(whole.bit_length()) if group << j <= whole}
+    return tuple(sorted({d for d in _divisors(whole) if d % group == 0} | powers))
+
+
+ROW_TILES = (4, 6, 8, 12, 16)  # the dot-product GEMM's row tiles besides M's divisors (their padding reads zeros)
 
 
 def _dot_params(params: list[TemplateParam], dot: tuple[int, int], lanes_of: tuple[str, ...],
@@ -365,6 +371,9 @@ def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1,
         params += _second_level(params, ("mt", "nt"))
     if dot is not None:
         params = _dot_params(params, dot, ("nt",), ("kt",), weight)
+        # rows padded to a register block's height: the data's zero rows, computed without a guard
+        params[0] = TemplateParam("mt", "output", "M", m, tuple(sorted(set(params[0].candidates)
+                                                                       | {r for r in ROW_TILES if r < m})))
     b = ("B",) * batch
 
     def tile2(layout: Layout, f0: int, f1: int) -> Layout:

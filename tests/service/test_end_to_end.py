@@ -103,3 +103,42 @@ def test_second_job_of_a_workload_starts_from_the_known_schedule(live_server, se
         assert second["status"] == "succeeded", second["error"]
         trials = client.get(f"/api/v1/jobs/{second['id']}/trials").json()["data"]
     assert trials[0]["config"] == best, "the known best schedule is measured first"
+
+
+@pytest.mark.slow
+def test_an_int8_operator_job_runs_the_dot_product_instruction(live_server, tmp_path):
+    """An int8 dense job whose shapes divide neither the instruction's lanes nor its groups: the search measures
+    the template's dot-product form (the target's int8 instruction), which wins over the catalog's own layouts;
+    the downloaded artifact packs the weight for it and computes exactly what the int32 reference computes."""
+    import tvm
+
+    from compiler.layout import GROUP_PARAM
+    from compiler.workloads import make_workload
+
+    spec = {"kind": "operator", "operator": "dense", "params": {"m": 61, "n": 100, "k": 250}, "dtype": "int8",
+            "epilogue": "bias", "target": "host", "budget": 12}
+    with httpx.Client(base_url=live_server.url, timeout=30) as client:
+        r = client.post("/api/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        job = _wait(client, r.json()["id"])
+        assert job["status"] == "succeeded", job["error"]
+        assert f"layout.{GROUP_PARAM}" in job["tasks"][0]["best_config"], job["tasks"][0]["best_config"]
+        artifact = client.get(f"/api/v1/jobs/{job['id']}/artifact")
+        assert artifact.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(artifact.content)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    lib = tvm.runtime.load_module(str(tmp_path / "lib.so"))
+    workload = make_workload(spec["operator"], spec["params"], spec["dtype"], spec["epilogue"])
+    inputs = workload.random_inputs(seed=7)
+    named = {s.name: x for s, x in zip(workload.inputs, inputs)}
+    packed = {o["name"]: tvm.runtime.tensor(np.zeros(o["shape"], dtype=o["dtype"])) for o in manifest["pack"]["outputs"]}
+    lib[manifest["pack"]["function"]](*[tvm.runtime.tensor(named[i["name"]]) for i in manifest["pack"]["inputs"]],
+                                      *packed.values())
+    assert [o["shape"][-2:] for o in manifest["pack"]["outputs"] if o["name"] == "weight"][0][1] in (2, 4)
+    named |= packed
+    out = tvm.runtime.tensor(np.zeros(workload.output.shape, dtype=workload.output.dtype))
+    args = [tvm.runtime.tensor(named[a["name"]]) if isinstance(named[a["name"]], np.ndarray) else named[a["name"]]
+            for a in manifest["args"] if a["role"] != "output"]
+    lib[manifest["function"]](*args, out)
+    np.testing.assert_array_equal(out.numpy(), workload.reference(inputs))
