@@ -565,28 +565,41 @@ def torch_output(workload: Workload, inputs: Sequence[np.ndarray]) -> np.ndarray
 def torch_operator(operator: str, params: dict, dtype: str = "float32", epilogue: str = "none",
                    seed: int = 0) -> tuple[Any, list[Any]]:
     """`bench.common.TorchProgram` factory: the workload as an `nn.Module` in eval mode whose constants (weight,
-    bias) are parameters, and its activation inputs; the arrays of `Workload.random_inputs(seed)`."""
+    bias) are parameters, and its activation inputs; the arrays of `Workload.random_inputs(seed)`. A bfloat16
+    workload runs torch's own bfloat16 operator (oneDNN; its output rounded to bfloat16 where ours stays fp32).
+
+    Raises:
+        ValueError: an int8 workload: eager torch has no uint8 x int8 -> int32 convolution or matmul.
+    """
     import torch
 
     from compiler.layout.program import ACTIVATIONS
     from compiler.workloads import make_workload
 
+    if dtype == "int8":
+        raise ValueError("eager torch has no uint8 x int8 -> int32 operator (bench.tensorize times torch._int_mm's "
+                         "int8 x int8 GEMM instead)")
     workload = make_workload(operator, params, dtype, epilogue)
     op = _torch_op(workload)
     arrays = workload.random_inputs(seed)
     constant = [s.name not in ACTIVATIONS for s in workload.inputs]
 
+    def tensor(a: Any) -> Any:
+        if a.dtype.name == "bfloat16":  # ml_dtypes' bfloat16, which torch.from_numpy does not take
+            return torch.from_numpy(a.astype("float32")).to(torch.bfloat16)
+        return torch.from_numpy(a)
+
     class Operator(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.constants = torch.nn.ParameterList(
-                [torch.nn.Parameter(torch.from_numpy(a), requires_grad=False) for a, c in zip(arrays, constant) if c])
+                [torch.nn.Parameter(tensor(a), requires_grad=False) for a, c in zip(arrays, constant) if c])
 
         def forward(self, *activations: Any) -> Any:
             given, kept = iter(activations), iter(self.constants)
             return op([next(kept) if c else next(given) for c in constant])
 
-    activations = [torch.from_numpy(a) for a, c in zip(arrays, constant) if not c]
+    activations = [tensor(a) for a, c in zip(arrays, constant) if not c]
     return Operator().eval(), activations
 
 

@@ -40,7 +40,8 @@ readings one round left in doubt.
 Suites: `smoke` (two tiny cases, for CI), `quick` (one case per operator kind,
 ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`
 (three shapes per operator kind: batch 1 and 16, channel counts from ALT's
-sec. 7.1 set {3, 16, 32, 64, 512, 960, 1280}). `--spec` takes a JSON list of
+sec. 7.1 set {3, 16, 32, 64, 512, 960, 1280}), `dot` (int8 and bfloat16 conv2d and
+dense on the tensor-instruction paper's shapes: the dot-product instructions). `--spec` takes a JSON list of
 operator job specs exactly as `POST /api/v1/jobs` accepts them.
 """
 
@@ -145,10 +146,30 @@ FULL = (
         kernel=4, stride=2, padding=1),
 )
 
+# int8 (u8 x s8 -> s32) and bfloat16 (-> fp32) operator jobs on the tensor-instruction paper's Table II shapes,
+# which divide neither the instructions' lanes nor their groups (255, 127 channels; 55x55 maps): ours runs
+# the layout template's dot-product form (`compiler.layout.templates`), tensorized where the target has the
+# instruction. torch has no eager u8 x s8 operator (no int8 torch column; `bench.tensorize` times
+# `torch._int_mm`); its bf16 operators are oneDNN's.
+DOT = tuple(
+    replace(case, name=f"{case.name}_{short}", dtype=dtype)
+    for dtype, short in (("int8", "i8"), ("bfloat16", "bf16"))
+    for case in (
+        _op("conv2d", "c2d_55x55_128_to_255", batch=1, in_channels=128, height=55, width=55, out_channels=255,
+            kernel=3, padding=1),
+        _op("conv2d", "c2d_55x55_255_to_127", batch=1, in_channels=255, height=55, width=55, out_channels=127,
+            kernel=3, padding=1),
+        _op("dense", "gemm_3025x127x255", m=3025, n=127, k=255),
+        _op("dense", "gemm_255x255x255", m=255, n=255, k=255),
+        _op("dense", "gemm_127x1000x127", m=127, n=1000, k=127),
+    )
+)
+
 SUITES: dict[str, tuple[tuple[Case, ...], int]] = {  # name -> (cases, default budget)
     "smoke": (SMOKE, 8),
     "quick": (QUICK, 128),
     "full": (FULL, 300),
+    "dot": (DOT, 64),
 }
 
 

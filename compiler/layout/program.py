@@ -279,7 +279,7 @@ def apply_layout(
 
     graph = te_graph(workload)
     op = complex_op(graph)
-    choice = dict(choice or {})
+    choice = {k: v for k, v in (choice or {}).items() if (k, v) != (GROUP_PARAM, 1)}  # group 1: the plain form
     splits = {}
     if choice and all(isinstance(v, int) for v in choice.values()):
         # the dot-product form's template (its candidates do not matter to `layouts`)

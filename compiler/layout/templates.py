@@ -66,8 +66,9 @@ class LayoutTemplate:
     zero_padded: tuple[int, ...] = ()  # output dims whose padding reads a zero-padded operand in the dot form
 
     def default(self) -> dict[str, int]:
-        """Every factor 1: no tiling, channels last (NHWO / NHWI / OIHW; MN / MK / KN)."""
-        return {p.name: 1 for p in self.params}
+        """Every factor 1: no tiling, channels last (NHWO / NHWI / OIHW; MN / MK / KN); in the dot-product form
+        the least it has: the channels in one vector of lanes and single groups (NHW O/L L, `O/L I/G .. L G`)."""
+        return {p.name: 1 if 1 in p.candidates else min(p.candidates) for p in self.params}
 
     def layouts(self, choice: Mapping[str, int]) -> dict[str, Layout]:
         """The requested layouts ("output" and each tensor the complex op reads) for a choice.
