@@ -132,8 +132,8 @@ class GraphLayoutSearch:
         self.on_measure, self.should_stop = on_measure, should_stop or (lambda: False)
         self.seed, self.joint_trials = seed, joint_trials
         lanes = vector_lanes(target, "float32")
-        self.sites = conv_sites(graph.mod, lanes)
-        self.groups = [g for g in layout_groups(graph.mod, lanes) if len(g.candidates) > 1]
+        self.sites = conv_sites(graph.mod, lanes, target)  # the dot-product form's convs are not searched
+        self.groups = [g for g in layout_groups(graph.mod, lanes, target) if len(g.candidates) > 1]
         self.costs: dict[str, float] = dict(known or {})
         self.spent = 0
         self.observed: dict[int, dict[int, list[float]]] = {g.index: {} for g in self.groups}

@@ -528,9 +528,10 @@ class LoopSpace(SearchSpace):
             config[outer[-1].knob(SPATIAL_LEVELS - 1)] = rows
         if block is not lane and block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
-        *window, chunks = [a for a in self.structure.reduce if a.extent > 1] or [None]
-        config.update({a.knob(1): a.extent for a in window if a is not None})
-        if chunks is not None:
+        reduce = [a for a in self.structure.reduce if a.extent > 1]
+        chunks = self._chunk_axis()
+        config.update({a.knob(1): a.extent for a in reduce if a != chunks})  # the kernel window whole
+        if chunks is not None and chunks.extent > 1:
             config[chunks.knob(1)] = max(d for d in divisors(chunks.extent) if d <= 16)
         config.update(order=TENSORIZE_ORDER, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0, licm=1,
                       tensorize=1)
@@ -542,6 +543,26 @@ class LoopSpace(SearchSpace):
             if block is not lane and block.extent > 1:
                 config[block.knob(SPATIAL_LEVELS - 1)] = 1
             return self.validate(config)
+
+    def _chunk_axis(self) -> Axis | None:
+        """The reduction over channel chunks of the dot-product form: the reduce axis that indexes an operand
+        in one expression with the group (`rc * G + g`, or `rc % 4 * 4 + g` in a template's channel tile), the
+        last reduce axis in `conv2d_nhwc_dot`, the first in a template's conv."""
+        from tvm import s_tir, tirx
+
+        st = self.structure
+        sch = s_tir.Schedule(self.mod)
+        block = sch.get(sch.get_sblock(st.main))
+        var = {a.name: iv.var for a, iv in zip(st.axes, block.iter_vars)}
+        group = var[st.group.name]
+        for read in block.reads:
+            for r in read.region:
+                used = tirx.analysis.undefined_vars(r.min)
+                if any(u.same_as(group) for u in used):
+                    found = [a for a in st.reduce if any(u.same_as(var[a.name]) for u in used)]
+                    if found:
+                        return found[0]
+        return None
 
     def _indexes_weight(self, axis: Axis) -> bool:
         """Whether the main block reads its weight (the operand indexed by the lanes, the last spatial axis)

@@ -106,3 +106,25 @@ def test_joint_stage_measures_whole_choices_and_keeps_the_best(residual, target)
     # the model in the chosen blocks is correct
     out = M.run_model(M.build_model(result.model, target), [x], target)[0]
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_convs_in_the_dot_product_form_keep_it_under_the_search(target):
+    """bfloat16 convs whose channels fit the target's bf16 dot product take the dot-product form whatever
+    blocks the graph-level search gives: they are no search sites, and a block given to a blockable conv beside
+    them leaves them in `conv2d_nhwc_dot`."""
+    from compiler.workloads.model.layouts import dot_instruction
+
+    if dot_instruction(target, "bfloat16") is None:
+        pytest.skip("this CPU has no bf16 dot product (no AVX2)")
+    lanes = vector_lanes(target)
+    module = Residual().eval().to(torch.bfloat16)
+    graph = translate_model(torch.export.export(module, (torch.randn(1, 3, 12, 12).to(torch.bfloat16),)))
+    every = {s.weight for s in conv_sites(graph.mod, lanes)}
+    sites = {s.weight for s in conv_sites(graph.mod, lanes, target)}
+    assert len(every) == 3 and {"p_c2_weight", "p_c3_weight"} <= every  # c1's weight: padded to 4 channels
+    # c1 (3 -> 16, padded to pairs) and c2 (16 -> 16) fit 16 or 8 lanes; c3's 8 outputs fit only AVX2's 8
+    assert sites == ({"p_c3_weight"} if dot_instruction(target, "bfloat16")[0] == 16 else set())
+    blocks = {w: (4, 4) for w in every}
+    model = lower_graph(graph, layout="blocked", target=target, blocks=blocks)
+    dot = [t.name for t in model.tasks if "conv2d_nhwc_dot" in t.name]
+    assert len(dot) == 3 - len(sites), [t.name for t in model.tasks]

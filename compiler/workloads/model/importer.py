@@ -140,7 +140,7 @@ def graph_blocks(graph: ModelGraph, blocks: dict[str, Sequence[int]], target: An
     import tvm
 
     target = tvm.target.Target(target or "llvm") if not isinstance(target, tvm.target.Target) else target
-    sites = {s.weight: s for s in conv_sites(graph.mod, vector_lanes(target, "float32"))}
+    sites = {s.weight: s for s in conv_sites(graph.mod, vector_lanes(target, "float32"), target)}
     out: dict[str, tuple[int, int]] = {}
     for name, pair in blocks.items():
         var = graph.var_name(name) or (name if name in sites else None)
@@ -232,7 +232,7 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
             try:
                 fused = _lower(converted, target)
                 chosen = {graph.torch_name(s.weight): list((blocks or {}).get(s.weight, s.default))
-                          for s in conv_sites(mod, lanes) if s.weight not in left}
+                          for s in conv_sites(mod, lanes, target) if s.weight not in left}
                 break
             except Exception as e:  # noqa: BLE001 - TVM failed on the converted graph after the layout pass
                 failed = f"{type(e).__name__}: {short_error(e, 160)}"

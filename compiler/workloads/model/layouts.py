@@ -198,13 +198,15 @@ class ConvSite:
     default: tuple[int, int]
 
 
-def conv_sites(mod: Any, lanes: int) -> list[ConvSite]:
+def conv_sites(mod: Any, lanes: int, target: Any = None) -> list[ConvSite]:
     """The conv2d calls of "main" the blocked layout applies to (dense and depthwise, NCHW/OIHW), in graph
-    order, one per weight."""
+    order, one per weight; with a `target`, not those that take the dot-product form there (an int8 or bf16
+    conv its instruction fits, `dot_conv_layouts`: that form is theirs, no block is chosen for them)."""
     from tvm import relax
 
     sites: dict[str, ConvSite] = {}
     policy = blocked_conv_layouts(lanes)
+    dots = {name: dot_instruction(target, name) for name in DOT_OPERANDS.values()} if target is not None else {}
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
             call = binding.value
@@ -213,6 +215,8 @@ def conv_sites(mod: Any, lanes: int) -> list[ConvSite]:
                 continue
             wanted = policy(call)["relax.nn.conv2d"]
             if wanted[0] == str(call.attrs.data_layout):  # not blockable (grouped, or another layout)
+                continue
+            if dots and dot_conv_layouts(call, dots) is not None:
                 continue
             out_c, in_c, kh, kw = (int(d) for d in call.args[1].ty.shape)
             depthwise = int(call.attrs.groups) > 1
@@ -303,7 +307,7 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     from tvm import relax
 
     rule = blocked_conv_layouts(lanes, {name: dot_instruction(target, name) for name in DOT_OPERANDS.values()})
-    sites = {site.weight: site for site in conv_sites(mod, lanes)} if blocks else {}
+    sites = {site.weight: site for site in conv_sites(mod, lanes, target)} if blocks else {}
 
     def policy(call: Any) -> dict:
         name = (weight_key(call)
@@ -431,11 +435,12 @@ class LayoutGroup:
         return tuple(dict.fromkeys((*self.writers, *self.readers)))
 
 
-def layout_groups(mod: Any, lanes: int) -> list[LayoutGroup]:
-    """The layout groups of "main" (before `ConvertLayout`) that hold a blockable conv's input or output."""
+def layout_groups(mod: Any, lanes: int, target: Any = None) -> list[LayoutGroup]:
+    """The layout groups of "main" (before `ConvertLayout`) that hold a blockable conv's input or output
+    (`conv_sites`: with a `target`, the dot-product form's convs are not blockable)."""
     from tvm import relax
 
-    sites = {s.weight: s for s in conv_sites(mod, lanes)}
+    sites = {s.weight: s for s in conv_sites(mod, lanes, target)}
     parent: dict[Any, Any] = {}
 
     def find(v: Any) -> Any:  # Python wrappers of one TVM object differ: compared with same_as
