@@ -545,23 +545,30 @@ class LoopSpace(SearchSpace):
             return self.validate(config)
 
     def _chunk_axis(self) -> Axis | None:
-        """The reduction over channel chunks of the dot-product form: the reduce axis that indexes an operand
-        in one expression with the group (`rc * G + g`, or `rc % 4 * 4 + g` in a template's channel tile), the
-        last reduce axis in `conv2d_nhwc_dot`, the first in a template's conv."""
+        """The reduction over channel chunks of the dot-product form: the reduce axis (not the group) that indexes
+        the data (the operand the lanes do not index) where no spatial axis does -- its channel dims (`rc * G +
+        g`; `ko` and `g` apart in a GEMM's `M/mt K/G mt G`), not the kernel window's (`y + kh`). It comes last in
+        `conv2d_nhwc_dot`, first in a template's conv."""
         from tvm import s_tir, tirx
 
         st = self.structure
         sch = s_tir.Schedule(self.mod)
         block = sch.get(sch.get_sblock(st.main))
         var = {a.name: iv.var for a, iv in zip(st.axes, block.iter_vars)}
-        group = var[st.group.name]
+
+        def uses(e: Any, axis: Axis) -> bool:
+            return any(u.same_as(var[axis.name]) for u in tirx.analysis.undefined_vars(e))
+
+        lane = st.spatial[-1]
         for read in block.reads:
+            if any(uses(r.min, lane) for r in read.region):
+                continue  # the weight
             for r in read.region:
-                used = tirx.analysis.undefined_vars(r.min)
-                if any(u.same_as(group) for u in used):
-                    found = [a for a in st.reduce if any(u.same_as(var[a.name]) for u in used)]
-                    if found:
-                        return found[0]
+                if any(uses(r.min, a) for a in st.spatial):
+                    continue
+                found = [a for a in st.reduce if uses(r.min, a)]
+                if found:
+                    return found[0]
         return None
 
     def _indexes_weight(self, axis: Axis) -> bool:

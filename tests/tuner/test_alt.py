@@ -405,12 +405,13 @@ DOT_CASES = [
     ("conv2d", dict(batch=1, in_channels=15, height=9, width=9, out_channels=20, kernel=3, padding=1), "bias_relu"),
     ("dense", dict(m=13, n=20, k=30), "bias"),
     ("batch_matmul", dict(batch=2, m=7, n=20, k=15), "none"),
+    ("dense", dict(m=5, n=16, k=260), "none"),  # more chunks (130 pairs) than an inner tile takes: the seed splits
 ]
 
 
 @pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
 @pytest.mark.parametrize("target_name", ["host", "haswell"])
-@pytest.mark.parametrize("operator,params,epilogue", DOT_CASES, ids=[c[0] for c in DOT_CASES])
+@pytest.mark.parametrize("operator,params,epilogue", DOT_CASES, ids=[f"{c[0]}_k{c[1].get('k', 0)}" for c in DOT_CASES])
 def test_int8_and_bf16_operators_take_the_dot_product_form(operator, params, epilogue, dtype, target_name):
     """An int8 / bf16 operator's layout template is the dot-product form where the target has the instruction:
     its weight packed `O/L I/G .. L G`, the channel reduction split into whole groups, the group the block's last
