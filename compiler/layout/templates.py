@@ -63,7 +63,8 @@ class LayoutTemplate:
     params: tuple[TemplateParam, ...]
     _build: Any  # (choice) -> dict[str, Layout]
     channel_reduction: int | None = None  # index of the complex op's reduce axis over input channels (K)
-    zero_padded: tuple[int, ...] = ()  # output dims whose padding reads a zero-padded operand in the dot form
+    # output dims whose padding reads a zero-padded operand in the dot form, with the factor that pads both
+    zero_padded: tuple[tuple[int, str], ...] = ()
 
     def default(self) -> dict[str, int]:
         """Every factor 1: no tiling, channels last (NHWO / NHWI / OIHW; MN / MK / KN); in the dot-product form
@@ -94,7 +95,9 @@ class LayoutTemplate:
             return None
         if self.channel_reduction is None:
             raise LayoutError(f"{self.complex_op}: no reduction over the weight's input channels to group by {group}")
-        return GroupedReduction(self.channel_reduction, group, self.zero_padded)
+        # a second-level tile pads the output past the operand's padding: that dim keeps its guard
+        padded = tuple(dim for dim, name in self.zero_padded if choice.get(name + OUTER_SUFFIX, 1) == 1)
+        return GroupedReduction(self.channel_reduction, group, padded)
 
 
 def _divisors(n: int) -> tuple[int, ...]:
@@ -142,8 +145,8 @@ def _group_of(c: Mapping[str, int], data_tile: str) -> int:
     return group
 
 
-def _reduce_axis_at(op: Any, tensor: Any, dim: int) -> int | None:
-    """Index of the reduce axis that `op` reads `tensor`'s dimension `dim` with (None: no single one)."""
+def _first_load(op: Any, tensor: Any) -> list | None:
+    """The indices of `op`'s first load of `tensor` (None: it reads none)."""
     from tvm import tirx
 
     loads: list[list] = []
@@ -154,10 +157,15 @@ def _reduce_axis_at(op: Any, tensor: Any, dim: int) -> int | None:
         return t(*new)
 
     substitute(op.body[0].source[0] if isinstance(op.body[0], tirx.Reduce) else op.body[0], {}, load)
-    if not loads:
+    return loads[0] if loads else None
+
+
+def _reduce_axis_at(op: Any, tensor: Any, dim: int) -> int | None:
+    """Index of the reduce axis that `op` reads `tensor`'s dimension `dim` with (None: no single one)."""
+    indices = _first_load(op, tensor)
+    if indices is None:
         return None
-    index = loads[0][dim]
-    return next((k for k, rv in enumerate(op.reduce_axis) if index.same_as(rv.var)), None)
+    return next((k for k, rv in enumerate(op.reduce_axis) if indices[dim].same_as(rv.var)), None)
 
 
 def _tile(layout: Layout, dim: int, factor: int) -> tuple[Layout, bool]:
@@ -176,17 +184,10 @@ def _window(op: Any, tensor: Any, dim: int, axis: int) -> tuple[int, int] | None
     """
     from tvm import sym, tirx
 
-    loads: list[list] = []
-
-    def load(t: Any, new: list, old: list) -> Any:
-        if key(t.op) == key(tensor.op):
-            loads.append(old)
-        return t(*new)
-
-    substitute(op.body[0].source[0] if isinstance(op.body[0], tirx.Reduce) else op.body[0], {}, load)
-    if not loads:
+    indices = _first_load(op, tensor)
+    if indices is None:
         return None
-    e = loads[0][dim]
+    e = indices[dim]
     analyzer = sym.Analyzer()
 
     def at(s: int, reduce_at_max: bool) -> int | None:
@@ -346,7 +347,7 @@ def conv_template(graph: Graph, op: Any, levels: int = 1, weight_is_io: bool = F
         return {"output": out, data.op.name: inp, weight.op.name: w}
 
     # the output channels' padding: the weight's (kot = ot), zeros
-    return LayoutTemplate("conv", op.name, tuple(params), build, _reduce_axis_at(op, weight, w_i), (1,))
+    return LayoutTemplate("conv", op.name, tuple(params), build, _reduce_axis_at(op, weight, w_i), ((1, "ot"),))
 
 
 def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1,
@@ -405,4 +406,4 @@ def gemm_template(graph: Graph, op: Any, weight_is_nk: bool, levels: int = 1,
 
     # the rows' padding is the data's (the same mt), the columns' the weight's (nt): zeros
     return LayoutTemplate("gemm", op.name, tuple(params), build, _reduce_axis_at(op, weight, batch + int(weight_is_nk)),
-                          (batch, batch + 1))
+                          ((batch, "mt"), (batch + 1, "nt")))

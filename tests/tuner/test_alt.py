@@ -462,3 +462,35 @@ def test_int8_and_bf16_operators_take_the_dot_product_form(operator, params, epi
         np.testing.assert_array_equal(out.numpy(), task.expected)
     else:
         np.testing.assert_allclose(out.numpy(), task.expected, rtol=2e-2, atol=2e-2)
+
+
+def test_two_level_dot_form_keeps_the_guards_past_the_operands_padding():
+    """In the dot-product form the output's padded channels and rows compute zero from the operands' zero padding,
+    without a guard; a second-level output tile pads past the operands' padding, so there the guard stays, and the
+    program (the artifact's interface) still equals the int32 reference."""
+    import tvm
+
+    from compiler.build import compile_module
+    from compiler.layout import apply_layout
+    from tuner.task import task_from_spec
+
+    cases = [("dense", {"m": 13, "n": 20, "k": 30}, {"mt": 6, "nt": 16, "kt": 4, "group": 4}, {"mt2": 2, "nt2": 2}),
+             ("conv2d", dict(batch=1, in_channels=15, height=9, width=9, out_channels=20, kernel=3, padding=1),
+              {"ot": 16, "kot": 16, "it": 4, "kit": 4, "group": 4, "wt": 9}, {"ot2": 2})]
+    for operator, params, one, two in cases:
+        task = task_from_spec({"operator": operator, "params": params, "dtype": "int8"})
+        for choice, guarded in ((one, False), ({**one, **two}, True)):
+            prog = apply_layout(task.workload, choice, keep_interface=True)
+            assert ("if_then_else" in _main_block(prog)) == guarded, (operator, choice)
+            lib = compile_module(tvm.IRModule({"main": prog.prim_func}), task.target).jit()
+            args = [tvm.runtime.tensor(a) for a in prog.pack_inputs(task.inputs)]
+            out = tvm.runtime.tensor(np.zeros(prog.args[-1].shape, prog.args[-1].dtype))
+            lib["main"](*args, out)
+            np.testing.assert_array_equal(out.numpy(), task.expected)
+
+
+def _main_block(prog) -> str:
+    """The TVMScript of the layout program's complex-op block."""
+    script = prog.prim_func.script()
+    start = script.index(f'T.sblock("{prog.compute_block}")')
+    return script[start:script.index("T.sblock(", start + 1)]
