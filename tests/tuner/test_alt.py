@@ -494,3 +494,27 @@ def _main_block(prog) -> str:
     script = prog.prim_func.script()
     start = script.index(f'T.sblock("{prog.compute_block}")')
     return script[start:script.index("T.sblock(", start + 1)]
+
+
+def test_dot_form_layouts_come_first_and_are_seeded():
+    """In the dot-product form the joint stage starts at the start layout (the user's layouts, which no instruction
+    fits, come second), and both the start and the least dot layout (rows from the loops) get the seed's loop nest
+    in their first round; in the plain form only the start does."""
+    from tuner import ALTSearch
+    from tuner.layout_space import LayoutSpace
+    from tuner.task import task_from_spec
+
+    task = task_from_spec({"operator": "dense", "params": {"m": 40, "n": 32, "k": 64}, "dtype": "int8"})
+    search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=0, batch_size=16, top_k=4)
+    assert search.dot_form
+    start = search.next_layout()
+    assert not start.identity and start.choice["mt"] > 1
+    assert search.next_layout().identity  # then the user's layouts
+    least = search.point({})
+    assert least.choice["mt"] == 1 and least.choice["group"] == 4
+    assert [source for _, source in search.seed_configs(start)] == ["blocked"]
+    assert [source for _, source in search.seed_configs(least)] == ["blocked"]
+    plain = task_from_spec({"operator": "dense", "params": {"m": 40, "n": 32, "k": 64}})
+    search = ALTSearch(plain, LayoutSpace(plain), _FakeDevice(), seed=0, batch_size=16, top_k=4)
+    assert not search.dot_form and search.next_layout().identity
+    assert search.seed_configs(search.point({})) == []
