@@ -511,26 +511,26 @@ class LoopSpace(SearchSpace):
         not index the weight): one vector, rows of that axis."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         *outer, block, lane = self.structure.spatial  # (a unit block or rows axis has no knob)
+        reads, uses = self._main_reads()
+        if not any(uses(r, block) for r in reads if uses(r, lane)):  # the weight (the lanes index it) does not
+            outer, block = [block], None  # depend on `block`: a template's form, `block` holds the rows, one vector
         outer = [a for a in outer if a.extent > 1]
         if lane.extent > 1:
             config[lane.knob(SPATIAL_LEVELS - 1)] = lane.extent
-        vectors = 2 if block.extent % 2 == 0 else 1
-        if not self._indexes_weight(block):  # the template form: `block` holds the rows
-            outer, vectors = [block], 1
-            block = lane
+        widths = (2, 1) if block is not None and block.extent % 2 == 0 else (1,)
+        vectors = widths[0]
         if outer:
             # the block of most accumulators (two vectors before one where they tie): 7 rows of one vector
             # where 7 x 2 is more than the unit holds (AVX2's 12) and one row of two would leave no rows loop
             rows, vectors = max(((max(d for d in divisors(outer[-1].extent)
-                                      if d <= REGISTER_ROWS and d * v <= self.unit.accumulators), v)
-                                 for v in ((2, 1) if block.extent % 2 == 0 else (1,))),
+                                      if d <= REGISTER_ROWS and d * v <= self.unit.accumulators), v) for v in widths),
                                 key=lambda rv: (rv[0] * rv[1], rv[1]))
             config[outer[-1].knob(SPATIAL_LEVELS - 1)] = rows
-        if block is not lane and block.extent > 1:
+        if block is not None and block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
-        reduce = [a for a in self.structure.reduce if a.extent > 1]
-        chunks = self._chunk_axis()
-        config.update({a.knob(1): a.extent for a in reduce if a != chunks})  # the kernel window whole
+        chunks = self._chunk_axis(reads, uses)
+        # the kernel window whole, up to 16 channel chunks
+        config.update({a.knob(1): a.extent for a in self.structure.reduce if a.extent > 1 and a != chunks})
         if chunks is not None and chunks.extent > 1:
             config[chunks.knob(1)] = max(d for d in divisors(chunks.extent) if d <= 16)
         config.update(order=TENSORIZE_ORDER, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0, licm=1,
@@ -540,52 +540,39 @@ class LoopSpace(SearchSpace):
         try:
             return self.validate(config)
         except InvalidConfig:  # a register block over the unit's limit: one vector
-            if block is not lane and block.extent > 1:
+            if block is not None and block.extent > 1:
                 config[block.knob(SPATIAL_LEVELS - 1)] = 1
             return self.validate(config)
 
-    def _chunk_axis(self) -> Axis | None:
-        """The reduction over channel chunks of the dot-product form: the reduce axis (not the group) that indexes
-        the data (the operand the lanes do not index) where no spatial axis does -- its channel dims (`rc * G +
-        g`; `ko` and `g` apart in a GEMM's `M/mt K/G mt G`), not the kernel window's (`y + kh`). It comes last in
-        `conv2d_nhwc_dot`, first in a template's conv."""
-        from tvm import s_tir, tirx
-
-        st = self.structure
-        sch = s_tir.Schedule(self.mod)
-        block = sch.get(sch.get_sblock(st.main))
-        var = {a.name: iv.var for a, iv in zip(st.axes, block.iter_vars)}
-
-        def uses(e: Any, axis: Axis) -> bool:
-            return any(u.same_as(var[axis.name]) for u in tirx.analysis.undefined_vars(e))
-
-        lane = st.spatial[-1]
-        for read in block.reads:
-            if any(uses(r.min, lane) for r in read.region):
-                continue  # the weight
-            for r in read.region:
-                if any(uses(r.min, a) for a in st.spatial):
-                    continue
-                found = [a for a in st.reduce if uses(r.min, a)]
-                if found:
-                    return found[0]
-        return None
-
-    def _indexes_weight(self, axis: Axis) -> bool:
-        """Whether the main block reads its weight (the operand indexed by the lanes, the last spatial axis)
-        with `axis`'s iterator."""
+    def _main_reads(self) -> tuple[list[list], Any]:
+        """The index expressions of each region the main block reads, and `uses(indices, axis)`: whether any of
+        them uses the axis's iterator."""
         from tvm import s_tir, tirx
 
         sch = s_tir.Schedule(self.mod)
         block = sch.get(sch.get_sblock(self.structure.main))
         var = {a.name: iv.var for a, iv in zip(self.structure.axes, block.iter_vars)}
-        lane, mine = var[self.structure.spatial[-1].name], var[axis.name]
 
-        def uses(region: Any, v: Any) -> bool:
-            return any(u.same_as(v) for r in region for u in tirx.analysis.undefined_vars(r.min))
+        def uses(indices: list, axis: Axis) -> bool:
+            return any(u.same_as(var[axis.name]) for e in indices for u in tirx.analysis.undefined_vars(e))
 
-        weights = [r.region for r in block.reads if uses(r.region, lane)]
-        return any(uses(region, mine) for region in weights)
+        return [[r.min for r in read.region] for read in block.reads], uses
+
+    def _chunk_axis(self, reads: list[list], uses: Any) -> Axis | None:
+        """The reduction over channel chunks of the dot-product form: the reduce axis (not the group) that indexes
+        the data (the operand the lanes do not index) where no spatial axis does -- its channel dims (`rc * G +
+        g`; `ko` and `g` apart in a GEMM's `M/mt K/G mt G`), not the kernel window's (`y + kh`). It comes last in
+        `conv2d_nhwc_dot`, first in a template's conv."""
+        st = self.structure
+        for indices in reads:
+            if uses(indices, st.spatial[-1]):
+                continue  # the weight
+            for e in indices:
+                if not any(uses([e], a) for a in st.spatial):
+                    found = [a for a in st.reduce if uses([e], a)]
+                    if found:
+                        return found[0]
+        return None
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
         return [self._sample_one(rng) for _ in range(n)]
