@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from compiler.workloads import EPILOGUES
 from service.settings import Settings
 
 
@@ -320,7 +321,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--operator", help="operator name from the catalog, e.g. conv2d")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="operator parameter, repeatable")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--epilogue", default="none", choices=["none", "bias", "relu", "bias_relu"])
+    p.add_argument("--epilogue", default="none", choices=EPILOGUES)
     p.add_argument("--target", default="host")
     p.add_argument("--budget", type=int, default=64, help="number of on-device measurements")
     p.add_argument("--seed", type=int, default=0)

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
+from compiler.workloads import EPILOGUES
 from tuner import MAX_SEED
 
 MAX_INT32 = 2**31 - 1  # ids, counts and sizes: the database stores them as `integer` (32 bits on PostgreSQL)
@@ -53,8 +54,11 @@ class OperatorJobCreate(BaseModel):
         max_length=32, description="the operator's integer parameters (see the catalog for names and limits)"
     )
     dtype: str = Field("float32", max_length=16, description="element type of every tensor")
-    epilogue: Literal["none", "bias", "relu", "bias_relu"] = Field(
-        "none", description="element-wise stages fused after the operator"
+    epilogue: Literal[EPILOGUES] = Field(
+        "none", description="element-wise stages fused after the operator, in this order: bias (an input per output "
+                            "channel), relu, requantize (int8 only: the int32 sums to a uint8 output, "
+                            "clip(nearbyint(float32(sum) * scale[c]) + zero_point[c], 0, 255), with a float32 "
+                            "scale and an int32 zero_point input per output channel)"
     )
     target: str = Field("host", max_length=32, description="where to tune and run: host (this CPU, detected), llvm, "
                                                           "cuda (only where the server has a GPU)")

@@ -14,17 +14,21 @@ padding and dilation are the same along every spatial axis.
 Element types (`DTYPES`; the operators that take each: `OperatorDef.dtypes`, checked by `validate`):
 
 - "float32": every operator; inputs, bias and output fp32.
-- "int8" (conv2d, dense, batch_matmul): uint8 activations x int8 weights, int32 accumulation, **int32 output**
-  (the raw accumulator) and an int32 bias. u8 x s8 is the form x86's dot-product instructions take (VNNI
-  `vpdpbusd`, `vpmaddubsw`) and what oneDNN, FBGEMM and TVM's QNN use for quantized convolutions and GEMMs;
-  the output is not requantized here: requantization (`round(acc * scale) + zero_point`, clipped) needs a
-  real-valued scale per tensor or channel that the catalog's integer parameters cannot carry, and a user who
-  tunes an operator wants the accumulator to requantize as their framework does (`torch.ao`'s and TVM's QNN
-  quantized linear/conv are an int32 accumulation followed by a separate requantize). Every uint8 and int8
-  value is allowed: `vpmaddubsw`, which saturates on activations >= 128, is never used for catalog programs
-  (the tuner marks only float32 programs for tensor instructions: `tuner.space.tensorizable`); the reduction
-  length is limited so the int32 accumulator cannot overflow (`INT8_MAX_REDUCTION`). The torch reference
-  computes in float64 and is exact.
+- "int8" (conv2d, dense, batch_matmul): uint8 activations x int8 weights, int32 accumulation and an int32
+  bias. u8 x s8 is the form x86's dot-product instructions take (VNNI `vpdpbusd`, `vpmaddwd` on pairs) and
+  what oneDNN, FBGEMM and TVM's QNN use for quantized convolutions and GEMMs. The output is either
+  - the **int32 accumulator** (epilogues none, bias, relu, bias_relu), for a user whose framework requantizes
+    it separately, or
+  - **requantized to uint8** (the `..._requantize` epilogues, `REQUANTIZE`): two more constant inputs, a
+    float32 `scale` and an int32 `zero_point` per output channel, and the output
+    `clip(nearbyint(float32(acc) * scale[c]) + zero_point[c], 0, 255)` as uint8, after the bias and ReLU in
+    int32. That is FBGEMM's requantization (`torch.ao`'s quantized conv/linear on x86): `scale` is the
+    combined multiplier `input_scale * weight_scale[c] / output_scale`, rounded half to even; a per-tensor
+    quantization repeats its one scale and zero point.
+  Every uint8 and int8 value is allowed: `vpmaddubsw`, which saturates on activations >= 128, is never used
+  for catalog programs (their dot products are VNNI's or `vpmaddwd`'s, which are exact); the reduction
+  length is limited so the int32 accumulator cannot overflow (`INT8_MAX_REDUCTION`). The reference computes
+  the sums in float64 (exact) and requantizes in float32 as the program does, so it is exact too.
 - "bfloat16" (conv2d, dense, batch_matmul): bfloat16 data and weight, fp32 accumulation, **float32 output**
   and bias (the accumulator, not rounded back to bf16; a bf16 consumer rounds it once itself). The reference
   widens the bf16 values to fp32 (exactly) and the check has the fp32 tolerance of `compiler.arrays`.
@@ -43,7 +47,10 @@ if TYPE_CHECKING:
     import numpy as np
     import tvm
 
-EPILOGUES = ("none", "bias", "relu", "bias_relu")
+# the int32 epilogues; int8 also takes each followed by requantization to uint8 ("none" -> "requantize")
+_INT_EPILOGUES = ("none", "bias", "relu", "bias_relu")
+REQUANTIZE = ("requantize", "bias_requantize", "relu_requantize", "bias_relu_requantize")
+EPILOGUES = _INT_EPILOGUES + REQUANTIZE
 DTYPES = ("float32", "int8", "bfloat16")
 # job dtype -> (data, weight, output and bias) element types: the operands and the accumulator
 STORAGE: dict[str, tuple[str, str, str]] = {
@@ -584,6 +591,10 @@ def validate(
                                                          f"; known dtypes: {', '.join(DTYPES)}"))
     if epilogue not in EPILOGUES:
         raise WorkloadError("epilogue", f"unknown epilogue {epilogue!r}; known: {', '.join(EPILOGUES)}")
+    if epilogue in REQUANTIZE and dtype != "int8":
+        raise WorkloadError("epilogue", f"{epilogue!r} requantizes the int32 sums of an int8 operator to uint8; "
+                            f"dtype {dtype!r} has none: use dtype 'int8', or epilogue "
+                            f"{epilogue.removesuffix('requantize').rstrip('_') or 'none'!r}")
     if not isinstance(params, dict):
         raise WorkloadError("params", f"params must be an object of integers, got {type(params).__name__}")
     known = {p.name for p in op.params}
@@ -663,7 +674,13 @@ class Workload:
     inputs: tuple[TensorSpec, ...]  # data, weight, then bias (if any): the call order
     output: TensorSpec
     flops: int
-    _bias_axis: int = field(repr=False, default=1)
+    _bias_axis: int = field(repr=False, default=1)  # the output's channel axis (of bias, scale, zero_point)
+    _reduction: int = field(repr=False, default=1)  # products summed into each output
+
+    @property
+    def requantizes(self) -> bool:
+        """Whether the int32 sums are requantized to a uint8 output (the `REQUANTIZE` epilogues)."""
+        return self.epilogue in REQUANTIZE
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Workload) and other.key == self.key
@@ -679,8 +696,8 @@ class Workload:
     def te_tensors(self, topi: bool = False) -> tuple[list[tvm.te.Tensor], tvm.te.Tensor]:
         """A fresh TE graph of the workload: its placeholders (in `inputs` order) and its output.
 
-        The epilogue stages are separate ops named `bias_add` and `relu`. `topi`: the operator as TVM's
-        topi defines it, where ours differs (see `topi_prim_func`).
+        The epilogue stages are separate ops named `bias_add`, `relu` and `requantize`. `topi`: the operator
+        as TVM's topi defines it, where ours differs (see `topi_prim_func`).
         """
         from tvm import te, tirx
 
@@ -691,12 +708,23 @@ class Workload:
         assert tuple(int(d) for d in out.shape) == self.output.shape, (
             f"{self.operator}: TE output shape {tuple(out.shape)} != expected {self.output.shape}"
         )
-        if self.epilogue in ("bias", "bias_relu"):
-            conv, bias, axis = out, placeholders[2], self._bias_axis
+        axis = self._bias_axis
+        if self.epilogue.startswith("bias"):
+            conv, bias = out, placeholders[2]
             out = te.compute(conv.shape, lambda *i: conv(*i) + bias[i[axis]], name="bias_add")
-        if self.epilogue in ("relu", "bias_relu"):
+        if "relu" in self.epilogue:
             pre = out
             out = te.compute(pre.shape, lambda *i: tirx.max(pre(*i), tirx.const(0, pre.dtype)), name="relu")
+        if self.requantizes:
+            acc, scale, zero_point = out, placeholders[-2], placeholders[-1]
+
+            def requantize(*i: Any) -> Any:
+                c = i[axis]
+                rounded = tirx.nearbyint(acc(*i).astype("float32") * scale[c])  # half to even, as np.rint
+                q = rounded + zero_point[c].astype("float32")  # exact: clipped where it would not be
+                return tirx.max(tirx.min(q, tirx.const(255.0, "float32")), tirx.const(0.0, "float32")).astype("uint8")
+
+            out = te.compute(acc.shape, requantize, name="requantize")
         return placeholders, out
 
     @functools.cached_property
@@ -739,7 +767,9 @@ class Workload:
         """Inputs in call order, reproducible from `seed`: floats uniform in [-1, 1) (`compiler.arrays.
         random_inputs`; bfloat16 rounded from them); int8 jobs every value of their types (uint8 data in
         [0, 256), int8 weights in [-128, 128): the saturating u8 x s8 instructions are never used for catalog
-        programs, so the full range is valid and tests it) and an int32 bias in [-2**16, 2**16)."""
+        programs, so the full range is valid and tests it) and an int32 bias in [-2**16, 2**16). A requantizing
+        job's zero points are any uint8 value and its scales spread the sums over about +-64 around them
+        (`_requantization_inputs`), so that the outputs round, and some clip at 0 and 255."""
         import numpy as np
 
         from compiler.arrays import random_inputs
@@ -749,7 +779,11 @@ class Workload:
             return [a.astype(_numpy_dtype(s.dtype)) for a, s in zip(arrays, self.inputs)]
         rng = np.random.default_rng(seed)
         bounds = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-2**16, 2**16)}
-        return [rng.integers(*bounds[s.dtype], size=s.shape).astype(s.dtype) for s in self.inputs]
+        operands = self.inputs[:-2] if self.requantizes else self.inputs
+        arrays = [rng.integers(*bounds[s.dtype], size=s.shape).astype(s.dtype) for s in operands]
+        if self.requantizes:
+            arrays += _requantization_inputs(rng, self.inputs[-1].shape[0], self._reduction)
+        return arrays
 
     def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
         """Computes the workload with torch: the ground truth every candidate is checked against.
@@ -772,17 +806,34 @@ class Workload:
         with torch.no_grad():
             x, w, *rest = (torch.from_numpy(np.asarray(a).astype(wide)) for a in inputs)
             y = _IMPLS[self.operator].reference(self.params, x, w)
-            if self.epilogue in ("bias", "bias_relu"):
-                view = [1] * y.dim()
-                view[self._bias_axis] = -1
+            view = [1] * y.dim()
+            view[self._bias_axis] = -1
+            if self.epilogue.startswith("bias"):
                 y = y + rest[0].reshape(view)
-            if self.epilogue in ("relu", "bias_relu"):
+            if "relu" in self.epilogue:
                 y = torch.relu(y)
         out = y.numpy()
         if self.dtype == "int8":
             out = np.rint(out).astype(np.int32)
+        if self.requantizes:  # in float32, operation by operation as the program does: exact
+            scale, zero_point = (np.asarray(a).reshape(view) for a in inputs[-2:])
+            q = np.rint(out.astype(np.float32) * scale.astype(np.float32)) + zero_point.astype(np.float32)
+            out = np.clip(q, np.float32(0), np.float32(255)).astype(np.uint8)
         assert out.shape == self.output.shape, f"{out.shape=} != {self.output.shape=}"
         return out
+
+
+def _requantization_inputs(rng: np.random.Generator, channels: int, reduction: int) -> list[np.ndarray]:
+    """Random (scale, zero_point) per output channel for `channels` sums of `reduction` full-range u8 x s8
+    products: the product's standard deviation is about 10922 (sqrt(E[x^2] E[w^2]) for uniform x in [0, 256)
+    and w in [-128, 128)), so a scale of 64 / (10922 sqrt(reduction)), times a factor in [0.5, 2), spreads a
+    channel's sums over about +-64 steps."""
+    import numpy as np
+
+    typical = 64.0 / (10922.0 * math.sqrt(reduction))
+    scale = (typical * rng.uniform(0.5, 2.0, size=channels)).astype(np.float32)
+    zero_point = rng.integers(0, 256, size=channels).astype(np.int32)
+    return [scale, zero_point]
 
 
 def _numpy_dtype(dtype: str) -> Any:
@@ -808,8 +859,8 @@ def make_workload(
         operator: a name in `OPERATORS` or `SUBGRAPHS`.
         params: the operator's parameters (defaults filled in by `validate`).
         dtype: element type, one of `DTYPES`.
-        epilogue: one of `EPILOGUES`; bias is per output channel (per N column for
-            dense and batch_matmul).
+        epilogue: one of `EPILOGUES`; bias, and a requantization's scale and zero point, are per output
+            channel (per N column for dense and batch_matmul).
         max_tensor_elements: the largest number of elements any tensor may have.
 
     Returns:
@@ -826,10 +877,14 @@ def make_workload(
     shapes = _IMPLS[operator].shapes(normalized)
     data_t, weight_t, out_t = STORAGE[dtype]
     inputs = [TensorSpec("data", shapes.data, data_t), TensorSpec("weight", shapes.weight, weight_t)]
-    if epilogue in ("bias", "bias_relu"):
-        inputs.append(TensorSpec("bias", (shapes.output[shapes.bias_axis],), out_t))
+    channels = (shapes.output[shapes.bias_axis],)
+    if epilogue.startswith("bias"):
+        inputs.append(TensorSpec("bias", channels, out_t))
+    if epilogue in REQUANTIZE:
+        inputs += [TensorSpec("scale", channels, "float32"), TensorSpec("zero_point", channels, "int32")]
     out_size = math.prod(shapes.output)
-    epilogue_flops = out_size * (("bias" in epilogue) + ("relu" in epilogue))
+    # requantization: a multiply, a rounding, an add and the two clips
+    epilogue_flops = out_size * (("bias" in epilogue) + ("relu" in epilogue) + 5 * (epilogue in REQUANTIZE))
     return Workload(
         operator=operator,
         params=normalized,
@@ -837,7 +892,8 @@ def make_workload(
         epilogue=epilogue,
         key=workload_key(operator, normalized, dtype, epilogue),
         inputs=tuple(inputs),
-        output=TensorSpec("output", shapes.output, out_t),
+        output=TensorSpec("output", shapes.output, "uint8" if epilogue in REQUANTIZE else out_t),
         flops=2 * shapes.macs + epilogue_flops,
         _bias_axis=shapes.bias_axis,
+        _reduction=shapes.macs // out_size,
     )

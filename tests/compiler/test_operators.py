@@ -71,7 +71,8 @@ def test_catalog_entries_are_well_formed():
             assert p.description, (op.name, p.name)
             assert p.minimum <= p.maximum, (op.name, p)
             assert p.default is None or p.minimum <= p.default <= p.maximum, (op.name, p)
-    assert EPILOGUES == ("none", "bias", "relu", "bias_relu")
+    assert EPILOGUES == ("none", "bias", "relu", "bias_relu",
+                         "requantize", "bias_requantize", "relu_requantize", "bias_relu_requantize")
 
 
 def test_defaults_are_filled():

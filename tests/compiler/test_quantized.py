@@ -54,6 +54,67 @@ def test_program_equals_torch(dtype, operator, params, epilogue):
     _check(wl, _run(tvm.IRModule({"main": wl.prim_func}), wl, xs), expected)
 
 
+@pytest.mark.parametrize(("operator", "params", "epilogue"), [
+    ("dense", DENSE, "requantize"), ("batch_matmul", BMM, "bias_requantize"), ("conv2d", CONV, "bias_relu_requantize")])
+def test_requantized_program_equals_the_reference(operator, params, epilogue):
+    """The requantizing epilogues: a float32 scale and an int32 zero point per output channel after the operands
+    (and the bias), a uint8 output; the program equals the reference bit for bit, on random inputs whose outputs
+    round, clip at 0 (at the zero point after a ReLU) and 255, and spread over the range."""
+    wl = make_workload(operator, params, "int8", epilogue)
+    channels = (wl.output.shape[wl._bias_axis],)
+    assert [(s.name, s.dtype) for s in wl.inputs[-2:]] == [("scale", "float32"), ("zero_point", "int32")]
+    assert wl.inputs[-1].shape == wl.inputs[-2].shape == channels and wl.output.dtype == "uint8"
+    assert [s.dtype for s in wl.inputs[:-2]] == ["uint8", "int8"] + ["int32"] * epilogue.startswith("bias")
+    xs = wl.random_inputs(0)
+    expected = wl.reference(xs)
+    view = [1] * len(wl.output.shape)
+    view[wl._bias_axis] = -1
+    floor = xs[-1].reshape(view) if "relu" in epilogue else 0  # a ReLU before requantizing: the zero point
+    assert (expected >= floor).all() and (expected == floor).any() and expected.max() == 255
+    assert len(np.unique(expected)) > 50
+    _check(wl, _run(tvm.IRModule({"main": wl.prim_func}), wl, xs), expected)
+
+
+def test_requantization_is_torch_ao_s():
+    """The reference's requantization is what torch.ao's x86 quantized linear computes (FBGEMM's, rounding half to
+    even): a per-channel int8 weight, a uint8 input, bias and ReLU. Scales that are powers of two make the combined
+    multiplier exact and put many products exactly halfway between two steps."""
+    import torch
+
+    m, n, k = 33, 40, 70
+    wl = make_workload("dense", {"m": m, "n": n, "k": k}, "int8", "bias_relu_requantize")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    w = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    bias = rng.integers(-2**14, 2**14, n).astype(np.int32)
+    x_scale, y_scale, zero_point = 2.0**-4, 2.0, 100
+    w_scales = 2.0 ** -rng.integers(5, 9, n)
+    ours = wl.reference([x, w, bias, (x_scale * w_scales / y_scale).astype(np.float32),
+                         np.full(n, zero_point, np.int32)])
+    assert len(np.unique(ours)) > 50 and (ours == 255).any() and (ours == zero_point).any()
+    with pytest.warns(UserWarning, match="deprecated"):  # torch's quantized tensors, still what torch.ao runs
+        qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(x), x_scale, 0)
+    qw = torch._make_per_channel_quantized_tensor(torch.from_numpy(w), torch.from_numpy(w_scales),
+                                                  torch.zeros(n, dtype=torch.long), 0)
+    if "x86" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch has no x86 quantized engine")
+    engine, torch.backends.quantized.engine = torch.backends.quantized.engine, "x86"
+    try:
+        packed = torch.ops.quantized.linear_prepack(qw, torch.from_numpy((bias * x_scale * w_scales).astype(np.float32)))
+        theirs = torch.ops.quantized.linear_relu(qx, packed, y_scale, zero_point).int_repr().numpy()
+    finally:
+        torch.backends.quantized.engine = engine
+    np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_requantization_needs_int8(dtype):
+    with pytest.raises(WorkloadError) as e:
+        validate("dense", DENSE, dtype, "bias_relu_requantize")
+    assert e.value.field == "epilogue"
+    assert "requantizes the int32 sums of an int8 operator" in e.value.message and "'bias_relu'" in e.value.message
+
+
 def test_int8_reference_is_exact_beyond_float32():
     """Sums above 2**24 (where fp32 would round) still come out exact: the reference runs in float64."""
     wl = make_workload("dense", {"m": 2, "n": 3, "k": 1100}, "int8")

@@ -109,14 +109,15 @@ def test_second_job_of_a_workload_starts_from_the_known_schedule(live_server, se
 def test_an_int8_operator_job_runs_the_dot_product_instruction(live_server, tmp_path):
     """An int8 dense job whose shapes divide neither the instruction's lanes nor its groups: the search measures
     the template's dot-product form (the target's int8 instruction), which wins over the catalog's own layouts;
-    the downloaded artifact packs the weight for it and computes exactly what the int32 reference computes."""
+    the downloaded artifact packs the weight for it, adds the bias and the ReLU to the int32 sums, requantizes
+    them to uint8 (per-channel scale and zero point) and equals the reference bit for bit."""
     import tvm
 
     from compiler.layout import GROUP_PARAM
     from compiler.workloads import make_workload
 
     spec = {"kind": "operator", "operator": "dense", "params": {"m": 61, "n": 100, "k": 250}, "dtype": "int8",
-            "epilogue": "bias", "target": "host", "budget": 12}
+            "epilogue": "bias_relu_requantize", "target": "host", "budget": 12}
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
         r = client.post("/api/v1/jobs", json=spec)
         assert r.status_code == 201, r.text
@@ -141,4 +142,6 @@ def test_an_int8_operator_job_runs_the_dot_product_instruction(live_server, tmp_
     args = [tvm.runtime.tensor(named[a["name"]]) if isinstance(named[a["name"]], np.ndarray) else named[a["name"]]
             for a in manifest["args"] if a["role"] != "output"]
     lib[manifest["function"]](*args, out)
-    np.testing.assert_array_equal(out.numpy(), workload.reference(inputs))
+    expected = workload.reference(inputs)
+    assert expected.dtype == np.uint8 and len(np.unique(expected)) > 100  # rounded and clipped, not all 0 or 255
+    np.testing.assert_array_equal(out.numpy(), expected)

@@ -418,6 +418,25 @@ def test_int8_and_bf16_operators_take_the_dot_product_form(operator, params, epi
     axis; the seed's loop nest is then rewritten to the target's instruction (VNNI or vpmaddwd, vdpbf16ps or the
     widened pairs: the haswell target is what an AVX2 machine gets, and this machine runs it) and computes what
     torch computes, exactly for int8."""
+    _check_dot_form(operator, params, epilogue, dtype, target_name)
+
+
+REQUANTIZE_CASES = [
+    ("conv2d", DOT_CASES[0][1], "bias_relu_requantize"),
+    ("dense", DOT_CASES[1][1], "requantize"),
+    ("batch_matmul", DOT_CASES[2][1], "bias_requantize"),
+]
+
+
+@pytest.mark.parametrize("target_name", ["host", "haswell"])
+@pytest.mark.parametrize("operator,params,epilogue", REQUANTIZE_CASES, ids=[c[0] for c in REQUANTIZE_CASES])
+def test_requantizing_int8_operators_take_the_dot_product_form(operator, params, epilogue, target_name):
+    """The same with the int32 sums requantized to uint8 (a scale and a zero point per output channel, read as the
+    bias is): the instruction in the seed's nest, the output bit for bit."""
+    _check_dot_form(operator, params, epilogue, "int8", target_name)
+
+
+def _check_dot_form(operator, params, epilogue, dtype, target_name):
     import dataclasses
 
     import tvm
