@@ -528,8 +528,8 @@ def _torch_op(workload: Workload) -> Callable[[list[Any]], Any]:
     ndim = len(workload.output.shape)
     view = [1] * ndim
     view[bias_axis] = -1
-    has_bias = workload.epilogue in ("bias", "bias_relu")
-    has_relu = workload.epilogue in ("relu", "bias_relu")
+    has_bias = workload.epilogue.startswith("bias")
+    has_relu = "relu" in workload.epilogue
 
     def run(tensors: list[Any]) -> Any:
         y = main(tensors[0], tensors[1])
@@ -566,20 +566,25 @@ def torch_operator(operator: str, params: dict, dtype: str = "float32", epilogue
                    seed: int = 0) -> tuple[Any, list[Any]]:
     """`bench.common.TorchProgram` factory: the workload as an `nn.Module` in eval mode whose constants (weight,
     bias) are parameters, and its activation inputs; the arrays of `Workload.random_inputs(seed)`. A bfloat16
-    workload runs torch's own bfloat16 operator (oneDNN; its output rounded to bfloat16 where ours stays fp32).
+    workload runs torch's own bfloat16 operator (oneDNN; its output rounded to bfloat16 where ours stays fp32);
+    a requantizing int8 conv2d or dense runs torch.ao's quantized operator (`_torch_quantized`).
 
     Raises:
-        ValueError: an int8 workload: eager torch has no uint8 x int8 -> int32 convolution or matmul.
+        ValueError: an int8 workload torch has no operator for: the int32 output (eager torch has no uint8 x
+            int8 -> int32 convolution or matmul), a requantizing batch_matmul.
     """
     import torch
 
     from compiler.layout.program import ACTIVATIONS
-    from compiler.workloads import make_workload
+    from compiler.workloads import REQUANTIZE, make_workload
 
-    if dtype == "int8":
-        raise ValueError("eager torch has no uint8 x int8 -> int32 operator (bench.tensorize times torch._int_mm's "
-                         "int8 x int8 GEMM instead)")
     workload = make_workload(operator, params, dtype, epilogue)
+    if dtype == "int8" and epilogue in REQUANTIZE and operator in ("conv2d", "dense"):
+        return _torch_quantized(workload, workload.random_inputs(seed))
+    if dtype == "int8":
+        raise ValueError("torch has no uint8 x int8 operator with an int32 output (bench.tensorize times "
+                         "torch._int_mm's int8 x int8 GEMM instead), and no quantized batch_matmul; torch.ao's "
+                         "quantized conv2d and linear are the baseline of the requantizing conv2d and dense")
     op = _torch_op(workload)
     arrays = workload.random_inputs(seed)
     constant = [s.name not in ACTIVATIONS for s in workload.inputs]
@@ -601,6 +606,48 @@ def torch_operator(operator: str, params: dict, dtype: str = "float32", epilogue
 
     activations = [tensor(a) for a, c in zip(arrays, constant) if not c]
     return Operator().eval(), activations
+
+
+def _torch_quantized(workload: Workload, arrays: list[np.ndarray]) -> tuple[Any, list[Any]]:
+    """torch.ao's quantized conv2d or linear (the x86 engine's: FBGEMM / oneDNN, per-channel int8 weights
+    prepacked once) as the module of a requantizing int8 workload, and its uint8 input as a quantized tensor.
+
+    torch's requantization multiplier is `input_scale * weight_scale[c] / output_scale`: with input and output
+    scales of 1, the workload's `scale[c]` is the weight's. Its bias is float32, quantized by that product back
+    to the int32 bias. The output zero point is per tensor in torch: the first channel's stands for all (the
+    same work; the outputs of the other channels then differ, so this program is timed, not checked).
+    """
+    import numpy as np
+    import torch
+
+    torch.backends.quantized.engine = "x86"
+    p = workload.params
+    x, w, *rest = arrays
+    scale = rest[-2].astype(np.float64)
+    bias = torch.from_numpy((rest[0] * scale).astype(np.float32)) if workload.epilogue.startswith("bias") else None
+    channels = len(scale)
+    qw = torch._make_per_channel_quantized_tensor(torch.from_numpy(w), torch.from_numpy(scale),
+                                                  torch.zeros(channels, dtype=torch.long), 0)
+    relu = "relu" in workload.epilogue
+    if workload.operator == "conv2d":
+        packed = torch.ops.quantized.conv2d_prepack(qw, bias, [p["stride"]] * 2, [p["padding"]] * 2,
+                                                    [p["dilation"]] * 2, 1)
+        op = torch.ops.quantized.conv2d_relu if relu else torch.ops.quantized.conv2d
+    else:
+        packed = torch.ops.quantized.linear_prepack(qw, bias)
+        op = torch.ops.quantized.linear_relu if relu else torch.ops.quantized.linear
+    zero_point = int(rest[-1][0])
+
+    class Quantized(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.packed = packed
+
+        def forward(self, qx: Any) -> Any:
+            return op(qx, self.packed, 1.0, zero_point)
+
+    qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(x), 1.0, 0)
+    return Quantized().eval(), [qx]
 
 
 def affinity_cores() -> int:

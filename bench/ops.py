@@ -146,14 +146,14 @@ FULL = (
         kernel=4, stride=2, padding=1),
 )
 
-# int8 (u8 x s8 -> s32) and bfloat16 (-> fp32) operator jobs on the tensor-instruction paper's Table II shapes,
-# which divide neither the instructions' lanes nor their groups (255, 127 channels; 55x55 maps): ours runs
-# the layout template's dot-product form (`compiler.layout.templates`), tensorized where the target has the
-# instruction. torch has no eager u8 x s8 operator (no int8 torch column; `bench.tensorize` times
-# `torch._int_mm`); its bf16 operators are oneDNN's.
+# int8 and bfloat16 (-> fp32) operator jobs on the tensor-instruction paper's Table II shapes, which divide
+# neither the instructions' lanes nor their groups (255, 127 channels; 55x55 maps): ours runs the layout
+# template's dot-product form (`compiler.layout.templates`), tensorized where the target has the instruction.
+# The int8 ones are a quantized network's layers: u8 x s8 -> s32, bias, ReLU and the requantization to uint8,
+# against torch.ao's quantized conv2d / linear (x86 engine: FBGEMM / oneDNN); torch's bf16 operators are oneDNN's.
 DOT = tuple(
-    replace(case, name=f"{case.name}_{short}", dtype=dtype)
-    for dtype, short in (("int8", "i8"), ("bfloat16", "bf16"))
+    replace(case, name=f"{case.name}_{short}", dtype=dtype, epilogue=epilogue)
+    for dtype, short, epilogue in (("int8", "i8", "bias_relu_requantize"), ("bfloat16", "bf16", "none"))
     for case in (
         _op("conv2d", "c2d_55x55_128_to_255", batch=1, in_channels=128, height=55, width=55, out_channels=255,
             kernel=3, padding=1),
@@ -430,6 +430,8 @@ def _record_timings(row: dict, timings: Any) -> None:
         row["torch_variants_ms"] = variants
         row["torch_best"] = min(timed, key=timed.get) if timed else None
         row["torch_ms"] = timed[row["torch_best"]] if timed else None
+    row.setdefault("torch_ms", None)  # --no-torch
+    row.setdefault("metaschedule_ms", None)  # --no-metaschedule
     row["timing"] = "fresh-process"
     row["timing_order"] = [str(n) for n in timings.order]
     row["ours_gflops"] = row["flops"] / row["ours_ms"] / 1e6 if row["ours_ms"] else None

@@ -14,10 +14,10 @@ from bench.baselines import torch_operator, torch_output, untuned_latency
 TINY_DENSE = {"m": 16, "n": 16, "k": 16}
 
 
-def _workload(operator: str, params: dict, epilogue: str = "none"):
+def _workload(operator: str, params: dict, epilogue: str = "none", dtype: str = "float32"):
     from compiler.workloads import make_workload
 
-    return make_workload(operator, params, epilogue=epilogue)
+    return make_workload(operator, params, dtype, epilogue)
 
 
 def _host():
@@ -100,3 +100,33 @@ def test_torch_baseline_computes_the_workload(operator, params, epilogue):
     assert len(activations) == 1 and len(list(module.parameters())) == len(inputs) - 1, "the constants are parameters"
     with torch.inference_mode():
         np.testing.assert_allclose(module(*activations).numpy(), wl.reference(inputs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("operator", "params", "epilogue"), [
+    ("conv2d", {"batch": 1, "in_channels": 15, "height": 9, "width": 9, "out_channels": 20, "kernel": 3, "padding": 1,
+                "stride": 2}, "bias_relu_requantize"),
+    ("dense", {"m": 13, "n": 20, "k": 30}, "requantize"),
+])
+def test_a_requantizing_int8_operator_has_torch_ao_s_as_its_baseline(operator, params, epilogue):
+    """torch.ao's quantized conv2d / linear (x86 engine) computes the requantizing int8 workload bit for bit where
+    the zero point is one for all channels (torch's output zero point is per tensor); an int8 workload with the
+    int32 output, which torch has no operator for, is refused."""
+    import numpy as np
+
+    import torch
+
+    from bench.baselines import _torch_quantized
+
+    wl = _workload(operator, params, epilogue, "int8")
+    inputs = wl.random_inputs()
+    inputs[-1][:] = inputs[-1][0]
+    module, activations = _torch_quantized(wl, inputs)
+    with torch.inference_mode():
+        out = module(*activations).int_repr().numpy()
+    expected = wl.reference(inputs)
+    assert len(np.unique(expected)) > 20
+    np.testing.assert_array_equal(out, expected)
+    module, activations = torch_operator(operator, params, "int8", epilogue)  # what bench.ops times
+    assert activations[0].is_quantized and activations[0].shape == wl.inputs[0].shape
+    with pytest.raises(ValueError, match="no uint8 x int8 operator with an int32 output"):
+        torch_operator(operator, params, "int8", epilogue.removesuffix("requantize").rstrip("_") or "none")
