@@ -634,7 +634,8 @@ class ALTSearch(Search):
         `untuned_config` ("untuned": small memory-bound operators run fastest so) and `blocked_config`
         both ways, vectors and a column of scalars ("blocked": register blocking of the rows, as a depthwise
         conv wants); in the first tiled layout
-        `blocked_config`, oneDNN's blocking (in the dot-product form, also in its least layout); none elsewhere."""
+        `blocked_config`, oneDNN's blocking (in the dot-product form, also in its least layout, each with one
+        output vector and with several); none elsewhere."""
         seeds = [(p.space.untuned_config(), "untuned")] if p.identity else []
         # ALT-OL (a fixed layout) gets the same seeds, so "vs ALT-OL" compares searches, not seeds
         first = self.fixed is not None or self.key(p.choice) == self.key(self.full_choice(first_layout(self.template)))
@@ -651,6 +652,10 @@ class ALTSearch(Search):
                     other = p.space.blocked_config(column=bool(seeds[-1][0]["vectorize"]))
                     if other != seeds[-1][0]:
                         seeds.append((other, "blocked"))
+                elif self.dot_form:  # and the register block of several output vectors (`LoopSpace._dot_config`)
+                    wide = p.space.blocked_config(wide=True)
+                    if wide != seeds[-1][0]:
+                        seeds.append((wide, "blocked"))
             except InvalidConfig as e:
                 log.info("no blocked loop nest in %s: %s", p.name, e)
         return seeds

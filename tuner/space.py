@@ -445,7 +445,7 @@ class LoopSpace(SearchSpace):
             config.update(inline=0, read_at=0)
         return self.validate(config)
 
-    def blocked_config(self, lanes: int | None = None, column: bool | None = None) -> Config:
+    def blocked_config(self, lanes: int | None = None, column: bool | None = None, wide: bool = False) -> Config:
         """A oneDNN-like loop nest: a register block of the two innermost spatial loops at the innermost
         level -- columns of the last: one or two whole vectors (a layout's channel tile: one), else the
         widest narrower vector (8 of 56), else what divides; rows of the one before up to `REGISTER_ROWS`
@@ -465,9 +465,9 @@ class LoopSpace(SearchSpace):
         anyway (where the last loop is read with a stride, a stride-2 depthwise conv: 0.38 ms, the vector
         nest 1.75 ms), False never; None decides as above.
 
-        A program in the dot-product form (a `G` axis) gets `_dot_config` instead."""
+        A program in the dot-product form (a `G` axis) gets `_dot_config(wide)` instead."""
         if self.structure.group is not None:
-            return self._dot_config()
+            return self._dot_config(wide)
         lanes = self.unit.lanes if lanes is None else lanes
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         spatial = [a for a in self.structure.axes if a.kind == "S" and a.extent > 1]
@@ -499,7 +499,7 @@ class LoopSpace(SearchSpace):
             config.update(inline=0, read_at=int(column))
         return self.validate(config)
 
-    def _dot_config(self) -> Config:
+    def _dot_config(self, wide: bool = False) -> Config:
         """`blocked_config` of the dot-product form (`compiler.workloads.model.layouts.conv2d_nhwc_dot`: spatial
         axes ..., row, output block, lanes; reductions ..., channel chunks; the group): the instruction's
         register block -- the lanes whole, one or two output blocks (one vector each), rows of the axis before
@@ -508,23 +508,33 @@ class LoopSpace(SearchSpace):
 
         A layout template's dot-product form (`compiler.layout.templates`: spatial axes ..., output block, ...,
         the spatial tiles, lanes) has rows, not an output block, before the lanes (the axis before the lanes does
-        not index the weight): one vector, rows of that axis."""
+        not index the weight): one vector, rows of that axis; `wide`: also up to 4 vectors of its output block
+        (`_vector_block_axes`, which `_apply` puts under the rows), the most accumulators the unit holds. On
+        znver5 a bf16 255^3 GEMM ran 0.066 ms with 8 rows x 2 vectors against 0.084 with one vector, an int8
+        127x1000x127 0.048 against 0.095 with 8 x 3; an int8 conv's 11 rows x 2 vectors tied with one (1.12 ms)
+        or spilled (1.64 against 1.15 as seeds), so both are seeds (`tuner.alt`). Where blocks tie in
+        accumulators, the wide one takes more rows (8 x 2 rather than 4 x 4: 0.066 against 0.086 ms)."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         *outer, block, lane = self.structure.spatial  # (a unit block or rows axis has no knob)
         reads, uses = self._main_reads()
+        widths: tuple[int, ...] = (2, 1) if block.extent % 2 == 0 else (1,)
+        prefer = 1  # where two blocks hold as many accumulators: the one of more vectors (-1: of more rows)
         if not any(uses(r, block) for r in reads if uses(r, lane)):  # the weight (the lanes index it) does not
-            outer, block = [block], None  # depend on `block`: a template's form, `block` holds the rows, one vector
+            outer = [block]  # depend on `block`: a template's form, `block` holds the rows, one vector (or `wide`)
+            wider = [a for a in self._vector_block_axes if a.extent > 1] if wide else []
+            block = wider[-1] if wider else None
+            widths = tuple(sorted((d for d in divisors(block.extent) if d <= 4), reverse=True)) if block else (1,)
+            prefer = -1  # 8 rows x 2 vectors ran 0.066 ms where 4 x 4 ran 0.086 (the bf16 255^3 GEMM)
         outer = [a for a in outer if a.extent > 1]
         if lane.extent > 1:
             config[lane.knob(SPATIAL_LEVELS - 1)] = lane.extent
-        widths = (2, 1) if block is not None and block.extent % 2 == 0 else (1,)
         vectors = widths[0]
         if outer:
             # the block of most accumulators (two vectors before one where they tie): 7 rows of one vector
             # where 7 x 2 is more than the unit holds (AVX2's 12) and one row of two would leave no rows loop
             rows, vectors = max(((max(d for d in divisors(outer[-1].extent)
                                       if d <= REGISTER_ROWS and d * v <= self.unit.accumulators), v) for v in widths),
-                                key=lambda rv: (rv[0] * rv[1], rv[1]))
+                                key=lambda rv: (rv[0] * rv[1], prefer * rv[1]))
             config[outer[-1].knob(SPATIAL_LEVELS - 1)] = rows
         if block is not None and block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
@@ -543,6 +553,16 @@ class LoopSpace(SearchSpace):
             if block is not None and block.extent > 1:
                 config[block.knob(SPATIAL_LEVELS - 1)] = 1
             return self.validate(config)
+
+    @functools.cached_property
+    def _vector_block_axes(self) -> tuple[Axis, ...]:
+        """The spatial axes besides the lanes that index the operand the lanes index (the weight): a register
+        block's columns of whole vectors. The instruction's pattern (`compiler.passes.tensorize.select`) takes
+        them under the rows; a layout template's output block comes before its rows in axis order."""
+        reads, uses = self._main_reads()
+        *rest, lane = self.structure.spatial
+        weight = [r for r in reads if uses(r, lane)]
+        return tuple(a for a in rest if any(uses(r, a) for r in weight))
 
     def _main_reads(self) -> tuple[list[list], Any]:
         """The index expressions of each region the main block reads, and `uses(indices, axis)`: whether any of
@@ -721,6 +741,12 @@ class LoopSpace(SearchSpace):
             parts = sch.split(loop, factors=self.factors(config, axis), preserve_unit_iters=True)
             for level, part in enumerate(parts):
                 levels.setdefault((axis.kind, level), []).append(part)
+        if config.get("tensorize", 0):  # the register block as the instruction's pattern takes it: rows, then the
+            inner = levels[("S", SPATIAL_LEVELS - 1)]  # output vectors (the weight's axes), then the lanes
+            block = self._vector_block_axes
+            levels[("S", SPATIAL_LEVELS - 1)] = (
+                [loop for loop, a in zip(inner[:-1], st.spatial) if a not in block]
+                + [loop for loop, a in zip(inner[:-1], st.spatial) if a in block] + inner[-1:])
         order = ORDERS[config["order"]]
         ordered = [loop for token in order for loop in levels.get(token, [])]
         if st.group is not None:  # the group loop: innermost under a tensorized register block, else with R0

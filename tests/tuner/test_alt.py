@@ -465,22 +465,28 @@ def _check_dot_form(operator, params, epilogue, dtype, target_name):
     loops = space.loops_of(join_config(choice, {}))
     assert loops.structure.group is not None and loops.structure.group.extent == instruction.group
     assert f'"{DOT_GROUP}": {instruction.group}' in prog.prim_func.script()
-    config = loops.blocked_config()
-    assert config["tensorize"] == 1
-    mod = space.apply(join_config(choice, config)).mod
-    _, reports = tensorize_module(mod, target)
-    assert reports["main"].used == [instruction.name] and not reports["main"].left, reports
-
+    configs = [loops.blocked_config()]
+    # the register block of several output vectors (the output block's axis comes before the rows in a template's
+    # form; the schedule puts it under them, where the instruction's pattern takes it)
+    blocks = [a for a in loops._vector_block_axes if a.extent > 1]
+    if blocks:
+        configs.append(loops.blocked_config(wide=True))
+        assert configs[-1][blocks[-1].knob(3)] == blocks[-1].extent, configs[-1]  # 2 here: two vectors
     from compiler.build import compile_module
 
-    lib = compile_module(mod, target).jit()
-    args = [tvm.runtime.tensor(a) for a in prog.pack_inputs(task.inputs)]
-    out = tvm.runtime.tensor(np.zeros(prog.args[-1].shape, prog.args[-1].dtype))
-    lib["main"](*args, out)
-    if dtype == "int8":
-        np.testing.assert_array_equal(out.numpy(), task.expected)
-    else:
-        np.testing.assert_allclose(out.numpy(), task.expected, rtol=2e-2, atol=2e-2)
+    for config in configs:
+        assert config["tensorize"] == 1
+        mod = space.apply(join_config(choice, config)).mod
+        _, reports = tensorize_module(mod, target)
+        assert reports["main"].used == [instruction.name] and not reports["main"].left, reports
+        lib = compile_module(mod, target).jit()
+        args = [tvm.runtime.tensor(a) for a in prog.pack_inputs(task.inputs)]
+        out = tvm.runtime.tensor(np.zeros(prog.args[-1].shape, prog.args[-1].dtype))
+        lib["main"](*args, out)
+        if dtype == "int8":
+            np.testing.assert_array_equal(out.numpy(), task.expected)
+        else:
+            np.testing.assert_allclose(out.numpy(), task.expected, rtol=2e-2, atol=2e-2)
 
 
 def test_two_level_dot_form_keeps_the_guards_past_the_operands_padding():
@@ -518,7 +524,7 @@ def _main_block(prog) -> str:
 def test_dot_form_layouts_come_first_and_are_seeded():
     """In the dot-product form the joint stage starts at the start layout (the user's layouts, which no instruction
     fits, come second), and both the start and the least dot layout (rows from the loops) get the seed's loop nest
-    in their first round; in the plain form only the start does."""
+    in their first round, the start also with several output vectors; in the plain form only the start does."""
     from tuner import ALTSearch
     from tuner.layout_space import LayoutSpace
     from tuner.task import task_from_spec
@@ -531,8 +537,9 @@ def test_dot_form_layouts_come_first_and_are_seeded():
     assert search.next_layout().identity  # then the user's layouts
     least = search.point({})
     assert least.choice["mt"] == 1 and least.choice["group"] == 4
-    assert [source for _, source in search.seed_configs(start)] == ["blocked"]
-    assert [source for _, source in search.seed_configs(least)] == ["blocked"]
+    one, wide = search.seed_configs(start)  # one output vector of 8 rows, and two (N = 32)
+    assert one[1] == wide[1] == "blocked" and (one[0]["tile.n_16.3"], wide[0]["tile.n_16.3"]) == (1, 2)
+    assert [source for _, source in search.seed_configs(least)] == ["blocked"]  # M N/16 16: its block has both
     plain = task_from_spec({"operator": "dense", "params": {"m": 40, "n": 32, "k": 64}})
     search = ALTSearch(plain, LayoutSpace(plain), _FakeDevice(), seed=0, batch_size=16, top_k=4)
     assert not search.dot_form and search.next_layout().identity
