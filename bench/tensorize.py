@@ -420,11 +420,17 @@ def table(report: dict) -> str:
 
 
 def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log: Any = print,
-        torch: bool = True, variants: tuple[str, ...] = VARIANTS, peak: dict | None = None) -> dict:
-    """Measures `cases` (the `variants` of each) and the fp32 peak (unless given) and returns the report."""
-    from compiler.target import resolve_target, target_key
+        torch: bool = True, variants: tuple[str, ...] = VARIANTS, peak: dict | None = None,
+        mcpu: str | None = None) -> dict:
+    """Measures `cases` (the `variants` of each) and the fp32 peak (unless given) and returns the report; `mcpu`:
+    ours, MetaSchedule and the peak built for that CPU instead of this one (e.g. "haswell": an AVX2 target, which
+    a CPU with AVX-512 also runs; torch runs what it runs on this CPU)."""
+    import tvm
 
-    target = resolve_target("host")
+    from compiler.target import host_cores, resolve_target, target_key
+
+    target = resolve_target("host") if mcpu is None else tvm.target.Target(
+        {"kind": "llvm", "mcpu": mcpu, "num-cores": host_cores()})
     peak = peak or peak_gflops(target, repeat, min_repeat_ms)
     log(f"fp32 peak: {peak['gflops']:.0f} GFLOP/s ({peak['instruction']}, {peak['cores']} cores)")
     rows = []
@@ -436,7 +442,9 @@ def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log:
         r = rows[-1]
         log(f"[{i + 1}/{len(cases)}] {case.name}: " + (r.get("error") or ", ".join(
             f"{v} {r[f'{v}_ms']:.4f} ms" for v in VARIANTS if f"{v}_ms" in r)))
-    return {"benchmark": "tensorize", "target": target_key("host"), "peak": peak, "rows": rows,
+    return {"benchmark": "tensorize", "target": target_key("host") if mcpu is None else f"llvm -mcpu={mcpu} -num-cores={host_cores()}",
+            "peak": peak,
+            "rows": rows,
             "summary": summarize(rows, peak), "environment": environment(), "ms_budget": ms_budget,
             "repeat": repeat, "min_repeat_ms": min_repeat_ms}
 
@@ -450,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--min-repeat-ms", type=int, default=100)
     parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/tensorize-CPU.json)")
+    parser.add_argument("--mcpu", help="build ours, MetaSchedule and the peak for this LLVM CPU instead of the host's "
+                                       "(e.g. haswell: AVX2 on a machine with AVX-512; torch stays the host's)")
     args = parser.parse_args(argv)
 
     from compiler.target import host_cpu
@@ -458,8 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.ms_budget if args.ms_budget is not None else (4 if args.quick else 64)
     repeat, min_repeat_ms = (3, 20) if args.quick else (args.repeat, args.min_repeat_ms)
     report = run(cases, budget, repeat, min_repeat_ms, log=lambda line: print(line, flush=True),
-                 torch=not args.no_torch)
-    out = args.out or RESULTS_DIR / f"tensorize-{host_cpu()}{'-quick' if args.quick else ''}.json"
+                 torch=not args.no_torch, mcpu=args.mcpu)
+    cpu = host_cpu() if args.mcpu is None else f"{args.mcpu}-on-{host_cpu()}"
+    out = args.out or RESULTS_DIR / f"tensorize-{cpu}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
     print(table(report))
