@@ -491,8 +491,9 @@ def _check_dot_form(operator, params, epilogue, dtype, target_name):
 
 def test_two_level_dot_form_keeps_the_guards_past_the_operands_padding():
     """In the dot-product form the output's padded channels and rows compute zero from the operands' zero padding,
-    without a guard; a second-level output tile pads past the operands' padding, so there the guard stays, and the
-    program (the artifact's interface) still equals the int32 reference."""
+    and a conv's spatial tiles that do not divide the map (wt = 4 of 9; 2 of 5 at stride 2) read the unfolded input's
+    padding, all without a guard; a second-level output tile pads past the operands' padding, so there the guard
+    stays, and the program (the artifact's interface) still equals the int32 reference."""
     import tvm
 
     from compiler.build import compile_module
@@ -501,7 +502,11 @@ def test_two_level_dot_form_keeps_the_guards_past_the_operands_padding():
 
     cases = [("dense", {"m": 13, "n": 20, "k": 30}, {"mt": 6, "nt": 16, "kt": 4, "group": 4}, {"mt2": 2, "nt2": 2}),
              ("conv2d", dict(batch=1, in_channels=15, height=9, width=9, out_channels=20, kernel=3, padding=1),
-              {"ot": 16, "kot": 16, "it": 4, "kit": 4, "group": 4, "wt": 9}, {"ot2": 2})]
+              {"ot": 16, "kot": 16, "it": 4, "kit": 4, "group": 4, "wt": 9}, {"ot2": 2}),
+             ("conv2d", dict(batch=1, in_channels=15, height=9, width=9, out_channels=20, kernel=3, padding=1),
+              {"ot": 16, "kot": 16, "it": 4, "kit": 4, "group": 4, "wt": 4, "ht": 2}, {"ot2": 2}),
+             ("conv2d", dict(batch=1, in_channels=8, height=9, width=9, out_channels=16, kernel=3, padding=1, stride=2),
+              {"ot": 16, "kot": 16, "it": 8, "kit": 4, "group": 4, "wt": 2, "ht": 2}, {"ot2": 2})]
     for operator, params, one, two in cases:
         task = task_from_spec({"operator": operator, "params": params, "dtype": "int8"})
         for choice, guarded in ((one, False), ({**one, **two}, True)):

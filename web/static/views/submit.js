@@ -168,7 +168,8 @@ class OperatorForm extends JobForm {
       h('fieldset', {}, h('legend', {}, 'Program'),
         this.row('dtype', 'Element type', this.dtype),
         this.row('epilogue', 'Fused epilogue', this.epilogue,
-          h('p', {class: 'muted small'}, 'element-wise stages after the operator: bias add, relu'))),
+          h('p', {class: 'muted small'}, 'element-wise stages after the operator: bias add, relu; requantize (int8 ' +
+            'only): the int32 sums to uint8, with a scale and a zero point per output channel'))),
       h('fieldset', {}, h('legend', {}, 'Search'),
         this.row('target', 'Target', this.target,
           h('p', {class: 'muted small'}, 'host: this server\'s CPU, detected; cuda: its GPU')),
