@@ -671,7 +671,7 @@ class Workload:
     dtype: str
     epilogue: str
     key: str
-    inputs: tuple[TensorSpec, ...]  # data, weight, then bias (if any): the call order
+    inputs: tuple[TensorSpec, ...]  # data, weight, then bias, scale and zero_point (if any): the call order
     output: TensorSpec
     flops: int
     _bias_axis: int = field(repr=False, default=1)  # the output's channel axis (of bias, scale, zero_point)
