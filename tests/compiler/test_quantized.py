@@ -92,8 +92,7 @@ def test_requantization_is_torch_ao_s():
     ours = wl.reference([x, w, bias, (x_scale * w_scales / y_scale).astype(np.float32),
                          np.full(n, zero_point, np.int32)])
     assert len(np.unique(ours)) > 50 and (ours == 255).any() and (ours == zero_point).any()
-    with pytest.warns(UserWarning, match="deprecated"):  # torch's quantized tensors, still what torch.ao runs
-        qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(x), x_scale, 0)
+    qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(x), x_scale, 0)  # deprecated, what torch.ao runs
     qw = torch._make_per_channel_quantized_tensor(torch.from_numpy(w), torch.from_numpy(w_scales),
                                                   torch.zeros(n, dtype=torch.long), 0)
     if "x86" not in torch.backends.quantized.supported_engines:
