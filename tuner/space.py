@@ -517,11 +517,10 @@ class LoopSpace(SearchSpace):
         accumulators, the wide one takes more rows (8 x 2 rather than 4 x 4: 0.066 against 0.086 ms)."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         *outer, block, lane = self.structure.spatial  # (a unit block or rows axis has no knob)
-        reads, uses = self._main_reads()
         widths: tuple[int, ...] = (2, 1) if block.extent % 2 == 0 else (1,)
         prefer = 1  # where two blocks hold as many accumulators: the one of more vectors (-1: of more rows)
-        if not any(uses(r, block) for r in reads if uses(r, lane)):  # the weight (the lanes index it) does not
-            outer = [block]  # depend on `block`: a template's form, `block` holds the rows, one vector (or `wide`)
+        if block not in self._vector_block_axes:  # the weight does not depend on `block`: a template's form,
+            outer = [block]  # `block` holds the rows, one vector (or `wide`)
             wider = [a for a in self._vector_block_axes if a.extent > 1] if wide else []
             block = wider[-1] if wider else None
             widths = tuple(sorted((d for d in divisors(block.extent) if d <= 4), reverse=True)) if block else (1,)
@@ -539,7 +538,7 @@ class LoopSpace(SearchSpace):
             config[outer[-1].knob(SPATIAL_LEVELS - 1)] = rows
         if block is not None and block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
-        chunks = self._chunk_axis(reads, uses)
+        chunks = self._chunk_axis(*self._main_reads)
         # the kernel window whole, up to 16 channel chunks
         config.update({a.knob(1): a.extent for a in self.structure.reduce if a.extent > 1 and a != chunks})
         if chunks is not None and chunks.extent > 1:
@@ -560,11 +559,12 @@ class LoopSpace(SearchSpace):
         """The spatial axes besides the lanes that index the operand the lanes index (the weight): a register
         block's columns of whole vectors. The instruction's pattern (`compiler.passes.tensorize.select`) takes
         them under the rows; a layout template's output block comes before its rows in axis order."""
-        reads, uses = self._main_reads()
+        reads, uses = self._main_reads
         *rest, lane = self.structure.spatial
         weight = [r for r in reads if uses(r, lane)]
         return tuple(a for a in rest if any(uses(r, a) for r in weight))
 
+    @functools.cached_property
     def _main_reads(self) -> tuple[list[list], Any]:
         """The index expressions of each region the main block reads, and `uses(indices, axis)`: whether any of
         them uses the axis's iterator."""
