@@ -30,7 +30,7 @@ REGISTERS = (1, 2, 4, 8)
 REGISTERS2 = (1, 2, 4)
 UNROLLS = (0, 16, 64)
 # knobs a configuration stored before they existed lacks: the value that schedules as it did then
-LATER_KNOBS = {"register2": 1, "layout": 0}
+LATER_KNOBS = {"register2": 1, "layout": 0, "tensorize": 0}
 
 
 def reductions(prim_func: tvm.tirx.PrimFunc) -> int:
@@ -72,6 +72,7 @@ class FusionSpace(SearchSpace):
             Knob("vector", (lanes, 2 * lanes, 4 * lanes)),
             Knob("unroll", UNROLLS),
             Knob("layout", (0, lanes) if self.workload is not None else (0,)),
+            Knob("tensorize", (0, 1)),
         )
 
     def program(self, layout: int) -> tvm.tirx.PrimFunc:
@@ -101,7 +102,7 @@ class FusionSpace(SearchSpace):
         d = len(self.extents)
         tiles = [1] * max(d - 2, 0) + self.extents[max(d - 2, 0):]
         return {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "register": 1, "register2": 1,
-                "vector": self._knob("vector").choices[0], "unroll": 0, "layout": 0}
+                "vector": self._knob("vector").choices[0], "unroll": 0, "layout": 0, "tensorize": 0}
 
     def blocked_configs(self) -> list[Config]:
         """basteln with oneDNN-like blocking, in each layout the space offers (the channel-blocked one first):
@@ -116,7 +117,7 @@ class FusionSpace(SearchSpace):
             tiles[:-2] = [1] * (d - 2)
             tiles[-2] = max(f for f in divisors(self.extents[-2]) if f <= 16)
         base = {**{f"tile.{i}": t for i, t in enumerate(tiles)}, "threshold": 100, "vector": self.unit.lanes,
-                "unroll": 0}
+                "unroll": 0, "tensorize": 1}
         # blocked: columns (rows of a GEMM) x 2 channel blocks; as written (NCHW: the vectors run along a row),
         # 4 channels (rows) x as many of the row's vectors as the accumulators hold
         acc = self.unit.accumulators
@@ -159,7 +160,8 @@ class FusionSpace(SearchSpace):
         try:
             return basteln(self.program(config["layout"]), [config[f"tile.{i}"] for i in range(len(self.extents))],
                            config["threshold"] / 100, vector=config["vector"], register=config["register"],
-                           register2=config["register2"], unroll=config["unroll"])
+                           register2=config["register2"], unroll=config["unroll"],
+                           tensorize=bool(config["tensorize"]))
         except (BastelnError, LayoutError) as e:
             raise InvalidConfig(str(e)) from e
         except (s_tir.ScheduleError, tvm_error()) as e:

@@ -412,6 +412,7 @@ def basteln(
     register2: int = 1,
     unroll: int = 0,
     parallel: bool = True,
+    tensorize: bool = False,
 ) -> Fused:
     """Tiles the live-out spaces of `prim_func` and fuses every intermediate space into their tiles.
 
@@ -427,6 +428,9 @@ def basteln(
         register2: a second register block, of the innermost other spatial loop (an outer product).
         unroll: `pragma_auto_unroll_max_step` on the tile loops (0: none).
         parallel: parallelize the outermost tile loops (fused).
+        tensorize: mark every register-blocked reduction's innermost reduction loop for an outer-product
+            micro-kernel (`compiler.passes.tensorize`: the target's FMA or dot-product instruction, the
+            nest left as it is where it does not match).
 
     Returns:
         The schedule and the decisions (`Fused`).
@@ -564,7 +568,8 @@ def basteln(
         decisions.append(Decision(group.anchor, best, best_r, reason if best < d else ""))
 
     _schedule(sch, spaces, groups, output_groups, shared, tile_order, tiles, decisions, placed,
-              vector=vector, register=register, register2=register2, unroll=unroll, parallel=parallel)
+              vector=vector, register=register, register2=register2, unroll=unroll, parallel=parallel,
+              tensorize=tensorize)
 
     return Fused(sch, outputs, tile_order, decisions, inlined, intermediate_bytes, scratch_bytes(sch.mod))
 
@@ -598,7 +603,7 @@ def scratch_bytes(mod: tvm.IRModule) -> int:
 def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], output_groups: list[Group],
               shared: list[str], order: list[int], tiles: list[int], decisions: list[Decision],
               placed: dict[str, int], *, vector: int, register: int, register2: int, unroll: int,
-              parallel: bool) -> None:
+              parallel: bool, tensorize: bool) -> None:
     d = len(order)
     tile_loops: list[list[Any]] = []
     for name in shared:
@@ -648,7 +653,7 @@ def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], outp
         if fused_depth:
             fused_depth -= collapsed
         _inner(sch, block, space, fused_depth, vector=vector, register=register, register2=register2,
-               parallel=parallel and fused_depth == 0)
+               parallel=parallel and fused_depth == 0, tensorize=tensorize)
 
 
 def _extent(loop: Any, sch: Any) -> int | None:
@@ -657,7 +662,7 @@ def _extent(loop: Any, sch: Any) -> int | None:
 
 
 def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, register: int, register2: int,
-           parallel: bool) -> None:
+           parallel: bool, tensorize: bool = False) -> None:
     """A plain CPU schedule for one block below its `depth` tile loops: reductions before the innermost
     spatial loop, that loop vectorized, the initialization hoisted; a block on its own: parallel too."""
     loops = sch.get_loops(block)
@@ -700,10 +705,17 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         regs = [blocks[i][0] for i in sorted(blocks)]
         pre = [blocks[i][1] if i in blocks else loop for i, loop in enumerate(pre)]
         pre = [loop for loop in pre if loop is not None]
+        if tensorize and regs:  # the micro-kernel runs the innermost reduction loop: the longest, so that its
+            # accumulators are loaded and stored once per the most instructions (a conv's channels, not a 3-tap window)
+            reduce = sorted(reduce, key=lambda loop: _extent(loop, sch) or 0)
         sch.reorder(*pre, *reduce, *regs, last)
-        for r in regs:
+        for r in regs if not tensorize else ():  # the micro-kernel unrolls its own (it matches serial loops)
             sch.unroll(r)
         _vectorize(sch, last, vector)
+        if tensorize and regs:
+            from compiler.passes.tensorize import mark
+
+            mark(sch, reduce[-1], "outer_product")
         try:
             sch.decompose_reduction(block, reduce[0])
         except Exception:  # a reduction TVM cannot split off (its init is under a non-reduction loop)

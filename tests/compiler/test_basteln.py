@@ -246,3 +246,53 @@ def test_a_row_longer_than_a_vector_puts_its_vectors_outside_the_reduction_in_a_
     xs = [np.random.default_rng(i).standard_normal(s).astype("float32") for i, s in enumerate([(16, 32), (32, 48), (48, 64)])]
     want = np.maximum(xs[0] @ xs[1], 0) @ xs[2]
     np.testing.assert_allclose(run(sch.mod, xs, (16, 64)), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(SUBGRAPH_CASES))
+@pytest.mark.parametrize("block", [0, 8])
+def test_tensorize_runs_each_fused_reduction_on_the_targets_fma_micro_kernel(name: str, block: int, host_target):
+    """Marked, each register-blocked reduction in the fused tiles is rewritten to the target's outer-product
+    micro-kernel (its longest reduction loop innermost, the accumulators loaded once per it) and the program
+    still equals torch; a depthwise conv (no outer product) is left as it was."""
+    from compiler.build import build
+    from compiler.layout import subgraph_layout
+    from compiler.passes.tensorize import tensorize_module
+    from compiler.passes.tensorize.instructions import available
+    from compiler.target import vector_unit
+
+    params, tiles = SUBGRAPH_CASES[name]
+    w = make_workload(name, params)
+    func = subgraph_layout(w, block) if block else w.prim_func
+    lanes = vector_unit(host_target).lanes
+    fused = basteln(func, tiles, threshold=1.0, vector=lanes, register=4, register2=2, tensorize=True)
+    _, reports = tensorize_module(fused.sch.mod, host_target)
+    fma = [i.name for i in available(host_target) if i.a_dtype == "float32" and i.group == 1]
+    if fma:  # every x86 target with FMA (AVX2, AVX-512) and NEON
+        # no outer product: the depthwise conv (both operands vary along the lanes) and, as written, Q K^T
+        # (K's rows are the lanes, strided; K packed `K/b N/b b b` in the blocked layout is one); unmarked: the
+        # blocked conv1x1, whose 7 columns have no register block of at most 4
+        reductions = {"conv3x3_conv1x1": 2 - bool(block), "depthwise_pointwise": 1, "pad_conv_bias_relu": 1,
+                      "matmul_softmax_matmul": 1 + bool(block)}[name]
+        # the instruction whose lanes fit the lane loop (AVX-512's, or AVX2's where the block is 8 lanes)
+        assert len(reports["main"].used) == reductions and set(reports["main"].used) <= set(fma), reports["main"]
+    inputs = w.random_inputs()
+    out = tvm.runtime.tensor(np.zeros(w.output.shape, "float32"))
+    build(fused.sch.mod, host_target)["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    np.testing.assert_allclose(out.numpy(), w.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_micro_kernel_of_whole_and_partial_vectors_per_row_builds_and_equals_torch(host_target):
+    """Rows of 28 lanes in vectors of 2 x lanes: each row a whole vector and a partial one (16 + 12, or 8 + 6 of
+    14 on AVX2). The partial vectors' lanes are added to C after every whole vector is stored (TVM's
+    StorageRewrite refused the accumulators when a whole vector followed a partial one)."""
+    from compiler.build import build
+    from compiler.target import vector_unit
+
+    w = make_workload("conv3x3_conv1x1", dict(in_channels=8, height=4, width=28, mid_channels=16, out_channels=8))
+    lanes = vector_unit(host_target).lanes
+    fused = basteln(w.prim_func, [1, 8, 2, 28], threshold=1.0, vector=2 * lanes, register=4, register2=2,
+                    tensorize=True)
+    inputs = w.random_inputs()
+    out = tvm.runtime.tensor(np.zeros(w.output.shape, "float32"))
+    build(fused.sch.mod, host_target)["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    np.testing.assert_allclose(out.numpy(), w.reference(inputs), rtol=1e-4, atol=1e-4)

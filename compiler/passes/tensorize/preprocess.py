@@ -3,8 +3,11 @@ decides what is done to it before partitioning and matching.
 
 - ALIGN (`expand_allocations`): a scratch buffer that a marked nest accesses (allocated in the function:
   a cache or packing buffer) has its innermost dimension expanded to a multiple of the instruction's
-  alignment (its lanes), so that whole vectors fit it. The indices do not change (buffers are still
-  multi-dimensional here), so the program computes what it computed before. Buffers the user passes in
+  alignment (its lanes), so that whole vectors fit it; one the nest reads gets one more slice of its
+  outermost dimension that is no unit (a row of a fused tile's padded input), so that the whole vector of a
+  partial row's last element stays inside it (its extra lanes computed, never stored). The indices do not
+  change (buffers are still multi-dimensional here, and a unit dimension's index is 0 whatever its stride),
+  so the program computes what it computed before. Buffers the user passes in
   are the layout's business: the packed int8/bf16 weights of `kernels.py` are allocated aligned (zero
   padded) by their packing stage, the way the paper pads data to an instruction's alignment.
 - LAYOUT (instruction replacement): where the widest instruction's lanes do not divide the lane loop of
@@ -48,24 +51,31 @@ def expand_allocations(func: tvm.tirx.PrimFunc, align: int) -> tvm.tirx.PrimFunc
 
     if align <= 1:
         return func
-    used: set[int] = set()
+    stored: set[int] = set()
+    loaded: set[int] = set()
     for s in _ir.walk(func.body):
         if isinstance(s, tirx.For) and ANNOTATION in s.annotations:
             for x in _ir.walk(s.body):
                 if isinstance(x, tirx.BufferStore):
-                    used.add(_ir.key(x.buffer))
+                    stored.add(_ir.key(x.buffer))
             for e in _ir.exprs(s.body):
-                _loaded(e, used)
+                _loaded(e, loaded)
     remap: dict[int, Any] = {}
 
     def realloc(s: Any) -> Any | None:
-        if isinstance(s, tirx.AllocBuffer) and _ir.key(s.buffer) in used:
+        if isinstance(s, tirx.AllocBuffer) and _ir.key(s.buffer) in stored | loaded:
             buf = s.buffer
-            shape = list(buf.shape)
-            last = _ir.const_int(shape[-1]) if shape else None
-            if last is None or last % align == 0 or buf.strides:
+            extents = [_ir.const_int(n) for n in buf.shape]
+            if not extents or None in extents or buf.strides:
                 return s
-            shape[-1] = tirx.const((last + align - 1) // align * align, str(shape[-1].ty.dtype))
+            new_extents = list(extents)
+            new_extents[-1] = (extents[-1] + align - 1) // align * align
+            if _ir.key(buf) in loaded:  # a slice more of the outermost dimension that is no unit
+                k = next((k for k, n in enumerate(extents) if n > 1), 0)
+                new_extents[k] += align if k == len(extents) - 1 else 1
+            if new_extents == extents:
+                return s
+            shape = [tirx.const(n, str(old.ty.dtype)) for n, old in zip(new_extents, buf.shape)]
             new = tirx.decl_buffer(shape, str(buf.dtype), buf.name, data=buf.data, scope=buf.scope())
             remap[_ir.key(buf)] = new
             return tirx.AllocBuffer(new, s.annotations) if s.annotations else tirx.AllocBuffer(new)
@@ -93,19 +103,16 @@ def _loaded(e: Any, used: set[int]) -> None:
 
 
 def _rebuffer(e: Any, remap: dict[int, Any]) -> Any:
-    """`e` with loads of remapped buffers reading the expanded buffer."""
+    """`e` with loads of remapped buffers reading the expanded buffer (in every kind of expression)."""
     import tvm
     from tvm import tirx
 
-    if isinstance(e, tvm.ir.TensorLoad):
-        new = remap.get(_ir.key(e.source))
-        indices = [_rebuffer(i, remap) for i in e.indices]
-        return tirx.BufferLoad(new if new is not None else e.source, indices)
-    if isinstance(e, tirx.Cast):
-        return tirx.Cast(str(e.ty.dtype), _rebuffer(e.value, remap))
-    if hasattr(e, "a") and hasattr(e, "b") and isinstance(e, tvm.ir.Expr):
-        return type(e)(_rebuffer(e.a, remap), _rebuffer(e.b, remap))
-    return e
+    def fn(x: Any) -> Any | None:
+        if isinstance(x, tvm.ir.TensorLoad) and _ir.key(x.source) in remap:
+            return tirx.BufferLoad(remap[_ir.key(x.source)], [_rebuffer(i, remap) for i in x.indices])
+        return None
+
+    return _ir.rewrite(e, fn)
 
 
 def _restore(s: Any, remap: dict[int, Any]) -> Any | None:

@@ -382,8 +382,9 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
                                                for loop, val in binding.items()}))
 
     rows = range(_ir.const_int(m.i.min), _ir.const_int(m.i.min) + _extent(m.i))
-    init, update, final = [], [], []
-    any_partial = False
+    # the partial vectors' lanes are stored after every whole vector: TVM's StorageRewrite types the accumulators'
+    # buffer by its accesses in program order and fails on a vector access after a scalar one of the same buffer
+    init, update, final, final_lanes = [], [], [], []
     for col in m.columns:
         (c_buf, c_off), (a_buf, a_off), (b_buf, b_off) = col.c, col.a, col.b
         cf, af, bf = flat_view(c_buf), flat_view(a_buf), flat_view(b_buf)
@@ -416,17 +417,16 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
                     final.append(tirx.BufferStore(cf, tirx.BufferLoad(accs, [k]), [c_vec]))
                     continue
                 # a partial vector: its sums start at zero and only its valid lanes are added to C
-                any_partial = True
                 init.append(tirx.BufferStore(accs, tirx.Broadcast(tirx.const(0, ins.c_dtype), ins.lanes), [k]))
                 for t in range(valid):
                     at_c = analyzer.simplify(c_base + t)
                     lane = tirx.BufferLoad(lanes_view, [tirx.const(int(k.value) * ins.lanes + t, "int32")])
-                    final.append(tirx.BufferStore(cf, tirx.BufferLoad(cf, [at_c]) + lane, [at_c]))
+                    final_lanes.append(tirx.BufferStore(cf, tirx.BufferLoad(cf, [at_c]) + lane, [at_c]))
     r = m.r
     loop = tirx.For(r.loop_var, r.min, r.extent, tirx.ForKind.SERIAL, _ir.seq(update), None,
                     {"altune.tensorized": ins.name})
-    views = [tirx.DeclBuffer(lanes_view, data=accs.data)] if any_partial else []
-    return tirx.SeqStmt([*decls, tirx.AllocBuffer(accs), *views, *init, loop, *final])
+    views = [tirx.DeclBuffer(lanes_view, data=accs.data)] if final_lanes else []
+    return tirx.SeqStmt([*decls, tirx.AllocBuffer(accs), *views, *init, loop, *final, *final_lanes])
 
 
 _ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Min", "Max", "Cast", "IntImm", "FloatImm", "Var")
