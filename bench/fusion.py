@@ -130,9 +130,10 @@ def _specs(prim_func: Any) -> list:
     return [(list(s), d) for s, d in arg_specs(prim_func)]
 
 
-def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int) -> dict:
-    """Tunes every variant of one case and returns its row (latencies filled in later, by `time_all`)."""
-    from bench.baselines import metaschedule
+def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, metaschedule: bool = True) -> dict:
+    """Tunes every variant of one case and returns its row (latencies filled in later, by `time_all`;
+    `metaschedule=False`: without MetaSchedule)."""
+    from bench.baselines import metaschedule as tune_metaschedule
     from compiler.passes.basteln import basteln
     from compiler.workloads import make_workload
     from tuner import LocalMeasurer, apply_config, task_from_spec, tune
@@ -181,12 +182,13 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int) -> d
     row["unfused_tune_s"] = time.perf_counter() - start
     row["unfused_bytes"] = unfused_bytes
     row["programs"]["unfused"] = parts
-    start = time.perf_counter()
-    ms = metaschedule(w.prim_func, target, budget, folder / "ms", seed=seed)
-    row["metaschedule_tune_s"] = time.perf_counter() - start
-    row["metaschedule_error"] = ms.error
-    if ms.mod is not None and ms.error is None:
-        row["programs"]["metaschedule"] = ("tvm", _export(ms.mod, target, folder, "ms"), _specs(w.prim_func))
+    if metaschedule:
+        start = time.perf_counter()
+        ms = tune_metaschedule(w.prim_func, target, budget, folder / "ms", seed=seed)
+        row["metaschedule_tune_s"] = time.perf_counter() - start
+        row["metaschedule_error"] = ms.error
+        if ms.mod is not None and ms.error is None:
+            row["programs"]["metaschedule"] = ("tvm", _export(ms.mod, target, folder, "ms"), _specs(w.prim_func))
     for variant in ("eager", "channels_last", "compile"):
         if variant == "channels_last" and len(w.inputs[0].shape) != 4:
             continue
@@ -272,13 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         "vs_metaschedule": geomean(speedup(r["metaschedule_ms"], r["ours_ms"]) for r in rows),
         "vs_torch": geomean(speedup(r["torch_ms"], r["ours_ms"]) for r in rows),
     }
-    footer = [{"case": "geomean", "ours_ms": None, "unfused_ms": None, "metaschedule_ms": None, "torch_ms": None,
-               "torch_best": None, "unfused_bytes": 0, "ours_tune_s": None}]
     print(f"\nbench.fusion: {target_key('host')} ({environment()['cpu']}), budget {args.budget}, "
           f"each program timed in a fresh process")
     print(format_table(columns, rows))
     print("geomean: " + ", ".join(f"{k} {fmt_x(v)}" for k, v in geo.items()))
-    del footer
     report = {"bench": "fusion", "target": str(target), "mcpu": mcpu, "budget": args.budget,
               "environment": environment(), "cases": rows, "geomean": geo}
     out = args.out or RESULTS_DIR / f"fusion-{mcpu}{'-quick' if args.quick else ''}.json"

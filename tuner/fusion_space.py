@@ -161,7 +161,7 @@ class FusionSpace(SearchSpace):
             return basteln(self.program(config["layout"]), [config[f"tile.{i}"] for i in range(len(self.extents))],
                            config["threshold"] / 100, vector=config["vector"], register=config["register"],
                            register2=config["register2"], unroll=config["unroll"],
-                           tensorize=bool(config["tensorize"]))
+                           tensorize=bool(config["tensorize"]), lanes=self.unit.lanes)
         except (BastelnError, LayoutError) as e:
             raise InvalidConfig(str(e)) from e
         except (s_tir.ScheduleError, tvm_error()) as e:

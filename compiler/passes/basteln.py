@@ -413,6 +413,7 @@ def basteln(
     unroll: int = 0,
     parallel: bool = True,
     tensorize: bool = False,
+    lanes: int | None = None,
 ) -> Fused:
     """Tiles the live-out spaces of `prim_func` and fuses every intermediate space into their tiles.
 
@@ -430,7 +431,9 @@ def basteln(
         parallel: parallelize the outermost tile loops (fused).
         tensorize: mark every register-blocked reduction's innermost reduction loop for an outer-product
             micro-kernel (`compiler.passes.tensorize`: the target's FMA or dot-product instruction, the
-            nest left as it is where it does not match).
+            nest left as it is where it does not match), and every layout conversion for transposed tiles in
+            registers (`compiler.passes.tensorize.schedule_transpose`).
+        lanes: the vector unit's float32 lanes, the transposed tiles' size (None: `vector`).
 
     Returns:
         The schedule and the decisions (`Fused`).
@@ -569,7 +572,7 @@ def basteln(
 
     _schedule(sch, spaces, groups, output_groups, shared, tile_order, tiles, decisions, placed,
               vector=vector, register=register, register2=register2, unroll=unroll, parallel=parallel,
-              tensorize=tensorize)
+              tensorize=tensorize, lanes=lanes or vector)
 
     return Fused(sch, outputs, tile_order, decisions, inlined, intermediate_bytes, scratch_bytes(sch.mod))
 
@@ -603,7 +606,7 @@ def scratch_bytes(mod: tvm.IRModule) -> int:
 def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], output_groups: list[Group],
               shared: list[str], order: list[int], tiles: list[int], decisions: list[Decision],
               placed: dict[str, int], *, vector: int, register: int, register2: int, unroll: int,
-              parallel: bool, tensorize: bool) -> None:
+              parallel: bool, tensorize: bool, lanes: int) -> None:
     d = len(order)
     tile_loops: list[list[Any]] = []
     for name in shared:
@@ -653,7 +656,7 @@ def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], outp
         if fused_depth:
             fused_depth -= collapsed
         _inner(sch, block, space, fused_depth, vector=vector, register=register, register2=register2,
-               parallel=parallel and fused_depth == 0, tensorize=tensorize)
+               parallel=parallel and fused_depth == 0, tensorize=tensorize, lanes=lanes)
 
 
 def _extent(loop: Any, sch: Any) -> int | None:
@@ -662,7 +665,7 @@ def _extent(loop: Any, sch: Any) -> int | None:
 
 
 def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, register: int, register2: int,
-           parallel: bool, tensorize: bool = False) -> None:
+           parallel: bool, tensorize: bool = False, lanes: int = 0) -> None:
     """A plain CPU schedule for one block below its `depth` tile loops: reductions before the innermost
     spatial loop, that loop vectorized, the initialization hoisted; a block on its own: parallel too."""
     loops = sch.get_loops(block)
@@ -721,7 +724,11 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         except Exception:  # a reduction TVM cannot split off (its init is under a non-reduction loop)
             pass
     elif spatial_rest and not reduce:
-        _vectorize(sch, spatial_rest[-1], vector)
+        from compiler.passes.tensorize import schedule_transpose
+
+        # a layout conversion (the output's back to the user's layout): transposed tiles in registers
+        if not (tensorize and schedule_transpose(sch, block, spatial_rest, lanes)):
+            _vectorize(sch, spatial_rest[-1], vector)
 
 
 def _bound_vars(sch: Any, block: Any, loops: Sequence[Any]) -> list[set[str]]:

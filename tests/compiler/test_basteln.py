@@ -296,3 +296,24 @@ def test_a_micro_kernel_of_whole_and_partial_vectors_per_row_builds_and_equals_t
     out = tvm.runtime.tensor(np.zeros(w.output.shape, "float32"))
     build(fused.sch.mod, host_target)["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
     np.testing.assert_allclose(out.numpy(), w.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_tensorize_turns_the_blocked_outputs_conversion_into_register_transposes(host_target):
+    """The output's conversion back to N C H W inside each tile (`c // b, c % b` read, `w` written) becomes
+    lanes x lanes transposes in registers, the ReLU applied to the transposed vectors."""
+    from compiler.build import build
+    from compiler.layout import subgraph_layout
+    from compiler.passes.tensorize import tensorize_module
+    from compiler.target import vector_unit
+
+    lanes = vector_unit(host_target).lanes
+    w = make_workload("conv3x3_conv1x1", dict(in_channels=lanes, height=4, width=2 * lanes, mid_channels=lanes,
+                                              out_channels=2 * lanes))
+    fused = basteln(subgraph_layout(w, lanes), [1, 2 * lanes, 2, 2 * lanes], threshold=1.0, vector=lanes,
+                    register=4, register2=1, tensorize=True, lanes=lanes)
+    _, reports = tensorize_module(fused.sch.mod, host_target)
+    assert f"transpose{lanes}" in reports["main"].used, reports["main"]
+    inputs = w.random_inputs()
+    out = tvm.runtime.tensor(np.zeros(w.output.shape, "float32"))
+    build(fused.sch.mod, host_target)["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    np.testing.assert_allclose(out.numpy(), w.reference(inputs), rtol=1e-4, atol=1e-4)

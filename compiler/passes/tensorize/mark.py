@@ -6,7 +6,9 @@ The mark is a loop annotation, `altune.tensorize`, whose value is the kind of in
 - "auto": whatever instruction of the target matches the nest (`select.py` tries them all);
 - "outer_product": a register-blocked micro-kernel `C[i, j] += A[i, r] * B[r, j]` (fp32 FMA) or its
   grouped dot-product forms (int8, bf16);
-- "elementwise": a vector instruction over the marked (innermost) loop (add, sub, mul, relu, ...).
+- "elementwise": a vector instruction over the marked (innermost) loop (add, sub, mul, relu, ...);
+- "transpose": an in-register transpose of a copy's inner lanes x lanes tile (`transpose.py`: a layout
+  conversion, its input contiguous along the marked loop and its output along the one inside it).
 
 TVM's `LowerOpaqueBlock` keeps loop annotations on the lowered `For`, where our passes find it.
 
@@ -25,8 +27,8 @@ ANNOTATION = "altune.tensorize"
 # `conv2d_nhwc_dot`, a catalog operator in `compiler.layout.templates`' dot-product form): the loop search
 # keeps that axis whole, innermost, the instruction's operand
 DOT_GROUP = "altune.dot_group"
-Kind = Literal["auto", "outer_product", "elementwise"]
-KINDS: tuple[Kind, ...] = ("auto", "outer_product", "elementwise")
+Kind = Literal["auto", "outer_product", "elementwise", "transpose"]
+KINDS: tuple[Kind, ...] = ("auto", "outer_product", "elementwise", "transpose")
 
 
 def mark(sch: tvm.s_tir.Schedule, loop: Any, kind: Kind = "auto") -> None:

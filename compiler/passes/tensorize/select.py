@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from . import _ir
 from .instructions import INSTRUCTIONS, Instruction, candidates_for, target_arch, target_features
 from .mark import ANNOTATION
+from .transpose import match_transpose, rewrite_transpose
 
 if TYPE_CHECKING:
     import tvm
@@ -122,6 +123,12 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
                 if out is not None:
                     report.used.append("elementwise")
                 why = why if kind == "outer_product" else why2 if kind == "elementwise" else f"{why}; {why2}"
+            if out is None and kind in ("auto", "transpose"):
+                t, why3 = match_transpose(s, vector_bits(target))
+                if t is not None:
+                    out = rewrite_transpose(t)
+                    report.used.append(f"transpose{t.lanes}")
+                why = why3 if kind == "transpose" else f"{why}; {why3}"
             if out is None:
                 report.left.append(f"{s.loop_var.name}: {why}")
                 return _unmark(s)

@@ -1,0 +1,241 @@
+"""Transposing copies as in-register transposes: the inner tile of a layout conversion (`N H W C/16 16` back to
+`N C H W`, a weight's `O I` to `I/16 O 16`, ...) whose input is contiguous along one loop and whose output along
+another.
+
+Vectorized along the output, such a copy reads its input with a stride: TVM's LLVM code generator loads each
+lane on its own (16 scalar loads and inserts per vector). The pattern (over lowered TIR, as `select.py`'s):
+
+    for a in [a0, a0 + L):              <- the marked loop ("transpose")
+      for b in [b0, b0 + L):            L = the target's vector lanes of the element type
+        O[o] = f(I[i])                  f: element-wise (casts, min/max with constants: a ReLU), one load
+
+    with I's offset of stride 1 in a and O's of stride 1 in b (neither stride 0 in the other loop),
+
+is rewritten to L vector loads of I (row k: the lanes of a at b = b0 + k), log2(L) stages of two-source
+shuffles (stage d swaps the off-diagonal d x d blocks of each 2d x 2d block: L/2 pairs, 2 shuffles each), and
+L vector stores of f(column) to O. On AVX-512, 16 x 16 floats: 16 loads, 64 `vpermt2ps`, 16 stores for 256
+elements, where the strided form took 256 scalar loads and inserts. A nest that does not match is left alone.
+
+Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _ir
+
+if TYPE_CHECKING:
+    import tvm
+
+_OPS = ("Cast", "Min", "Max", "Add", "Sub", "Mul", "IntImm", "FloatImm")
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """The parameters of a matched nest (module docstring)."""
+
+    a: Any  # the marked For
+    b: Any
+    store: Any  # the BufferStore O[o] = f(I[i])
+    load: Any  # I[i]
+    lanes: int
+
+
+def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
+    """The pattern on the marked loop `a`, or (None, why)."""
+    import tvm
+    from tvm import tirx
+
+    kinds = (tirx.ForKind.SERIAL, tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED)
+    b = a.body
+    if a.kind not in kinds or not isinstance(b, tirx.For) or b.kind not in kinds:
+        return None, "not two loops"
+    store = b.body
+    if not isinstance(store, tirx.BufferStore):
+        return None, "not one store under two loops"
+    loads: list[Any] = []
+    if not _elementwise_of_loads(store.value, loads) or len(loads) != 1:
+        return None, "not an element-wise function of one load"
+    load = loads[0]
+    bits = tvm.DataType(str(store.buffer.dtype)).bits
+    if tvm.DataType(str(load.source.dtype)).bits != bits or vector_bits % bits:
+        return None, "the load and the store differ in width"
+    lanes = vector_bits // bits
+    if _ir.const_int(a.extent) != lanes or _ir.const_int(b.extent) != lanes:
+        return None, f"extents {a.extent} x {b.extent}, not {lanes} x {lanes}"
+    analyzer = tvm.sym.Analyzer()
+    for loop in (a, b):
+        analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
+    o = analyzer.simplify(_ir.flat_offset(store.buffer, list(store.indices)))
+    i = analyzer.simplify(_ir.flat_offset(load.source, list(load.indices)))
+    strides = [_ir.coefficient(analyzer, o, b.loop_var), _ir.coefficient(analyzer, i, a.loop_var),
+               _ir.coefficient(analyzer, o, a.loop_var), _ir.coefficient(analyzer, i, b.loop_var)]
+    if strides[:2] != [1, 1] or None in strides[2:] or 0 in strides[2:]:
+        return None, f"strides {strides}: not a transpose (output along the inner loop, input along the marked one)"
+    return Transpose(a, b, store, load, lanes), ""
+
+
+def rewrite_transpose(m: Transpose) -> Any:
+    """The loads, shuffle stages and stores of a match (module docstring)."""
+    import tvm
+    from tvm import tirx
+
+    analyzer = tvm.sym.Analyzer()
+    lanes = m.lanes
+    a, b = m.a, m.b
+    a0, b0 = a.min, b.min
+    dtype = str(m.load.source.dtype)
+    vec = f"{dtype}x{lanes}"
+    out_vec = f"{m.store.buffer.dtype}x{lanes}"
+
+    def flat(buf: Any) -> Any:
+        size = 1
+        for n in buf.shape:
+            size *= int(n)
+        return tirx.decl_buffer((size,), str(buf.dtype), f"{buf.name}_flat", data=buf.data)
+
+    src, dst = flat(m.load.source), flat(m.store.buffer)
+    i_off = _ir.flat_offset(m.load.source, list(m.load.indices))
+    o_off = _ir.flat_offset(m.store.buffer, list(m.store.indices))
+
+    def at(e: Any, av: Any, bv: Any) -> Any:
+        return analyzer.simplify(_ir.subst(e, {_ir.key(a.loop_var): av, _ir.key(b.loop_var): bv}))
+
+    stages = lanes.bit_length() - 1
+    regs = [tirx.decl_buffer((lanes,), vec, f"transpose{s}", scope="local") for s in range(stages + 1)]
+    body = [tirx.BufferStore(regs[0], tirx.BufferLoad(src, [tirx.Ramp(at(i_off, a0, b0 + k), 1, lanes)]),
+                             [tirx.const(k, "int32")]) for k in range(lanes)]
+    # row k holds I(a0 + j, b0 + k) in lane j; each stage swaps the off-diagonal d x d blocks of every 2d x 2d
+    # block (rows k and k + d, lanes with bit d set against those without), so row j ends up as column j
+    for s in range(stages):
+        d = lanes >> (s + 1)
+        src_regs, dst_regs = regs[s], regs[s + 1]
+        for k in range(lanes):
+            if k & d:
+                continue
+            x = tirx.BufferLoad(src_regs, [tirx.const(k, "int32")])
+            y = tirx.BufferLoad(src_regs, [tirx.const(k + d, "int32")])
+            low = [j if not j & d else lanes + j - d for j in range(lanes)]
+            high = [j + d if not j & d else lanes + j for j in range(lanes)]
+            for row, index in ((k, low), (k + d, high)):
+                value = tirx.Shuffle([x, y], [tirx.const(v, "int32") for v in index])
+                body.append(tirx.BufferStore(dst_regs, value, [tirx.const(row, "int32")]))
+    for j in range(lanes):  # column j: O(a0 + j, b0 + t) in lane t
+        column = tirx.BufferLoad(regs[-1], [tirx.const(j, "int32")])
+        value = _vectorized(m.store.value, m.load, column, lanes)
+        body.append(tirx.BufferStore(dst, value if str(value.ty.dtype) == out_vec else tirx.Cast(out_vec, value),
+                                     [tirx.Ramp(at(o_off, a0 + j, b0), 1, lanes)]))
+    allocs = [tirx.AllocBuffer(r) for r in regs]
+    decls = [tirx.DeclBuffer(src, data=m.load.source.data), tirx.DeclBuffer(dst, data=m.store.buffer.data)]
+    # a loop of one iteration holds the report's annotation, as the outer product's loop does
+    one = tirx.Var(f"{a.loop_var.name}_t", str(a.loop_var.ty.dtype))
+    loop = tirx.For(one, tirx.const(0, str(one.ty.dtype)), tirx.const(1, str(one.ty.dtype)), tirx.ForKind.SERIAL,
+                    _ir.seq(body), None, {"altune.tensorized": f"transpose{lanes}"})
+    return tirx.SeqStmt([*decls, *allocs, loop])
+
+
+def _vectorized(e: Any, load: Any, column: Any, lanes: int) -> Any:
+    """`e` (element-wise over `load`) on the vector `column` in place of the load, its constants broadcast."""
+    from tvm import tirx
+    from tvm.ir.prim import expr as prim
+
+    def fn(x: Any) -> Any | None:
+        if x.same_as(load):
+            return column
+        if isinstance(x, prim.IntImm | prim.FloatImm):
+            return tirx.Broadcast(x, lanes)
+        if isinstance(x, prim.Cast):
+            return prim.Cast(f"{x.ty.dtype}x{lanes}", _vectorized(x.value, load, column, lanes))
+        return None
+
+    return _ir.rewrite(e, fn)
+
+
+def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], lanes: int) -> bool:
+    """Schedules a transposing copy `block` (its own `loops`, outermost first) for the pattern: the loop of the
+    variable its input is contiguous in and the one its output is contiguous in, each split by `lanes`, their
+    outer parts where the first of them was, the inner ones innermost (the input's marked "transpose", the
+    output's vectorized: where the match fails, the copy is the vectorized loop it was). False, untouched, where
+    `block` is no such copy (a reduction, several loads, a last index of several variables, a loop of both)."""
+    from tvm import tirx
+
+    from .mark import mark
+
+    node = sch.get(block)
+    store = node.body
+    if node.init is not None or not isinstance(store, tirx.BufferStore) or lanes < 2:
+        return False
+    loads: list[Any] = []
+    if not _elementwise_of_loads(store.value, loads) or len(loads) != 1:
+        return False
+    load = loads[0]
+    import tvm
+
+    if tvm.DataType(str(store.buffer.dtype)).bits != 32 or tvm.DataType(str(load.source.dtype)).bits != 32:
+        return False
+    out_vars, in_vars = _var_names(store.indices[-1]), _var_names(load.indices[-1])
+    if len(out_vars) != 1 or len(in_vars) != 1 or out_vars == in_vars:
+        return False
+    (ov,), (iv,) = out_vars, in_vars
+    if iv not in set().union(*(_var_names(i) for i in store.indices)) or \
+            ov not in set().union(*(_var_names(i) for i in load.indices)):
+        return False
+    feeds = _loop_feeds(sch, block, loops)
+    # the innermost loop of each (a tile loop outside feeds the variable too)
+    la = next((loop for loop, vs in reversed(list(zip(loops, feeds))) if vs == {iv}), None)
+    lb = next((loop for loop, vs in reversed(list(zip(loops, feeds))) if vs == {ov}), None)
+    if la is None or lb is None:
+        return False
+    ext = [_ir.const_int(sch.get(loop).extent) for loop in (la, lb)]
+    if None in ext or min(ext) < lanes:
+        return False
+    a_o, a_i = sch.split(la, [None, lanes])
+    b_o, b_i = sch.split(lb, [None, lanes])
+    sch.reorder(a_o, b_o, a_i, b_i)
+    sch.vectorize(b_i)
+    mark(sch, a_i, "transpose")
+    return True
+
+
+def _elementwise_of_loads(e: Any, loads: list[Any]) -> bool:
+    import tvm
+
+    if isinstance(e, tvm.ir.TensorLoad):
+        loads.append(e)
+        return True
+    name = type(e).__name__
+    if name not in _OPS:
+        return False
+    if name == "Cast":
+        return _elementwise_of_loads(e.value, loads)
+    if hasattr(e, "a"):
+        return _elementwise_of_loads(e.a, loads) and _elementwise_of_loads(e.b, loads)
+    return True
+
+
+def _var_names(e: Any) -> set[str]:
+    from tvm.ir import expr as ir_expr
+
+    names: set[str] = set()
+
+    def fn(x: Any) -> None:
+        if isinstance(x, ir_expr.Var):
+            names.add(x.name)
+        return None
+
+    _ir.rewrite(e, fn)
+    return names
+
+
+def _loop_feeds(sch: Any, block: Any, loops: list[Any]) -> list[set[str]]:
+    """The block variables each of `loops` feeds."""
+    realize = sch.get(sch.get_loops(block)[-1]).body
+    while not hasattr(realize, "iter_values"):  # a loop body of several statements: the block's own
+        realize = next(s for s in realize.seq if hasattr(s, "iter_values") and s.block.same_as(sch.get(block)))
+    used_by: dict[str, set[str]] = {}
+    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+        for name in _var_names(value):
+            used_by.setdefault(name, set()).add(iv.var.name)
+    return [used_by.get(sch.get(loop).loop_var.name, set()) for loop in loops]

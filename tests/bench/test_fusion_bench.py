@@ -1,0 +1,35 @@
+"""bench.fusion: a small subgraph tuned fused and unfused, each program built, timed in a fresh process of its
+own, and the row's numbers and storage filled in."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import fusion
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_small_subgraph_is_tuned_fused_and_unfused_and_timed(tmp_path):
+    from compiler.target import resolve_target
+
+    case = fusion.Case("tiny dw->pw", "depthwise_pointwise",
+                       {"channels": 8, "height": 8, "width": 8, "out_channels": 16, "kernel": 3},
+                       ({"operator": "depthwise_conv2d", "params": {"batch": 1, "channels": 8, "height": 8, "width": 8,
+                                                                    "kernel": 3, "stride": 1, "padding": 1},
+                         "epilogue": "relu"},
+                        fusion._conv(8, 8, 8, 16, 1, 0, "relu")))
+    row = fusion.run_case(case, 4, resolve_target("host"), tmp_path, seed=0, metaschedule=False)
+    assert row["ours_config"] is not None and "tensorize" in row["ours_config"]
+    assert set(row["programs"]) == {"ours", "unfused", "torch_eager", "torch_channels_last", "torch_compile"}
+    assert len(row["programs"]["unfused"]) == 2 and None not in row["programs"]["unfused"]
+    # the unfused program hands the 8 x 8 x 8 depthwise output to the pointwise conv through memory
+    assert row["unfused_bytes"] == 4 * 8 * 8 * 8
+    del row["programs"]["torch_compile"]  # inductor's compile in a child takes longer than the rest together
+    fusion.time_all([row], threads=1, seed=0)
+    for key in ("ours_ms", "unfused_ms", "torch_ms"):
+        assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] > 0, (key, row)
+    assert row["unfused_ms"] == pytest.approx(row["times"]["unfused.0"] + row["times"]["unfused.1"])
+    assert row["torch_best"] in ("eager", "channels_last") and "programs" not in row

@@ -1,0 +1,73 @@
+"""Layout conversions as in-register transposes (`compiler.passes.tensorize.transpose`): scheduled, matched,
+rewritten to loads, shuffles and stores, and equal to numpy, on shapes that do not divide the lanes too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import s_tir, te, tirx  # noqa: E402
+
+from compiler.build import build  # noqa: E402
+from compiler.passes.tensorize import schedule_transpose, tensorize_module  # noqa: E402
+from compiler.passes.tensorize.select import vector_bits  # noqa: E402
+
+
+def _lanes(target) -> int:
+    return vector_bits(target) // 32
+
+
+def _run(func, target, inputs, out_shape, dtype="float32"):
+    out = tvm.runtime.tensor(np.zeros(out_shape, dtype))
+    build(tvm.IRModule({"main": func}), target)["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    return out.numpy()
+
+
+def _scheduled(func):
+    sch = s_tir.Schedule(func)
+    block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    return sch, block, list(sch.get_loops(block))
+
+
+@pytest.mark.parametrize("width", [32, 20])  # 20: a remainder the partition leaves to the plain loop
+def test_blocked_to_nchw_with_relu_becomes_a_transpose(width, host_target):
+    lanes = _lanes(host_target)
+    c, h = 2 * lanes, 3
+    x = te.placeholder((h, width, c // lanes, lanes), name="x")
+    y = te.compute((c, h, width), lambda ci, hi, wi: tirx.max(x[hi, wi, ci // lanes, ci % lanes],
+                                                              tirx.const(0, "float32")), name="convert")
+    sch, block, loops = _scheduled(te.create_prim_func([x, y]).with_attr("global_symbol", "main"))
+    assert schedule_transpose(sch, block, loops, lanes)
+    _, reports = tensorize_module(sch.mod, host_target)
+    assert reports["main"].used == [f"transpose{lanes}"], reports["main"]
+    data = np.random.default_rng(0).standard_normal((h, width, c // lanes, lanes)).astype("float32")
+    want = np.maximum(data.transpose(2, 3, 0, 1).reshape(c, h, width), 0)
+    np.testing.assert_array_equal(_run(sch.mod["main"], host_target, [data], (c, h, width)), want)
+
+
+def test_nchw_to_blocked_with_a_cast_becomes_a_transpose(host_target):
+    lanes = _lanes(host_target)
+    c, h, w = 2 * lanes, 2, 3 * lanes
+    x = te.placeholder((c, h, w), name="x", dtype="int32")
+    y = te.compute((h, w, c // lanes, lanes), lambda hi, wi, cb, cl: x[cb * lanes + cl, hi, wi].astype("float32"),
+                   name="convert")
+    sch, block, loops = _scheduled(te.create_prim_func([x, y]).with_attr("global_symbol", "main"))
+    assert schedule_transpose(sch, block, loops, lanes)
+    _, reports = tensorize_module(sch.mod, host_target)
+    assert reports["main"].used == [f"transpose{lanes}"], reports["main"]
+    data = np.random.default_rng(1).integers(-1000, 1000, (c, h, w)).astype("int32")
+    want = data.reshape(c // lanes, lanes, h, w).transpose(2, 3, 0, 1).astype("float32")
+    np.testing.assert_array_equal(_run(sch.mod["main"], host_target, [data], want.shape), want)
+
+
+def test_a_copy_that_does_not_transpose_is_left_to_the_caller(host_target):
+    lanes = _lanes(host_target)
+    x = te.placeholder((4, 4 * lanes), name="x")
+    y = te.compute(x.shape, lambda i, j: x[i, j] + x[i, j], name="copy")
+    sch, block, loops = _scheduled(te.create_prim_func([x, y]).with_attr("global_symbol", "main"))
+    assert not schedule_transpose(sch, block, loops, lanes)  # two loads, and no transpose
+    z = te.compute(x.shape, lambda i, j: x[i, j], name="copy")
+    sch, block, loops = _scheduled(te.create_prim_func([x, z]).with_attr("global_symbol", "main"))
+    assert not schedule_transpose(sch, block, loops, lanes)  # both contiguous in j
