@@ -89,15 +89,18 @@ def _then(last: tvm.transform.Pass) -> tuple:
     """TVM's default TIR pipeline (its passes, its finalization), with `last` after its last pass.
 
     In front of it runs our tensorize pass (`compiler.passes.tensorize`), which touches only functions
-    with a loop marked for a tensor instruction (`tensorize.mark`) and returns all others as they are.
+    with a loop marked for a tensor instruction (`tensorize.mark`) and returns all others as they are; after
+    it, `compiler.passes.vector_math` (float32 `exp` as arithmetic that stays vectorized).
     """
     import tvm
     from tvm.tirx import compilation_pipeline
 
     from .passes.tensorize import tensorize_pass
+    from .passes.vector_math import vector_exp_pass
 
     default, finalize_host, finalize_device = compilation_pipeline.get_default_tir_pipeline(tvm.target.Target("llvm"))
-    return tvm.transform.Sequential([tensorize_pass(), default, last]), finalize_host, finalize_device
+    return (tvm.transform.Sequential([tensorize_pass(), default, vector_exp_pass(), last]), finalize_host,
+            finalize_device)
 
 
 def compile_module(mod: tvm.IRModule, target: tvm.target.Target, pipeline: Pipeline = "licm") -> Any:
