@@ -62,6 +62,7 @@ def knob_features(space: SearchSpace, config: Config) -> list[float]:
         level_volume(range(1, 2), reduce_factors),  # inner reduction tile
         math.log2(spatial_factors[-1][-1]) * config["vectorize"],  # vector length
         float(config.get("tensorize", 0)),  # the register block marked for a tensor instruction
+        float(config.get("transpose", 0)),  # layout conversions as register transposes
     ]
     return out
 

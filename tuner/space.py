@@ -50,7 +50,7 @@ MIN_PARALLEL_CHUNKS = 256  # a root block's parallel loop: outer loops fused unt
 # still in cache, a halo recomputed) the cost model learns late, so a search tries them on its best
 PLACEMENT_KNOBS = ("read_at", "inline", "write_at")
 # knobs added after configurations were stored: the value a configuration without one means
-LATER_KNOBS: dict[str, int] = {"read_at": 0, "licm": 1, "tensorize": 0}
+LATER_KNOBS: dict[str, int] = {"read_at": 0, "licm": 1, "tensorize": 0, "transpose": 0}
 TENSORIZE_ORDER = 0  # SSRSRS: the only order whose inner reduction level directly holds the register block
 REGISTER_ROWS = 16  # `blocked_config`'s register block: at most this many rows (and the unit's accumulators)
 
@@ -350,6 +350,12 @@ class LoopSpace(SearchSpace):
             the target has no instruction. Only under order SSRSRS (`TENSORIZE_ORDER`: elsewhere the register
             block is not directly under a reduction loop; `validate` turns it off there) and only offered
             for float32 programs (`tensorizable`). A stored configuration without it means 0.
+        transpose: 1 schedules each layout conversion (the data's into the layout, the output's back, at the
+            root or in a tile) for transposed tiles in registers (`compiler.passes.tensorize.schedule_transpose`:
+            a 16 x 14 tile of `N H W/14 O/16 14 16` back to `N C H W` is 14 vector loads, the shuffles, 16 stores
+            of 14 lanes, where the copy vectorized along the output loaded each lane on its own); a conversion
+            that is no such copy (one fused with the padding) is vectorized as before. A stored configuration
+            without it means 0.
     """
 
     def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, unit: VectorUnit | None = None):
@@ -382,6 +388,7 @@ class LoopSpace(SearchSpace):
             Knob("unroll", UNROLL_STEPS),
             Knob("write_at", (0, 1, 2) if self.fuse_epilogue else (0,)),
             Knob("licm", (0, 1)),
+            Knob("transpose", (0, 1)),
         ]
         if self.structure.inlinable:
             knobs += [Knob("inline", (0, 1)), Knob("read_at", (0, 1, 2))]
@@ -441,7 +448,7 @@ class LoopSpace(SearchSpace):
         one thread, no vectorization or unrolling, producers and epilogue at the root. Small
         memory-bound operators (depthwise conv) can run faster so than any parallel tiling."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
-        config.update(order=UNTUNED_ORDER, parallel=0, vectorize=0, unroll=0, write_at=0, licm=1)
+        config.update(order=UNTUNED_ORDER, parallel=0, vectorize=0, unroll=0, write_at=0, licm=1, transpose=0)
         if "inline" in self._by_name:
             config.update(inline=0, read_at=0)
         return self.validate(config)
@@ -493,7 +500,8 @@ class LoopSpace(SearchSpace):
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
         if not column:  # the vector block's inner reduction: the channel tile by the whole kernel window
             config.update({a.knob(1): a.extent for a in reduction[1:]})
-        config.update(order=0, parallel=1, vectorize=int(not column), unroll=UNROLL_STEPS[-1], write_at=0, licm=1)
+        config.update(order=0, parallel=1, vectorize=int(not column), unroll=UNROLL_STEPS[-1], write_at=0, licm=1,
+                      transpose=1)
         if column and 2 in self._by_name["write_at"].choices:
             config["write_at"] = 2
         if "inline" in self._by_name:
@@ -544,7 +552,7 @@ class LoopSpace(SearchSpace):
         if chunks is not None and chunks.extent > 1:
             config[chunks.knob(1)] = max(d for d in divisors(chunks.extent) if d <= 16)
         config.update(order=TENSORIZE_ORDER, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0, licm=1,
-                      tensorize=1)
+                      tensorize=1, transpose=1)
         if "inline" in self._by_name:
             config.update(inline=0, read_at=0)
         try:
@@ -625,6 +633,7 @@ class LoopSpace(SearchSpace):
         config["vectorize"] = int(rng.random() < 0.8)
         config["unroll"] = UNROLL_STEPS[int(rng.integers(len(UNROLL_STEPS)))]
         config["licm"] = int(rng.random() < 0.75)
+        config["transpose"] = int(rng.random() < 0.5)
         if "tensorize" in self._by_name:
             config["tensorize"] = int(config["order"] == TENSORIZE_ORDER and rng.random() < 0.5)
         places = self._by_name["write_at"].choices
@@ -809,28 +818,49 @@ class LoopSpace(SearchSpace):
         wide = [k for k, f in enumerate(factors) if f > 1]
         return inner_reduce[wide[-1] if wide else -1]
 
-    @staticmethod
-    def _vectorize_tail(sch: tvm.s_tir.Schedule, block, config: Config) -> None:
+    def _transposed(self, sch: tvm.s_tir.Schedule, block, config: Config) -> bool:
+        """With `transpose`, a layout conversion (a copy whose input and output are contiguous along different
+        loops) scheduled for transposed tiles in registers (`compiler.passes.tensorize.schedule_transpose`)."""
+        if not (config.get("transpose", 0) and config["vectorize"]):
+            return False
+        from compiler.passes.tensorize import schedule_transpose
+
+        return schedule_transpose(sch, block, list(sch.get_loops(block)), self.unit.lanes)
+
+    def _vectorize_tail(self, sch: tvm.s_tir.Schedule, block, config: Config) -> None:
         """Vectorizes the innermost loop of a block placed in a tile (if short enough, and of a constant
-        extent: a producer computed in a tile of a strided access may span a loop-dependent region)."""
+        extent: a producer computed in a tile of a strided access may span a loop-dependent region); a layout
+        conversion with `transpose`: transposed tiles."""
         from tvm import tirx
 
-        if not config["vectorize"]:
+        if not config["vectorize"] or self._transposed(sch, block, config):
             return
         inner = sch.get_loops(block)[-1]
         extent = sch.get(inner).extent
         if isinstance(extent, tirx.IntImm) and 1 < int(extent) <= MAX_EPILOGUE_VECTOR:
             sch.vectorize(inner)
 
-    @staticmethod
-    def _schedule_root(sch: tvm.s_tir.Schedule, block, config: Config) -> None:
+    def _schedule_root(self, sch: tvm.s_tir.Schedule, block, config: Config) -> None:
         """A block left at the root (a producer, a layout conversion, an epilogue): the fewest outer loops
         that make `MIN_PARALLEL_CHUNKS` chunks fused and parallel, the most inner loops that make at most
         `MAX_EPILOGUE_VECTOR` lanes fused and vectorized, the loops between them serial.
 
         Fusing every loop but the last into the parallel loop made a GEMM's data conversion (`M K/2 2`) 387,200
         parallel chunks of 2 lanes, each with its div/mod indices: rows in parallel and the rest serial took
-        a bf16 3025x127x255 GEMM from 0.40 to 0.36 ms, and the 55x55 convs of the dot suite 3% down (znver5)."""
+        a bf16 3025x127x255 GEMM from 0.40 to 0.36 ms, and the 55x55 convs of the dot suite 3% down (znver5).
+
+        A layout conversion with `transpose`: transposed tiles (`_transposed`), the loops outside the tile's two
+        parallel as above."""
+        if self._transposed(sch, block, config):
+            if config["parallel"]:
+                loops = sch.get_loops(block)[:-2]
+                outer, chunks = 0, 1
+                while outer < len(loops) and chunks < MIN_PARALLEL_CHUNKS:
+                    chunks *= int(sch.get(loops[outer]).extent)
+                    outer += 1
+                if outer:
+                    sch.parallel(sch.fuse(*loops[:outer]) if outer > 1 else loops[0])
+            return
         loops = sch.get_loops(block)
         extents = [int(sch.get(loop).extent) for loop in loops]
         inner, lanes = len(loops), 1  # loops[inner:] are vectorized

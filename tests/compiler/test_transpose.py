@@ -31,7 +31,7 @@ def _scheduled(func):
     return sch, block, list(sch.get_loops(block))
 
 
-@pytest.mark.parametrize("width", [32, 20])  # 20: a remainder the partition leaves to the plain loop
+@pytest.mark.parametrize("width", [32, 20])  # 20: the partition's remainder piece, a lanes x 4 tile
 def test_blocked_to_nchw_with_relu_becomes_a_transpose(width, host_target):
     lanes = _lanes(host_target)
     c, h = 2 * lanes, 3
@@ -41,7 +41,7 @@ def test_blocked_to_nchw_with_relu_becomes_a_transpose(width, host_target):
     sch, block, loops = _scheduled(te.create_prim_func([x, y]).with_attr("global_symbol", "main"))
     assert schedule_transpose(sch, block, loops, lanes)
     _, reports = tensorize_module(sch.mod, host_target)
-    assert reports["main"].used == [f"transpose{lanes}"], reports["main"]
+    assert reports["main"].used == [f"transpose{lanes}"] * (1 if width % lanes == 0 else 2), reports["main"]
     data = np.random.default_rng(0).standard_normal((h, width, c // lanes, lanes)).astype("float32")
     want = np.maximum(data.transpose(2, 3, 0, 1).reshape(c, h, width), 0)
     np.testing.assert_array_equal(_run(sch.mod["main"], host_target, [data], (c, h, width)), want)
@@ -71,3 +71,32 @@ def test_a_copy_that_does_not_transpose_is_left_to_the_caller(host_target):
     z = te.compute(x.shape, lambda i, j: x[i, j], name="copy")
     sch, block, loops = _scheduled(te.create_prim_func([x, z]).with_attr("global_symbol", "main"))
     assert not schedule_transpose(sch, block, loops, lanes)  # both contiguous in j
+
+
+def test_a_layouts_own_domain_back_to_nchw_transposes_its_rectangular_tiles(host_target):
+    """The loop space's output conversion iterates the layout's domain (`N H W/14 O/b 14 b`, the column and the
+    channel each split in two variables): the tiles are b x 14, loaded 14 rows of b lanes and stored b columns
+    of 14 lanes."""
+    lanes = _lanes(host_target)
+    c, h, w = 2 * lanes, 2, 28
+    # written as the layout rewriter writes it: one block over the layout's domain storing into N C H W
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def convert(a: T.Buffer((1, h, w // 14, c // lanes, 14, lanes), "float32"),
+                b: T.Buffer((1, c, h, w), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for v0, v1, v2, v3, v4, v5 in T.grid(1, h, w // 14, c // lanes, 14, lanes):
+            with T.sblock("convert"):
+                n, hi, wo, co, wi, ci = T.axis.remap("SSSSSS", [v0, v1, v2, v3, v4, v5])
+                b[n, co * lanes + ci, hi, wo * 14 + wi] = T.max(
+                    a[n, hi, (wo * 14 + wi) // 14, (co * lanes + ci) // lanes, (wo * 14 + wi) % 14,
+                      (co * lanes + ci) % lanes], T.float32(0))
+
+    sch, block, loops = _scheduled(convert)
+    assert schedule_transpose(sch, block, loops, lanes)
+    _, reports = tensorize_module(sch.mod, host_target)
+    assert reports["main"].used == [f"transpose{lanes}"], reports["main"]
+    data = np.random.default_rng(2).standard_normal((1, h, w // 14, c // lanes, 14, lanes)).astype("float32")
+    want = np.maximum(data.transpose(0, 3, 5, 1, 2, 4).reshape(1, c, h, w), 0)
+    np.testing.assert_array_equal(_run(sch.mod["main"], host_target, [data], (1, c, h, w)), want)

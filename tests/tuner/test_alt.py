@@ -325,6 +325,43 @@ def test_output_conversion_iterates_over_the_tiles_and_may_sit_inside_one():
     _check_artifact_program(task, wl, xs, join_config(padded, space.sample(rng, 1)[0]))
 
 
+def test_the_transpose_knob_turns_the_layouts_conversions_into_register_transposes():
+    """`transpose` 1: the conversions between the user's N C H W and the layout `N H W/b O/b b b` (each a copy
+    whose input and output run along different loops) become register transposes on the host, and the program
+    as measured and served (our pipeline, constants packed once) still computes the reference."""
+    import tvm
+
+    from compiler.build import build
+    from compiler.passes.tensorize import tensorize_module
+    from compiler.target import resolve_target, vector_unit
+    from tuner import apply_config, layout_of_config
+    from tuner.alt import interface_space, join_config, layout_program
+
+    target = resolve_target("host")
+    lanes = vector_unit(target).lanes
+    wl = workload("conv2d", dict(batch=1, in_channels=lanes, height=2, width=2 * lanes, out_channels=2 * lanes,
+                                 kernel=1, padding=0), "relu")
+    task, xs = _task(wl)
+    choice = {"ot": lanes, "kot": lanes, "it": lanes, "kit": lanes, "wt": lanes}
+    space = interface_space(layout_program(wl, choice, keep_interface=True))
+    blocked = space.blocked_config()
+    assert blocked["transpose"] == 1 and space.validate({k: v for k, v in blocked.items() if k != "transpose"})[
+        "transpose"] == 0  # a configuration stored before the knob: as it was
+    for transpose in (0, 1):
+        config = join_config(choice, {**blocked, "transpose": transpose, "write_at": 0, "inline": 0, "read_at": 0})
+        mod = apply_config(task, config)
+        used = tensorize_module(mod, target)[1].get("main")
+        transposes = [u for u in (used.used if used else []) if u.startswith("transpose")]
+        assert bool(transposes) == bool(transpose), used
+        lib = build(mod, target)
+        prog = layout_of_config(task, config)
+        packed = [tvm.runtime.tensor(np.zeros(s.shape, "float32")) for s in prog.args[:-1] if s.name != "data"]
+        lib["pack_constants"](tvm.runtime.tensor(xs[1]), *packed)
+        out = tvm.runtime.tensor(np.zeros(wl.output.shape, "float32"))
+        lib["main"](tvm.runtime.tensor(xs[0]), *packed, out)
+        np.testing.assert_allclose(out.numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
+
+
 def test_two_level_layout_search_gives_correct_programs():
     """`layout_levels=2`: the layout actor also picks second-level output tiles; every such configuration
     resolves on its own (resume, the artifact) and computes the reference."""

@@ -5,15 +5,16 @@ another.
 Vectorized along the output, such a copy reads its input with a stride: TVM's LLVM code generator loads each
 lane on its own (16 scalar loads and inserts per vector). The pattern (over lowered TIR, as `select.py`'s):
 
-    for a in [a0, a0 + L):              <- the marked loop ("transpose")
-      for b in [b0, b0 + L):            L = the target's vector lanes of the element type
+    for a in [a0, a0 + A):              <- the marked loop ("transpose")
+      for b in [b0, b0 + B):            2 <= A, B <= L, the target's vector lanes of the element type
         O[o] = f(I[i])                  f: element-wise (casts, min/max with constants: a ReLU), one load
 
     with I's offset of stride 1 in a and O's of stride 1 in b (neither stride 0 in the other loop),
 
-is rewritten to L vector loads of I (row k: the lanes of a at b = b0 + k), log2(L) stages of two-source
-shuffles (stage d swaps the off-diagonal d x d blocks of each 2d x 2d block: L/2 pairs, 2 shuffles each), and
-L vector stores of f(column) to O. On AVX-512, 16 x 16 floats: 16 loads, 64 `vpermt2ps`, 16 stores for 256
+is rewritten to B vector loads of I (row k: the A lanes of a at b = b0 + k, widened to L), log2(L) stages of
+two-source shuffles (stage d swaps the off-diagonal d x d blocks of each 2d x 2d block: L/2 pairs, 2 shuffles
+each) on the rows (those past B zero), and A vector stores of f(column), B lanes each, to O. A layout's own
+tiles need not be square: `N H W/14 O/16 14 16` back to `N C H W` is 16 x 14. On AVX-512, 16 x 16 floats: 16 loads, 64 `vpermt2ps`, 16 stores for 256
 elements, where the strided form took 256 scalar loads and inserts. A nest that does not match is left alone.
 
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
@@ -41,6 +42,8 @@ class Transpose:
     store: Any  # the BufferStore O[o] = f(I[i])
     load: Any  # I[i]
     lanes: int
+    rows: int  # B: the extent of b, the rows loaded
+    columns: int  # A: the extent of a, the columns stored
 
 
 def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
@@ -63,8 +66,9 @@ def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
     if tvm.DataType(str(load.source.dtype)).bits != bits or vector_bits % bits:
         return None, "the load and the store differ in width"
     lanes = vector_bits // bits
-    if _ir.const_int(a.extent) != lanes or _ir.const_int(b.extent) != lanes:
-        return None, f"extents {a.extent} x {b.extent}, not {lanes} x {lanes}"
+    ea, eb = _ir.const_int(a.extent), _ir.const_int(b.extent)
+    if ea is None or eb is None or not (2 <= ea <= lanes and 2 <= eb <= lanes):
+        return None, f"extents {a.extent} x {b.extent}: not within 2 .. {lanes} each"
     analyzer = tvm.sym.Analyzer()
     for loop in (a, b):
         analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
@@ -74,7 +78,7 @@ def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
                _ir.coefficient(analyzer, o, a.loop_var), _ir.coefficient(analyzer, i, b.loop_var)]
     if strides[:2] != [1, 1] or None in strides[2:] or 0 in strides[2:]:
         return None, f"strides {strides}: not a transpose (output along the inner loop, input along the marked one)"
-    return Transpose(a, b, store, load, lanes), ""
+    return Transpose(a, b, store, load, lanes, eb, ea), ""
 
 
 def rewrite_transpose(m: Transpose) -> Any:
@@ -88,7 +92,7 @@ def rewrite_transpose(m: Transpose) -> Any:
     a0, b0 = a.min, b.min
     dtype = str(m.load.source.dtype)
     vec = f"{dtype}x{lanes}"
-    out_vec = f"{m.store.buffer.dtype}x{lanes}"
+    out_vec = f"{m.store.buffer.dtype}x{m.rows}"
 
     def flat(buf: Any) -> Any:
         size = 1
@@ -104,36 +108,53 @@ def rewrite_transpose(m: Transpose) -> Any:
         return analyzer.simplify(_ir.subst(e, {_ir.key(a.loop_var): av, _ir.key(b.loop_var): bv}))
 
     stages = lanes.bit_length() - 1
-    regs = [tirx.decl_buffer((lanes,), vec, f"transpose{s}", scope="local") for s in range(stages + 1)]
-    body = [tirx.BufferStore(regs[0], tirx.BufferLoad(src, [tirx.Ramp(at(i_off, a0, b0 + k), 1, lanes)]),
-                             [tirx.const(k, "int32")]) for k in range(lanes)]
+
+    def row(k: int) -> Any:
+        if k >= m.rows:
+            return tirx.Broadcast(tirx.const(0, dtype), lanes)
+        v = tirx.BufferLoad(src, [tirx.Ramp(at(i_off, a0, b0 + k), 1, m.columns)])
+        if m.columns == lanes:
+            return v
+        pad = tirx.Broadcast(tirx.const(0, dtype), lanes - m.columns)  # a shuffle never widens its inputs
+        return tirx.Shuffle([v, pad], [tirx.const(j, "int32") for j in range(lanes)])
+
+    # each stage's vectors are values bound to variables (`Bind`), which LLVM keeps in registers (a local
+    # buffer of them was stored to the stack at every stage, the stores never removed)
+    body: list[Any] = []
+
+    def bind(name: str, value: Any) -> Any:
+        var = tirx.Var(name, vec)
+        body.append(tirx.Bind(var, value))
+        return var
+
+    regs = [bind(f"row{k}", row(k)) for k in range(lanes)]
     # row k holds I(a0 + j, b0 + k) in lane j; each stage swaps the off-diagonal d x d blocks of every 2d x 2d
     # block (rows k and k + d, lanes with bit d set against those without), so row j ends up as column j
     for s in range(stages):
         d = lanes >> (s + 1)
-        src_regs, dst_regs = regs[s], regs[s + 1]
+        new_regs: list[Any] = [None] * lanes
         for k in range(lanes):
             if k & d:
                 continue
-            x = tirx.BufferLoad(src_regs, [tirx.const(k, "int32")])
-            y = tirx.BufferLoad(src_regs, [tirx.const(k + d, "int32")])
+            x, y = regs[k], regs[k + d]
             low = [j if not j & d else lanes + j - d for j in range(lanes)]
             high = [j + d if not j & d else lanes + j for j in range(lanes)]
-            for row, index in ((k, low), (k + d, high)):
-                value = tirx.Shuffle([x, y], [tirx.const(v, "int32") for v in index])
-                body.append(tirx.BufferStore(dst_regs, value, [tirx.const(row, "int32")]))
-    for j in range(lanes):  # column j: O(a0 + j, b0 + t) in lane t
-        column = tirx.BufferLoad(regs[-1], [tirx.const(j, "int32")])
-        value = _vectorized(m.store.value, m.load, column, lanes)
+            for r, index in ((k, low), (k + d, high)):
+                new_regs[r] = bind(f"t{s}_{r}", tirx.Shuffle([x, y], [tirx.const(v, "int32") for v in index]))
+        regs = new_regs
+    for j in range(m.columns):  # column j: O(a0 + j, b0 + t) in lane t < B
+        column = regs[j]
+        if m.rows < lanes:
+            column = tirx.Shuffle([column], [tirx.const(t, "int32") for t in range(m.rows)])
+        value = _vectorized(m.store.value, m.load, column, m.rows)
         body.append(tirx.BufferStore(dst, value if str(value.ty.dtype) == out_vec else tirx.Cast(out_vec, value),
-                                     [tirx.Ramp(at(o_off, a0 + j, b0), 1, lanes)]))
-    allocs = [tirx.AllocBuffer(r) for r in regs]
+                                     [tirx.Ramp(at(o_off, a0 + j, b0), 1, m.rows)]))
     decls = [tirx.DeclBuffer(src, data=m.load.source.data), tirx.DeclBuffer(dst, data=m.store.buffer.data)]
     # a loop of one iteration holds the report's annotation, as the outer product's loop does
     one = tirx.Var(f"{a.loop_var.name}_t", str(a.loop_var.ty.dtype))
     loop = tirx.For(one, tirx.const(0, str(one.ty.dtype)), tirx.const(1, str(one.ty.dtype)), tirx.ForKind.SERIAL,
                     _ir.seq(body), None, {"altune.tensorized": f"transpose{lanes}"})
-    return tirx.SeqStmt([*decls, *allocs, loop])
+    return tirx.SeqStmt([*decls, loop])
 
 
 def _vectorized(e: Any, load: Any, column: Any, lanes: int) -> Any:
@@ -154,11 +175,13 @@ def _vectorized(e: Any, load: Any, column: Any, lanes: int) -> Any:
 
 
 def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], lanes: int) -> bool:
-    """Schedules a transposing copy `block` (its own `loops`, outermost first) for the pattern: the loop of the
-    variable its input is contiguous in and the one its output is contiguous in, each split by `lanes`, their
-    outer parts where the first of them was, the inner ones innermost (the input's marked "transpose", the
-    output's vectorized: where the match fails, the copy is the vectorized loop it was). False, untouched, where
-    `block` is no such copy (a reduction, several loads, a last index of several variables, a loop of both)."""
+    """Schedules a transposing copy `block` (its `loops`, outermost first) for the pattern: the innermost loop
+    of the block variable its input is contiguous in (stride 1) and that of the one its output is contiguous
+    in, each split by `lanes` where longer, their outer parts where they were, the inner ones innermost (the
+    input's marked "transpose", the output's vectorized: where the match fails, the copy is the vectorized loop
+    it was). False, untouched, where `block` is no such copy (a reduction, several loads, no variable of stride
+    1 on either side, or the same one, or no loop of its own for each)."""
+    import tvm
     from tvm import tirx
 
     from .mark import mark
@@ -171,31 +194,45 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
     if not _elementwise_of_loads(store.value, loads) or len(loads) != 1:
         return False
     load = loads[0]
-    import tvm
-
     if tvm.DataType(str(store.buffer.dtype)).bits != 32 or tvm.DataType(str(load.source.dtype)).bits != 32:
         return False
-    out_vars, in_vars = _var_names(store.indices[-1]), _var_names(load.indices[-1])
-    if len(out_vars) != 1 or len(in_vars) != 1 or out_vars == in_vars:
+    analyzer = tvm.sym.Analyzer()
+    for iv in node.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    variables = [iv.var for iv in node.iter_vars]
+    o = analyzer.simplify(_ir.flat_offset(store.buffer, list(store.indices)))
+    i = analyzer.simplify(_ir.flat_offset(load.source, list(load.indices)))
+    out_var = [v for v in variables if _ir.coefficient(analyzer, o, v) == 1]
+    in_var = [v for v in variables if _ir.coefficient(analyzer, i, v) == 1]
+    if len(out_var) != 1 or len(in_var) != 1 or out_var[0].same_as(in_var[0]):
         return False
-    (ov,), (iv,) = out_vars, in_vars
-    if iv not in set().union(*(_var_names(i) for i in store.indices)) or \
-            ov not in set().union(*(_var_names(i) for i in load.indices)):
-        return False
-    feeds = _loop_feeds(sch, block, loops)
+    if _ir.coefficient(analyzer, o, in_var[0]) in (0, None) or _ir.coefficient(analyzer, i, out_var[0]) in (0, None):
+        return False  # not a transpose: one side does not move along the other's variable
+    feeds = list(zip(loops, _loop_feeds(sch, block, loops)))
     # the innermost loop of each (a tile loop outside feeds the variable too)
-    la = next((loop for loop, vs in reversed(list(zip(loops, feeds))) if vs == {iv}), None)
-    lb = next((loop for loop, vs in reversed(list(zip(loops, feeds))) if vs == {ov}), None)
+    la = next((loop for loop, vs in reversed(feeds) if vs == {in_var[0].name}), None)
+    lb = next((loop for loop, vs in reversed(feeds) if vs == {out_var[0].name}), None)
     if la is None or lb is None:
         return False
     ext = [_ir.const_int(sch.get(loop).extent) for loop in (la, lb)]
-    if None in ext or min(ext) < lanes:
+    if None in ext or min(ext) < 2:
         return False
-    a_o, a_i = sch.split(la, [None, lanes])
-    b_o, b_i = sch.split(lb, [None, lanes])
-    sch.reorder(a_o, b_o, a_i, b_i)
-    sch.vectorize(b_i)
-    mark(sch, a_i, "transpose")
+    # every other loop keeps its place, a split loop's outer part takes the loop's; the two tile loops go innermost
+    placed: dict[int, Any] = {}
+    inner = []
+    for k, (loop, extent) in enumerate(((la, ext[0]), (lb, ext[1]))):
+        if extent > lanes:
+            placed[k], tile = sch.split(loop, [None, lanes])
+        else:
+            tile = loop
+        inner.append(tile)
+    # only the loops from the outer of the two down: those above may hold other blocks (a tile's), no chain
+    first = min(loops.index(la), loops.index(lb))
+    order = [placed.get(0) if loop.same_as(la) else placed.get(1) if loop.same_as(lb) else loop
+             for loop in loops[first:]]
+    sch.reorder(*[loop for loop in order if loop is not None], *inner)
+    sch.vectorize(inner[1])
+    mark(sch, inner[0], "transpose")
     return True
 
 
