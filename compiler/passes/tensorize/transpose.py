@@ -14,8 +14,9 @@ lane on its own (16 scalar loads and inserts per vector). The pattern (over lowe
 is rewritten to B vector loads of I (row k: the A lanes of a at b = b0 + k, widened to L), log2(L) stages of
 two-source shuffles (stage d swaps the off-diagonal d x d blocks of each 2d x 2d block: L/2 pairs, 2 shuffles
 each) on the rows (those past B zero), and A vector stores of f(column), B lanes each, to O. A layout's own
-tiles need not be square: `N H W/14 O/16 14 16` back to `N C H W` is 16 x 14. On AVX-512, 16 x 16 floats: 16 loads, 64 `vpermt2ps`, 16 stores for 256
-elements, where the strided form took 256 scalar loads and inserts. A nest that does not match is left alone.
+tiles need not be square: `N H W/14 O/16 14 16` back to `N C H W` is 16 x 14. On AVX-512, 16 x 16 floats take 16
+loads, 64 two-source shuffles and 16 stores, where the strided form took 256 scalar loads and inserts. A nest that
+does not match is left alone.
 
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
 """
