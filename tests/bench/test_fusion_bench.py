@@ -27,9 +27,10 @@ def test_a_small_subgraph_is_tuned_fused_and_unfused_and_timed(tmp_path):
     assert len(row["programs"]["unfused"]) == 2 and None not in row["programs"]["unfused"]
     # the unfused program hands the 8 x 8 x 8 depthwise output to the pointwise conv through memory
     assert row["unfused_bytes"] == 4 * 8 * 8 * 8
-    del row["programs"]["torch_compile"]  # inductor's compile in a child takes longer than the rest together
+    # one torch variant is enough here: each child imports torch and TVM, inductor's compile takes longer still
+    del row["programs"]["torch_compile"], row["programs"]["torch_channels_last"]
     fusion.time_all([row], threads=1, seed=0)
     for key in ("ours_ms", "unfused_ms", "torch_ms"):
         assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] > 0, (key, row)
     assert row["unfused_ms"] == pytest.approx(row["times"]["unfused.0"] + row["times"]["unfused.1"])
-    assert row["torch_best"] in ("eager", "channels_last") and "programs" not in row
+    assert row["torch_best"] == "eager" and "programs" not in row
