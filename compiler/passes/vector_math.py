@@ -1,4 +1,5 @@
-"""`exp` of float32 as arithmetic that stays vectorized: the pass our TIR pipelines run after TVM's own passes.
+"""`exp`, `sigmoid`, `tanh` and `erf` of float32 as arithmetic that stays vectorized: the pass our TIR pipelines
+run after TVM's own passes.
 
 TVM lowers `exp` to LLVM's `llvm.exp` intrinsic; without a vector math library LLVM calls the C library's
 `expf` once per lane, so a softmax over BERT-base's attention scores (12 x 128 x 128) took 0.33 ms on two
@@ -14,11 +15,17 @@ vector registers:
 with exp(x) = +inf above 88.72 (float32 overflows there), 0 below -103.97 (below the smallest denormal), and
 NaN for NaN (told by its bits). Denormal results are rounded by the last multiplication, as the hardware rounds them.
 
+TVM lowers `sigmoid` and `tanh` into `exp` only after this pass (in its finalization), and `erf` to libm's `erff`,
+one call per lane (BERT's and ViT's GELU): `sigmoid(x)` becomes `1 / (1 + exp(-x))` with the `exp` above; `tanh`
+and `erf` become TVM's own float32 rational approximations (`topi.fast_tanh`, `topi.fast_erf`: Eigen's), their
+expressions taken from TVM and given the vector argument.
+
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from .tensorize import _ir
@@ -64,24 +71,79 @@ def exp_f32(x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
 
     value = y * power(half) * power(ni - half)
     value = tirx.Select(x > c(HIGH), c(float("inf")), tirx.Select(x < c(LOW), c(0.0), value))
-    # NaN stays NaN (the clamp made it a number); told by its bits: TVM compiles with LLVM's NoNaNsFPMath, under
-    # which `x != x` folds to false
-    nan = tirx.reinterpret(int_type, x) & ci(0x7FFFFFFF) > ci(0x7F800000)
-    return tirx.Select(nan, x, value)
+    return _keep_nan(x, value)
+
+
+def _keep_nan(x: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+    """`value`, or `x` where `x` is NaN (a clamp makes NaN a number); told by its bits: TVM compiles with LLVM's
+    NoNaNsFPMath, under which `x != x` folds to false."""
+    from tvm import tirx
+
+    lanes = x.ty.dtype.lanes
+
+    def ci(v: int) -> Any:
+        return tirx.const(v, "int32") if lanes == 1 else tirx.Broadcast(tirx.const(v, "int32"), lanes)
+
+    bits = tirx.reinterpret("int32" if lanes == 1 else f"int32x{lanes}", x)
+    return tirx.Select(bits & ci(0x7FFFFFFF) > ci(0x7F800000), x, value)
+
+
+def sigmoid_f32(x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+    """`1 / (1 + exp(-x))` with `exp_f32`, for a float32 (scalar or vector) `x`."""
+    from tvm import tirx
+
+    lanes = x.ty.dtype.lanes
+
+    def c(v: float) -> Any:
+        return tirx.const(v, "float32") if lanes == 1 else tirx.Broadcast(tirx.const(v, "float32"), lanes)
+
+    return c(1.0) / (c(1.0) + exp_f32(c(0.0) - x))
+
+
+@functools.lru_cache(maxsize=None)
+def _topi_template(name: str) -> Any:
+    """The scalar float32 expression of `topi.<name>` over a placeholder (its load a `te.tensor_load` call)."""
+    from tvm import te, topi
+
+    x = te.placeholder((1,), "float32", name="x")
+    return getattr(topi, name)(x).op.body[0]
+
+
+def from_topi(name: str, x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
+    """`topi.<name>`'s expression on the float32 (scalar or vector) `x`, its constants broadcast to x's lanes."""
+    import tvm
+    from tvm import te, tirx
+    from tvm.ir.prim import expr as prim
+
+    lanes = x.ty.dtype.lanes
+
+    def fn(e: Any) -> Any | None:
+        if isinstance(e, tvm.ir.expr.Call) and e.op.name == "te.tensor_load":
+            producer = e.args[0].op  # the placeholder, or a stage before (fast_tanh clamps its input first)
+            return x if isinstance(producer, te.PlaceholderOp) else _ir.rewrite(producer.body[0], fn)
+        if lanes > 1 and isinstance(e, prim.IntImm | prim.FloatImm):
+            return tirx.Broadcast(e, lanes)
+        return None
+
+    return _keep_nan(x, _ir.rewrite(_topi_template(name), fn))
 
 
 def rewrite_exp(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """`func` with every float32 `exp` call replaced by `exp_f32` (the same object where there is none)."""
+    """`func` with every float32 `exp`, `sigmoid`, `tanh` and `erf` call replaced as the module docstring says (the
+    same object where there is none)."""
     import tvm
 
-    exp = tvm.ir.Op.get("tirx.exp")
-
+    rules = {"tirx.exp": exp_f32, "tirx.sigmoid": sigmoid_f32, "tirx.tanh": lambda x: from_topi("fast_tanh", x),
+             "tirx.erf": lambda x: from_topi("fast_erf", x)}
+    ops = [(tvm.ir.Op.get(name), rule) for name, rule in rules.items()]
     found = []
 
     def fn(e: Any) -> Any | None:
-        if isinstance(e, tvm.ir.expr.Call) and e.op.same_as(exp) and str(e.ty.dtype).split("x")[0] == "float32":
-            found.append(e)
-            return exp_f32(_ir.rewrite(e.args[0], fn))
+        if isinstance(e, tvm.ir.expr.Call) and str(getattr(e.ty, "dtype", "")).split("x")[0] == "float32":
+            rule = next((r for op, r in ops if e.op.same_as(op)), None)
+            if rule is not None:
+                found.append(e)
+                return rule(_ir.rewrite(e.args[0], fn))
         return None
 
     body = _ir.map_stmt(func.body, lambda e: _ir.rewrite(e, fn))
