@@ -96,10 +96,10 @@ def _then(last: tvm.transform.Pass) -> tuple:
     from tvm.tirx import compilation_pipeline
 
     from .passes.tensorize import tensorize_pass
-    from .passes.vector_math import vector_exp_pass
+    from .passes.vector_math import vector_math_pass
 
     default, finalize_host, finalize_device = compilation_pipeline.get_default_tir_pipeline(tvm.target.Target("llvm"))
-    return (tvm.transform.Sequential([tensorize_pass(), default, vector_exp_pass(), last]), finalize_host,
+    return (tvm.transform.Sequential([tensorize_pass(), default, vector_math_pass(), last]), finalize_host,
             finalize_device)
 
 

@@ -49,6 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .tensorize._ir import loop_feeds
+
 if TYPE_CHECKING:
     import tvm
 
@@ -674,7 +676,7 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         return
     # which loops are the reduction's: by the block variables they feed (`compute_at` drops unit loops)
     reduce_vars = {v for v, _ in space.reduce}
-    feeds = _bound_vars(sch, block, own)
+    feeds = loop_feeds(sch, block, own)
     spatial = [loop for loop, vs in zip(own, feeds) if not vs & reduce_vars]
     reduce = [loop for loop, vs in zip(own, feeds) if vs & reduce_vars]
     if parallel and spatial:
@@ -689,7 +691,7 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         if fit:  # a row longer than a vector: its vectors are a loop outside the reduction (a register block's)
             outer, last = sch.split(last, [None, fit])
             pre.append(outer)
-        bound = _bound_vars(sch, block, pre)
+        bound = loop_feeds(sch, block, pre)
         at = _register_dim(space, bound)
         # a second register dimension, the innermost other loop: an outer product of both blocks
         at2 = next((i for i in range(len(pre) - 1, -1, -1) if i != at and bound[i] and (_extent(pre[i], sch) or 0) > 1),
@@ -729,20 +731,6 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         # a layout conversion (the output's back to the user's layout): transposed tiles in registers
         if not (tensorize and schedule_transpose(sch, block, spatial_rest, lanes)):
             _vectorize(sch, spatial_rest[-1], vector)
-
-
-def _bound_vars(sch: Any, block: Any, loops: Sequence[Any]) -> list[set[str]]:
-    """The block variables each of `loops` feeds (a loop `compute_at` made binds what its region needs)."""
-    realize = sch.get(sch.get_loops(block)[-1]).body
-    while not hasattr(realize, "iter_values"):  # a loop body of several statements: find the block's own
-        realize = next(s for s in realize.seq if hasattr(s, "iter_values") and s.block.same_as(sch.get(block)))
-    used_by: dict[str, set[str]] = {}
-    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
-        names: set[str] = set()
-        _vars_of(value, names)
-        for n in names:
-            used_by.setdefault(n, set()).add(iv.var.name)
-    return [used_by.get(sch.get(loop).loop_var.name, set()) for loop in loops]
 
 
 def _register_dim(space: Space, bound: Sequence[set[str]]) -> int | None:

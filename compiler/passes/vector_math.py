@@ -51,10 +51,10 @@ def exp_f32(x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     int_type = "int32" if lanes == 1 else f"int32x{lanes}"
 
     def c(v: float) -> Any:
-        return tirx.const(v, "float32") if lanes == 1 else tirx.Broadcast(tirx.const(v, "float32"), lanes)
+        return _const(v, "float32", lanes)
 
     def ci(v: int) -> Any:
-        return tirx.const(v, "int32") if lanes == 1 else tirx.Broadcast(tirx.const(v, "int32"), lanes)
+        return _const(v, "int32", lanes)
 
     xc = tirx.Max(tirx.Min(x, c(HIGH)), c(LOW))
     n = tirx.floor(xc * c(LOG2E) + c(0.5))
@@ -80,24 +80,21 @@ def _keep_nan(x: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     from tvm import tirx
 
     lanes = x.ty.dtype.lanes
-
-    def ci(v: int) -> Any:
-        return tirx.const(v, "int32") if lanes == 1 else tirx.Broadcast(tirx.const(v, "int32"), lanes)
-
     bits = tirx.reinterpret("int32" if lanes == 1 else f"int32x{lanes}", x)
-    return tirx.Select(bits & ci(0x7FFFFFFF) > ci(0x7F800000), x, value)
+    return tirx.Select(bits & _const(0x7FFFFFFF, "int32", lanes) > _const(0x7F800000, "int32", lanes), x, value)
+
+
+def _const(v: float, dtype: str, lanes: int) -> Any:
+    """A constant of `dtype`, broadcast to `lanes` where they are more than one."""
+    from tvm import tirx
+
+    return tirx.const(v, dtype) if lanes == 1 else tirx.Broadcast(tirx.const(v, dtype), lanes)
 
 
 def sigmoid_f32(x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     """`1 / (1 + exp(-x))` with `exp_f32`, for a float32 (scalar or vector) `x`."""
-    from tvm import tirx
-
-    lanes = x.ty.dtype.lanes
-
-    def c(v: float) -> Any:
-        return tirx.const(v, "float32") if lanes == 1 else tirx.Broadcast(tirx.const(v, "float32"), lanes)
-
-    return c(1.0) / (c(1.0) + exp_f32(c(0.0) - x))
+    one = _const(1.0, "float32", x.ty.dtype.lanes)
+    return one / (one + exp_f32(_const(0.0, "float32", x.ty.dtype.lanes) - x))
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,7 +125,7 @@ def from_topi(name: str, x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     return _keep_nan(x, _ir.rewrite(_topi_template(name), fn))
 
 
-def rewrite_exp(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+def rewrite_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with every float32 `exp`, `sigmoid`, `tanh` and `erf` call replaced as the module docstring says (the
     same object where there is none)."""
     import tvm
@@ -150,16 +147,16 @@ def rewrite_exp(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     return func.with_body(body) if found else func
 
 
-def vector_exp_pass() -> tvm.transform.Pass:
-    """The module pass: `rewrite_exp` on every PrimFunc."""
+def vector_math_pass() -> tvm.transform.Pass:
+    """The module pass: `rewrite_math` on every PrimFunc."""
     import tvm
 
-    @tvm.transform.module_pass(opt_level=0, name="altune.VectorExp")
+    @tvm.transform.module_pass(opt_level=0, name="altune.VectorMath")
     def _pass(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         out = {}
         for gv, func in mod.functions.items():
             if isinstance(func, tvm.tirx.PrimFunc):
-                new = rewrite_exp(func)
+                new = rewrite_math(func)
                 if not new.same_as(func):
                     out[gv] = new
         if not out:

@@ -214,3 +214,31 @@ def flat_offset(buffer: Any, indices: list[Any]) -> Any:
     for extent, index in zip(list(buffer.shape)[1:], indices[1:]):
         offset = offset * extent + index
     return offset
+
+
+def var_names(e: Any) -> set[str]:
+    """The names of the variables in expression `e`."""
+    from tvm.ir import expr as ir_expr
+
+    names: set[str] = set()
+
+    def fn(x: Any) -> None:
+        if isinstance(x, ir_expr.Var):
+            names.add(x.name)
+        return None
+
+    rewrite(e, fn)
+    return names
+
+
+def loop_feeds(sch: Any, block: Any, loops: Any) -> list[set[str]]:
+    """The block variables each of `loops` (loop random variables of schedule `sch`) feeds through `block`'s
+    bindings (a loop `compute_at` made binds what its region needs)."""
+    realize = sch.get(sch.get_loops(block)[-1]).body
+    while not hasattr(realize, "iter_values"):  # a loop body of several statements: the block's own
+        realize = next(s for s in realize.seq if hasattr(s, "iter_values") and s.block.same_as(sch.get(block)))
+    used_by: dict[str, set[str]] = {}
+    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+        for name in var_names(value):
+            used_by.setdefault(name, set()).add(iv.var.name)
+    return [used_by.get(sch.get(loop).loop_var.name, set()) for loop in loops]

@@ -45,6 +45,8 @@ class Transpose:
     lanes: int
     rows: int  # B: the extent of b, the rows loaded
     columns: int  # A: the extent of a, the columns stored
+    in_stride: int  # I's stride in b (from one row to the next)
+    out_stride: int  # O's stride in a (from one column to the next)
 
 
 def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
@@ -79,7 +81,7 @@ def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
                _ir.coefficient(analyzer, o, a.loop_var), _ir.coefficient(analyzer, i, b.loop_var)]
     if strides[:2] != [1, 1] or None in strides[2:] or 0 in strides[2:]:
         return None, f"strides {strides}: not a transpose (output along the inner loop, input along the marked one)"
-    return Transpose(a, b, store, load, lanes, eb, ea), ""
+    return Transpose(a, b, store, load, lanes, eb, ea, strides[3], strides[2]), ""
 
 
 def rewrite_transpose(m: Transpose) -> Any:
@@ -108,12 +110,16 @@ def rewrite_transpose(m: Transpose) -> Any:
     def at(e: Any, av: Any, bv: Any) -> Any:
         return analyzer.simplify(_ir.subst(e, {_ir.key(a.loop_var): av, _ir.key(b.loop_var): bv}))
 
+    # the offsets are affine in a and b (the match proved their strides constant): each row and column is the
+    # tile's first offset plus a multiple of a stride, without simplifying an index per row
+    i0, o0 = at(i_off, a0, b0), at(o_off, a0, b0)
+
     stages = lanes.bit_length() - 1
 
     def row(k: int) -> Any:
         if k >= m.rows:
             return tirx.Broadcast(tirx.const(0, dtype), lanes)
-        v = tirx.BufferLoad(src, [tirx.Ramp(at(i_off, a0, b0 + k), 1, m.columns)])
+        v = tirx.BufferLoad(src, [tirx.Ramp(i0 + k * m.in_stride, 1, m.columns)])
         if m.columns == lanes:
             return v
         pad = tirx.Broadcast(tirx.const(0, dtype), lanes - m.columns)  # a shuffle never widens its inputs
@@ -149,7 +155,7 @@ def rewrite_transpose(m: Transpose) -> Any:
             column = tirx.Shuffle([column], [tirx.const(t, "int32") for t in range(m.rows)])
         value = _vectorized(m.store.value, m.load, column, m.rows)
         body.append(tirx.BufferStore(dst, value if str(value.ty.dtype) == out_vec else tirx.Cast(out_vec, value),
-                                     [tirx.Ramp(at(o_off, a0 + j, b0), 1, m.rows)]))
+                                     [tirx.Ramp(o0 + j * m.out_stride, 1, m.rows)]))
     decls = [tirx.DeclBuffer(src, data=m.load.source.data), tirx.DeclBuffer(dst, data=m.store.buffer.data)]
     # a loop of one iteration holds the report's annotation, as the outer product's loop does
     one = tirx.Var(f"{a.loop_var.name}_t", str(a.loop_var.ty.dtype))
@@ -209,7 +215,7 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
         return False
     if _ir.coefficient(analyzer, o, in_var[0]) in (0, None) or _ir.coefficient(analyzer, i, out_var[0]) in (0, None):
         return False  # not a transpose: one side does not move along the other's variable
-    feeds = list(zip(loops, _loop_feeds(sch, block, loops)))
+    feeds = list(zip(loops, _ir.loop_feeds(sch, block, loops)))
     # the innermost loop of each (a tile loop outside feeds the variable too)
     la = next((loop for loop, vs in reversed(feeds) if vs == {in_var[0].name}), None)
     lb = next((loop for loop, vs in reversed(feeds) if vs == {out_var[0].name}), None)
@@ -251,29 +257,3 @@ def _elementwise_of_loads(e: Any, loads: list[Any]) -> bool:
     if hasattr(e, "a"):
         return _elementwise_of_loads(e.a, loads) and _elementwise_of_loads(e.b, loads)
     return True
-
-
-def _var_names(e: Any) -> set[str]:
-    from tvm.ir import expr as ir_expr
-
-    names: set[str] = set()
-
-    def fn(x: Any) -> None:
-        if isinstance(x, ir_expr.Var):
-            names.add(x.name)
-        return None
-
-    _ir.rewrite(e, fn)
-    return names
-
-
-def _loop_feeds(sch: Any, block: Any, loops: list[Any]) -> list[set[str]]:
-    """The block variables each of `loops` feeds."""
-    realize = sch.get(sch.get_loops(block)[-1]).body
-    while not hasattr(realize, "iter_values"):  # a loop body of several statements: the block's own
-        realize = next(s for s in realize.seq if hasattr(s, "iter_values") and s.block.same_as(sch.get(block)))
-    used_by: dict[str, set[str]] = {}
-    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
-        for name in _var_names(value):
-            used_by.setdefault(name, set()).add(iv.var.name)
-    return [used_by.get(sch.get(loop).loop_var.name, set()) for loop in loops]
