@@ -2,7 +2,7 @@
 instruction (the paper's Table II: 55x55 maps, 255 and 127 channels), against the same schedule without
 them, TVM MetaSchedule and torch, with the machine's measured fp32 peak beside each GEMM:
 
-    python -m bench.tensorize [--quick] [--cases SUBSTRING] [--ms-budget N] [--out FILE]
+    python -m bench.tensorize [--quick] [--cases SUBSTRING] [--ms-budget N] [--out FILE] [--update REPORT]
 
 Cases: fp32, int8 (u8 x s8 -> s32) and bf16 (-> fp32) GEMM and NHWC conv2d (3x3, stride 1, same padding),
 and fp32 element-wise add/sub/mul/relu. Variants of each:
@@ -449,6 +449,23 @@ def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log:
             "repeat": repeat, "min_repeat_ms": min_repeat_ms}
 
 
+def update(base: dict, new: dict) -> dict:
+    """`base` with `new`'s rows in place of its rows of the same names (new names appended), the summary
+    recomputed and `new`'s environment (commit, date) and cases listed under "updates"; a case that failed now
+    keeps its old row (the error listed under the update's "failed")."""
+    if base["target"] != new["target"]:
+        raise ValueError(f"cannot update a report of {base['target']} with rows of {new['target']}")
+    rows = {r["name"]: r for r in base["rows"]}
+    measured = [r for r in new["rows"] if "error" not in r]
+    rows.update({r["name"]: r for r in measured})
+    out = {**base, "rows": list(rows.values())}
+    out["summary"] = summarize(out["rows"], base["peak"])
+    failed = {r["name"]: r["error"] for r in new["rows"] if "error" in r}
+    out["updates"] = [*base.get("updates", []), {"cases": [r["name"] for r in measured],
+                                                   "environment": new["environment"], **({"failed": failed} if failed else {})}]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tensorize", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{len(QUICK)} small cases, MetaSchedule at 4 trials")
@@ -458,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--min-repeat-ms", type=int, default=100)
     parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/tensorize-CPU.json)")
+    parser.add_argument("--update", type=Path, metavar="REPORT",
+                        help="write the cases measured now into REPORT (a full run's JSON, same CPU) in place of "
+                             "its rows of the same names, the summary recomputed, and the commit of each update "
+                             "listed under 'updates'; the peak stays REPORT's")
     parser.add_argument("--mcpu", help="build ours, MetaSchedule and the peak for this LLVM CPU instead of the host's "
                                        "(e.g. haswell: AVX2 on a machine with AVX-512; torch stays the host's)")
     args = parser.parse_args(argv)
@@ -467,10 +488,13 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in (QUICK if args.quick else CASES) if not args.cases or args.cases in c.name]
     budget = args.ms_budget if args.ms_budget is not None else (4 if args.quick else 64)
     repeat, min_repeat_ms = (3, 20) if args.quick else (args.repeat, args.min_repeat_ms)
+    base = json.loads(args.update.read_text()) if args.update else None
     report = run(cases, budget, repeat, min_repeat_ms, log=lambda line: print(line, flush=True),
-                 torch=not args.no_torch, mcpu=args.mcpu)
+                 torch=not args.no_torch, mcpu=args.mcpu, peak=base["peak"] if base else None)
+    if base is not None:
+        report = update(base, report)
     cpu = host_cpu() if args.mcpu is None else f"{args.mcpu}-on-{host_cpu()}"
-    out = args.out or RESULTS_DIR / f"tensorize-{cpu}{'-quick' if args.quick else ''}.json"
+    out = args.out or args.update or RESULTS_DIR / f"tensorize-{cpu}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
     print(table(report))

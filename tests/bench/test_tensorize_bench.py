@@ -45,3 +45,27 @@ def test_summary_takes_geomeans_and_the_share_of_peak():
     s = summarize(rows, {"gflops": 100.0})
     assert s["geomean_vs_plain"] == 1.0 and s["max_vs_plain"] == 2.0
     assert s["fp32_gemm_share_of_peak"] == {"a": 0.5} and s["wrong"] == ["b"]
+
+
+def test_an_update_replaces_the_rows_it_measured_and_recomputes_the_summary():
+    import pytest
+
+    from bench.tensorize import update
+
+    peak = {"gflops": 100.0}
+    base = {"target": "llvm -mcpu=x", "peak": peak, "environment": {"commit": "a"},
+            "rows": [{"name": "a", "kind": "gemm", "dtype": "float32", "speedup_vs_plain": 2.0, "ours_gflops": 50.0},
+                     {"name": "b", "kind": "gemm", "dtype": "float32", "speedup_vs_plain": 1.0, "ours_gflops": 20.0}]}
+    base["summary"] = summarize(base["rows"], peak)
+    new = {"target": "llvm -mcpu=x", "environment": {"commit": "b"},
+           "rows": [{"name": "b", "kind": "gemm", "dtype": "float32", "speedup_vs_plain": 8.0, "ours_gflops": 80.0}]}
+    out = update(base, new)
+    assert [r["name"] for r in out["rows"]] == ["a", "b"] and out["rows"][1]["ours_gflops"] == 80.0
+    assert out["summary"]["geomean_vs_plain"] == 4.0 and out["summary"]["fp32_gemm_share_of_peak"]["b"] == 0.8
+    assert out["updates"] == [{"cases": ["b"], "environment": {"commit": "b"}}] and out["peak"] is peak
+    assert base["rows"][1]["ours_gflops"] == 20.0  # the base report itself is not changed
+    broken = update(base, {**new, "rows": [{"name": "a", "kind": "gemm", "dtype": "float32", "error": "E: x"}]})
+    assert broken["rows"] == base["rows"] and broken["updates"][0] == {
+        "cases": [], "environment": {"commit": "b"}, "failed": {"a": "E: x"}}  # a failed case keeps its row
+    with pytest.raises(ValueError, match="cannot update"):
+        update(base, {**new, "target": "llvm -mcpu=y"})

@@ -325,10 +325,13 @@ def test_output_conversion_iterates_over_the_tiles_and_may_sit_inside_one():
     _check_artifact_program(task, wl, xs, join_config(padded, space.sample(rng, 1)[0]))
 
 
-def test_the_transpose_knob_turns_the_layouts_conversions_into_register_transposes():
+@pytest.mark.parametrize("kernel,read_at", [(1, 0), (3, 0), (3, 1)])
+def test_the_transpose_knob_turns_the_layouts_conversions_into_register_transposes(kernel, read_at):
     """`transpose` 1: the conversions between the user's N C H W and the layout `N H W/b O/b b b` (each a copy
     whose input and output run along different loops) become register transposes on the host, and the program
-    as measured and served (our pipeline, constants packed once) still computes the reference."""
+    as measured and served (our pipeline, constants packed once) still computes the reference. A 3x3 conv's
+    input conversion is its padding (`if_then_else`), computed at the root or in each tile (`read_at`): its
+    tiles inside the border are transposes too."""
     import tvm
 
     from compiler.build import build
@@ -339,8 +342,8 @@ def test_the_transpose_knob_turns_the_layouts_conversions_into_register_transpos
 
     target = resolve_target("host")
     lanes = vector_unit(target).lanes
-    wl = workload("conv2d", dict(batch=1, in_channels=lanes, height=2, width=2 * lanes, out_channels=2 * lanes,
-                                 kernel=1, padding=0), "relu")
+    wl = workload("conv2d", dict(batch=1, in_channels=lanes, height=3, width=2 * lanes, out_channels=2 * lanes,
+                                 kernel=kernel, padding=kernel // 2), "relu")
     task, xs = _task(wl)
     choice = {"ot": lanes, "kot": lanes, "it": lanes, "kit": lanes, "wt": lanes}
     space = interface_space(layout_program(wl, choice, keep_interface=True))
@@ -348,11 +351,12 @@ def test_the_transpose_knob_turns_the_layouts_conversions_into_register_transpos
     assert blocked["transpose"] == 1 and space.validate({k: v for k, v in blocked.items() if k != "transpose"})[
         "transpose"] == 0  # a configuration stored before the knob: as it was
     for transpose in (0, 1):
-        config = join_config(choice, {**blocked, "transpose": transpose, "write_at": 0, "inline": 0, "read_at": 0})
+        config = join_config(choice, {**blocked, "transpose": transpose, "write_at": 0, "inline": 0,
+                                      "read_at": read_at})
         mod = apply_config(task, config)
         used = tensorize_module(mod, target)[1].get("main")
         transposes = [u for u in (used.used if used else []) if u.startswith("transpose")]
-        assert bool(transposes) == bool(transpose), used
+        assert len(transposes) >= 2 * transpose and (transposes == []) == (transpose == 0), used  # input and output
         lib = build(mod, target)
         prog = layout_of_config(task, config)
         packed = [tvm.runtime.tensor(np.zeros(s.shape, "float32")) for s in prog.args[:-1] if s.name != "data"]

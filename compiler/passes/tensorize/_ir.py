@@ -148,6 +148,25 @@ def exprs(s: Any) -> Iterator[Any]:
             yield x.value
 
 
+def is_if_then_else(e: Any) -> bool:
+    """Whether `e` is a call of `if_then_else(cond, then, else)` (a conditional expression: padding)."""
+    from tvm.ir import expr as ir_expr
+
+    return isinstance(e, ir_expr.Call) and str(getattr(e.op, "name", "")).endswith(".if_then_else")
+
+
+def conditionals(e: Any) -> list[Any]:
+    """The `if_then_else` calls in expression `e`, outermost first."""
+    found: list[Any] = []
+
+    def fn(x: Any) -> None:
+        if is_if_then_else(x):
+            found.append(x)
+
+    rewrite(e, fn)
+    return found
+
+
 def uses(e: Any, var: Any) -> bool:
     """Whether expression `e` mentions `var`."""
     from tvm import tirx

@@ -7,17 +7,19 @@ nest; TVM's `tensorize` and our pattern matcher (`select.py`) cannot match a nes
 partition, the main part of the loop (`i_0 < 3`) has no branch and matches; only the remainder (`i_0 == 3`,
 where the inner loop shrinks to `i_1 < 7`) stays scalar.
 
-How the intervals are found (`FindPartition`): every condition of an `if` in the body is split into its
-atoms (`&&`, `||`, `!`); for each atom that mentions the loop variable, TVM's bound deduction
+How the intervals are found (`FindPartition`): every condition of an `if` in the body, and of an `if_then_else`
+in a stored value (a padding's: `pad[h, w] = if_then_else(1 <= h && h <= 56 && ..., data[h - 1, w - 1], 0)`),
+is split into its atoms (`&&`, `||`, `!`); for each atom that mentions the loop variable, TVM's bound deduction
 (`tvm.sym.deduce_bound`, the integer solver TVM's own `LoopPartition` uses) gives the values of the
 variable where the atom holds for *all* values of the loops inside the body (relaxed over their ranges) and,
 for the negated atom, where it fails for all of them, given the ranges of the enclosing loops (the
 constraint map C). The ends of these intervals cut the loop's range into pieces (TSet, FSet and what lies
 between, BSet); each piece gets a copy of the body with a fresh loop variable (and fresh buffers for
 the ones the body allocates), in which
-`EliminateCondition` replaces every `if` whose condition the analyzer proves true or false under the
-piece's ranges by the branch taken; pieces whose body becomes empty are dropped; then the body is
-partitioned recursively with the piece's range in C.
+`EliminateCondition` replaces every `if` (and `if_then_else`) whose condition the analyzer proves true or false
+under the piece's ranges by the branch taken (so a padded conversion's inner part is a plain copy that
+`transpose.py` matches, and its border pieces stores of the padding value); pieces whose body becomes empty
+are dropped; then the body is partitioned recursively with the piece's range in C.
 
 A thread (`AttrStmt "thread_extent"`, the paper's `thread(tid, 4)`) is partitioned like a loop over
 `[0, extent)`, the pieces becoming an `if tid < a ... else ...` chain, as in the paper's MEMCPY example.
@@ -61,9 +63,9 @@ def partition_stmt(stmt: Any, marked_only: bool = True) -> Any:
 
 
 def eliminate_conditions(stmt: Any, ranges: dict[int, tuple[Any, int, int]]) -> Any:
-    """`EliminateCondition`: every `if` in `stmt` whose condition is provably true or false, given the variable
-    ranges `ranges` (handle -> (var, lo, hi), inclusive) and those of the loops inside `stmt`, replaced by the
-    branch it takes; a loop whose body becomes empty is removed."""
+    """`EliminateCondition`: every `if` in `stmt`, and every `if_then_else` in a stored value, whose condition is
+    provably true or false, given the variable ranges `ranges` (handle -> (var, lo, hi), inclusive) and those of
+    the loops inside `stmt`, replaced by the branch it takes; a loop whose body becomes empty is removed."""
     import tvm
     from tvm import tirx
 
@@ -71,9 +73,22 @@ def eliminate_conditions(stmt: Any, ranges: dict[int, tuple[Any, int, int]]) -> 
     for var, lo, hi in ranges.values():
         analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, hi - lo + 1), allow_override=True)
 
+    def decide(x: Any) -> Any | None:
+        if not _ir.is_if_then_else(x):
+            return None
+        cond = analyzer.simplify(x.args[0])
+        if analyzer.can_prove(cond):
+            return _ir.rewrite(x.args[1], decide)
+        if analyzer.can_prove(tirx.Not(cond)):
+            return _ir.rewrite(x.args[2], decide)
+        return None
+
     def go(s: Any) -> Any:
         if isinstance(s, tirx.SeqStmt):
             return _ir.seq([go(c) for c in s.seq])
+        if isinstance(s, tirx.BufferStore):
+            value = _ir.rewrite(s.value, decide)
+            return s if value.same_as(s.value) else tirx.BufferStore(s.buffer, value, s.indices)
         if isinstance(s, tirx.For):
             lo, ext = _ir.const_int(s.min), _ir.const_int(s.extent)
             if lo is not None and ext is not None:
@@ -116,8 +131,10 @@ def find_partition(body: Any, var: Any, lo: int, hi: int, ranges: dict[int, tupl
     import tvm
     from tvm import tirx
 
-    atoms = [a for s in _ir.walk(body) if isinstance(s, tirx.IfThenElse)
-             for a in _atoms(s.condition) if _ir.uses(a, var)]
+    conditions = [s.condition for s in _ir.walk(body) if isinstance(s, tirx.IfThenElse)]
+    conditions += [c.args[0] for s in _ir.walk(body) if isinstance(s, tirx.BufferStore)
+                   for c in _ir.conditionals(s.value)]
+    atoms = [a for c in conditions for a in _atoms(c) if _ir.uses(a, var)]
     if not atoms:
         return []
     hint = {v: tvm.sym.IntervalSet(a, b) for v, a, b in ranges.values()}

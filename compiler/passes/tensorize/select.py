@@ -124,7 +124,7 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
                     report.used.append("elementwise")
                 why = why if kind == "outer_product" else why2 if kind == "elementwise" else f"{why}; {why2}"
             if out is None and kind in ("auto", "transpose"):
-                t, why3 = match_transpose(s, vector_bits(target))
+                t, why3 = match_transpose(s, vector_bits(target), list(ranges.values()))
                 if t is not None:
                     out = rewrite_transpose(t)
                     report.used.append(f"transpose{t.lanes}")

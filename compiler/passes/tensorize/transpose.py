@@ -18,6 +18,15 @@ tiles need not be square: `N H W/14 O/16 14 16` back to `N C H W` is 16 x 14. On
 loads, 64 two-source shuffles and 16 stores, where the strided form took 256 scalar loads and inserts. A nest that
 does not match is left alone.
 
+A padded conversion (`pad[n, c/16, h, w, c%16] = if_then_else(1 <= h < 57 && 1 <= w < 57, data[n, c, h - 1,
+w - 1], 0)`, the input a padded conv reads in a blocked layout) is scheduled the same way (`schedule_transpose`
+takes an `if_then_else` whose else is a constant and whose condition loads nothing); the loop partition
+(`partition.py`) then splits its loops where the condition is decided, so the inner tiles are plain copies that
+match, and the border ones stores of the constant. Where the partition cannot decide it (the rows and columns
+fused into one parallel loop: `fused % 4 // 2 * 8 + w_i`), and under a split's guard (`if w_o * 8 + w_i < 10`),
+the tile is versioned: the conditions, conjunctions of comparisons linear in a and b, hold on the whole tile
+where they hold at its four corners, so `if <corners>: transposed tile else: the nest as it was`.
+
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
 """
 
@@ -27,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _ir
+from .mark import ANNOTATION
 
 if TYPE_CHECKING:
     import tvm
@@ -47,10 +57,17 @@ class Transpose:
     columns: int  # A: the extent of a, the columns stored
     in_stride: int  # I's stride in b (from one row to the next)
     out_stride: int  # O's stride in a (from one column to the next)
+    outer: tuple[tuple[Any, int, int], ...] = ()  # the enclosing loops (var, min, extent)
+    conditions: tuple[Any, ...] = ()  # the guard's and the padding's (`if`, `if_then_else`), all linear in a, b
 
 
-def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
-    """The pattern on the marked loop `a`, or (None, why)."""
+def match_transpose(a: Any, vector_bits: int, outer: list[tuple[Any, int, int]] = ()) -> tuple[Transpose | None, str]:
+    """The pattern on the marked loop `a`, or (None, why).
+
+    Args:
+        outer: the enclosing loops (var, min, extent): a tile's index `(wo * 14 + wi) // 14` has a constant
+            stride only given them (the piece `wi_o == 1` of a partitioned `wi = wi_o * 8 + wi_i < 14`).
+    """
     import tvm
     from tvm import tirx
 
@@ -59,12 +76,17 @@ def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
     if a.kind not in kinds or not isinstance(b, tirx.For) or b.kind not in kinds:
         return None, "not two loops"
     store = b.body
+    conditions = []
+    if isinstance(store, tirx.IfThenElse) and store.else_case is None:  # a split's guard: `if w_o * 8 + w_i < 10`
+        conditions.append(store.condition)
+        store = store.then_case
     if not isinstance(store, tirx.BufferStore):
         return None, "not one store under two loops"
     loads: list[Any] = []
-    if not _elementwise_of_loads(store.value, loads) or len(loads) != 1:
+    if not _elementwise_of_loads(store.value, loads, conditional=True) or len(loads) != 1:
         return None, "not an element-wise function of one load"
     load = loads[0]
+    conditions += [c.args[0] for c in _ir.conditionals(store.value)]
     bits = tvm.DataType(str(store.buffer.dtype)).bits
     if tvm.DataType(str(load.source.dtype)).bits != bits or vector_bits % bits:
         return None, "the load and the store differ in width"
@@ -73,6 +95,8 @@ def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
     if ea is None or eb is None or not (2 <= ea <= lanes and 2 <= eb <= lanes):
         return None, f"extents {a.extent} x {b.extent}: not within 2 .. {lanes} each"
     analyzer = tvm.sym.Analyzer()
+    for var, lo, extent in outer:
+        analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, extent))
     for loop in (a, b):
         analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
     o = analyzer.simplify(_ir.flat_offset(store.buffer, list(store.indices)))
@@ -81,7 +105,23 @@ def match_transpose(a: Any, vector_bits: int) -> tuple[Transpose | None, str]:
                _ir.coefficient(analyzer, o, a.loop_var), _ir.coefficient(analyzer, i, b.loop_var)]
     if strides[:2] != [1, 1] or None in strides[2:] or 0 in strides[2:]:
         return None, f"strides {strides}: not a transpose (output along the inner loop, input along the marked one)"
-    return Transpose(a, b, store, load, lanes, eb, ea, strides[3], strides[2]), ""
+    for cond in conditions:
+        if not _convex(analyzer, cond, (a.loop_var, b.loop_var)):
+            return None, f"condition {cond}: not a conjunction of comparisons linear in the tile's loops"
+    return Transpose(a, b, store, load, lanes, eb, ea, strides[3], strides[2], tuple(outer), tuple(conditions)), ""
+
+
+def _convex(analyzer: Any, cond: Any, tile_vars: tuple[Any, Any]) -> bool:
+    """Whether `cond` holds on a convex set of the tile's (a, b): a conjunction of comparisons, each linear in
+    both. It then holds on the whole tile where it holds at the tile's four corners."""
+    from tvm import tirx
+
+    if isinstance(cond, tirx.And):
+        return _convex(analyzer, cond.a, tile_vars) and _convex(analyzer, cond.b, tile_vars)
+    if not isinstance(cond, tirx.LT | tirx.LE | tirx.GT | tirx.GE | tirx.EQ):
+        return False
+    diff = analyzer.simplify(cond.b - cond.a)
+    return all(_ir.coefficient(analyzer, diff, v) is not None for v in tile_vars)
 
 
 def rewrite_transpose(m: Transpose) -> Any:
@@ -90,6 +130,8 @@ def rewrite_transpose(m: Transpose) -> Any:
     from tvm import tirx
 
     analyzer = tvm.sym.Analyzer()
+    for var, lo, extent in m.outer:
+        analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, extent))
     lanes = m.lanes
     a, b = m.a, m.b
     a0, b0 = a.min, b.min
@@ -122,8 +164,10 @@ def rewrite_transpose(m: Transpose) -> Any:
         v = tirx.BufferLoad(src, [tirx.Ramp(i0 + k * m.in_stride, 1, m.columns)])
         if m.columns == lanes:
             return v
-        pad = tirx.Broadcast(tirx.const(0, dtype), lanes - m.columns)  # a shuffle never widens its inputs
-        return tirx.Shuffle([v, pad], [tirx.const(j, "int32") for j in range(lanes)])
+        # widened by repeating it (a shuffle never has more lanes than its inputs, and a broadcast of one lane
+        # is no vector): the lanes past the columns are never stored
+        copies = -(-lanes // m.columns)
+        return tirx.Shuffle([v] * copies, [tirx.const(j, "int32") for j in range(lanes)])
 
     # each stage's vectors are values bound to variables (`Bind`), which LLVM keeps in registers (a local
     # buffer of them was stored to the stack at every stage, the stores never removed)
@@ -153,7 +197,7 @@ def rewrite_transpose(m: Transpose) -> Any:
         column = regs[j]
         if m.rows < lanes:
             column = tirx.Shuffle([column], [tirx.const(t, "int32") for t in range(m.rows)])
-        value = _vectorized(m.store.value, m.load, column, m.rows)
+        value = _vectorized(_taken(m.store.value), m.load, column, m.rows)
         body.append(tirx.BufferStore(dst, value if str(value.ty.dtype) == out_vec else tirx.Cast(out_vec, value),
                                      [tirx.Ramp(o0 + j * m.out_stride, 1, m.rows)]))
     decls = [tirx.DeclBuffer(src, data=m.load.source.data), tirx.DeclBuffer(dst, data=m.store.buffer.data)]
@@ -161,7 +205,30 @@ def rewrite_transpose(m: Transpose) -> Any:
     one = tirx.Var(f"{a.loop_var.name}_t", str(a.loop_var.ty.dtype))
     loop = tirx.For(one, tirx.const(0, str(one.ty.dtype)), tirx.const(1, str(one.ty.dtype)), tirx.ForKind.SERIAL,
                     _ir.seq(body), None, {"altune.tensorized": f"transpose{lanes}"})
-    return tirx.SeqStmt([*decls, loop])
+    fast = tirx.SeqStmt([*decls, loop])
+    if not m.conditions:
+        return fast
+    # a tile the guard or the padding cuts (a border tile) runs the nest as it was: the conditions are linear in
+    # a and b and conjunctions (`_convex`), so they hold on the whole tile where they hold at its corners
+    whole = tirx.const(True, "bool")
+    for av in (a0, a0 + m.columns - 1):
+        for bv in (b0, b0 + m.rows - 1):
+            for cond in m.conditions:
+                whole = tirx.And(whole, at(cond, av, bv))
+    whole = analyzer.simplify(whole)
+    if analyzer.can_prove(whole):
+        return fast
+    annotations = {k: v for k, v in a.annotations.items() if k != ANNOTATION}
+    slow = tirx.For(a.loop_var, a.min, a.extent, a.kind, a.body, a.thread_binding, annotations, a.step)
+    # the condition bound to a variable first: TVM's common-subexpression pass, given it in the `if`, binds a
+    # subexpression it shares with the branches (`fused % 7`) inside the then-branch, after its use there
+    inside = tirx.Var(f"{a.loop_var.name}_inside", "bool")
+    return tirx.SeqStmt([tirx.Bind(inside, whole), tirx.IfThenElse(inside, fast, slow)])
+
+
+def _taken(e: Any) -> Any:
+    """`e` with each `if_then_else` replaced by its `then` value (where the condition holds)."""
+    return _ir.rewrite(e, lambda x: _taken(x.args[1]) if _ir.is_if_then_else(x) else None)
 
 
 def _vectorized(e: Any, load: Any, column: Any, lanes: int) -> Any:
@@ -186,7 +253,8 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
     of the block variable its input is contiguous in (stride 1) and that of the one its output is contiguous
     in, each split by `lanes` where longer, their outer parts where they were, the inner ones innermost (the
     input's marked "transpose", the output's vectorized: where the match fails, the copy is the vectorized loop
-    it was). False, untouched, where `block` is no such copy (a reduction, several loads, no variable of stride
+    it was). A padding's `if_then_else` (module docstring) is allowed: the partition removes it from the inner
+    tiles. False, untouched, where `block` is no such copy (a reduction, several loads, no variable of stride
     1 on either side, or the same one, or no loop of its own for each)."""
     import tvm
     from tvm import tirx
@@ -198,7 +266,7 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
     if node.init is not None or not isinstance(store, tirx.BufferStore) or lanes < 2:
         return False
     loads: list[Any] = []
-    if not _elementwise_of_loads(store.value, loads) or len(loads) != 1:
+    if not _elementwise_of_loads(store.value, loads, conditional=True) or len(loads) != 1:
         return False
     load = loads[0]
     if tvm.DataType(str(store.buffer.dtype)).bits != 32 or tvm.DataType(str(load.source.dtype)).bits != 32:
@@ -243,17 +311,25 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
     return True
 
 
-def _elementwise_of_loads(e: Any, loads: list[Any]) -> bool:
+def _elementwise_of_loads(e: Any, loads: list[Any], conditional: bool = False) -> bool:
+    """Whether `e` is element-wise over loads (collected in `loads`); `conditional`: `if_then_else(cond, x,
+    constant)` allowed too, its condition free of loads."""
     import tvm
 
     if isinstance(e, tvm.ir.TensorLoad):
         loads.append(e)
         return True
+    if conditional and _ir.is_if_then_else(e):
+        cond, then, other = e.args
+        in_cond: list[Any] = []
+        _ir.rewrite(cond, lambda x: in_cond.append(x) if isinstance(x, tvm.ir.TensorLoad) else None)
+        return not in_cond and type(other).__name__ in ("IntImm", "FloatImm") \
+            and _elementwise_of_loads(then, loads, conditional)
     name = type(e).__name__
     if name not in _OPS:
         return False
     if name == "Cast":
-        return _elementwise_of_loads(e.value, loads)
+        return _elementwise_of_loads(e.value, loads, conditional)
     if hasattr(e, "a"):
-        return _elementwise_of_loads(e.a, loads) and _elementwise_of_loads(e.b, loads)
+        return _elementwise_of_loads(e.a, loads, conditional) and _elementwise_of_loads(e.b, loads, conditional)
     return True
