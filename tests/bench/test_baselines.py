@@ -102,6 +102,15 @@ def test_torch_baseline_computes_the_workload(operator, params, epilogue):
         np.testing.assert_allclose(module(*activations).numpy(), wl.reference(inputs), rtol=1e-5, atol=1e-5)
 
 
+def _host_has_vnni() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_vnni", "avx_vnni"))
+
+
 @pytest.mark.parametrize(("operator", "params", "epilogue"), [
     ("conv2d", {"batch": 1, "in_channels": 15, "height": 9, "width": 9, "out_channels": 20, "kernel": 3, "padding": 1,
                 "stride": 2}, "bias_relu_requantize"),
@@ -120,6 +129,10 @@ def test_a_requantizing_int8_operator_has_torch_ao_s_as_its_baseline(operator, p
     wl = _workload(operator, params, epilogue, "int8")
     inputs = wl.random_inputs()
     inputs[-1][:] = inputs[-1][0]
+    if not _host_has_vnni():
+        # without VNNI, fbgemm multiplies with `vpmaddubsw`, whose pair sums saturate for activations >= 128
+        # (what altune's jobs avoid with `vpmaddwd`): torch is exact there only on 7-bit activations
+        inputs[0] //= 2
     module, activations = _torch_quantized(wl, inputs)
     with torch.inference_mode():
         out = module(*activations).int_repr().numpy()
