@@ -8,7 +8,8 @@ partition, the main part of the loop (`i_0 < 3`) has no branch and matches; only
 where the inner loop shrinks to `i_1 < 7`) stays scalar.
 
 How the intervals are found (`FindPartition`): every condition of an `if` in the body, and of an `if_then_else`
-in a stored value (a padding's: `pad[h, w] = if_then_else(1 <= h && h <= 56 && ..., data[h - 1, w - 1], 0)`),
+in a value stored in a transpose's tile (a padding's: `pad[h, w] = if_then_else(1 <= h && h <= 56 && ...,
+data[h - 1, w - 1], 0)`; other marked nests, an outer product reading a padded input, are not split on them),
 is split into its atoms (`&&`, `||`, `!`); for each atom that mentions the loop variable, TVM's bound deduction
 (`tvm.sym.deduce_bound`, the integer solver TVM's own `LoopPartition` uses) gives the values of the
 variable where the atom holds for *all* values of the loops inside the body (relaxed over their ranges) and,
@@ -124,15 +125,18 @@ def eliminate_conditions(stmt: Any, ranges: dict[int, tuple[Any, int, int]]) -> 
     return go(stmt)
 
 
-def find_partition(body: Any, var: Any, lo: int, hi: int, ranges: dict[int, tuple[Any, int, int]]) -> list[int]:
+def find_partition(body: Any, var: Any, lo: int, hi: int, ranges: dict[int, tuple[Any, int, int]],
+                   in_transpose: bool = False) -> list[int]:
     """`FindPartition` for TSet and FSet at once: the points in `(lo, hi]` where a piece of `var`'s range begins,
     at the ends of the intervals on which some condition of `body` is decided (true or false for every
-    iteration of the loops inside `body`)."""
+    iteration of the loops inside `body`): of its `if`s, and of the `if_then_else`s its transpose tiles store
+    (all of them where `body` lies in one: `in_transpose`)."""
     import tvm
     from tvm import tirx
 
     conditions = [s.condition for s in _ir.walk(body) if isinstance(s, tirx.IfThenElse)]
-    conditions += [c.args[0] for s in _ir.walk(body) if isinstance(s, tirx.BufferStore)
+    tiles = [body] if in_transpose else [s.body for s in _ir.walk(body) if _is_transpose(s)]
+    conditions += [c.args[0] for tile in tiles for s in _ir.walk(tile) if isinstance(s, tirx.BufferStore)
                    for c in _ir.conditionals(s.value)]
     atoms = [a for c in conditions for a in _atoms(c) if _ir.uses(a, var)]
     if not atoms:
@@ -184,6 +188,7 @@ class _Partitioner:
     def __init__(self, marked_only: bool) -> None:
         self.marked_only = marked_only
         self.ranges: dict[int, tuple[Any, int, int]] = {}
+        self.in_transpose = False  # inside a loop marked "transpose"
 
     def stmt(self, s: Any, inside: bool) -> Any:
         from tvm import tirx
@@ -213,7 +218,8 @@ class _Partitioner:
     def _pieces(self, body: Any, var: Any, lo: int, hi: int) -> list[tuple[int, int]]:
         self.ranges[_ir.key(var)] = (var, lo, hi)
         try:
-            cuts = find_partition(body, var, lo, hi, {k: v for k, v in self.ranges.items() if k != _ir.key(var)})
+            cuts = find_partition(body, var, lo, hi, {k: v for k, v in self.ranges.items() if k != _ir.key(var)},
+                                  self.in_transpose)
         finally:
             del self.ranges[_ir.key(var)]
         if len(cuts) + 1 > MAX_PIECES:
@@ -237,6 +243,15 @@ class _Partitioner:
             body = self.stmt(s.body, inside)
             return s if body.same_as(s.body) else tirx.For(s.loop_var, s.min, s.extent, s.kind, body,
                                                             s.thread_binding, s.annotations, s.step)
+        outside, self.in_transpose = self.in_transpose, self.in_transpose or _is_transpose(s)
+        try:
+            return self._partition_loop(s, lo, ext, inside)
+        finally:
+            self.in_transpose = outside
+
+    def _partition_loop(self, s: Any, lo: int, ext: int, inside: bool) -> Any:
+        from tvm import tirx
+
         pieces = self._pieces(s.body, s.loop_var, lo, lo + ext - 1)
         out = []
         for n, (a, b) in enumerate(pieces):
@@ -278,6 +293,12 @@ def _fresh_allocations(body: Any) -> Any:
     from tvm import s_tir, tirx
 
     return s_tir.renew_defs(tirx.PrimFunc([], body)).body
+
+
+def _is_transpose(s: Any) -> bool:
+    from tvm import tirx
+
+    return isinstance(s, tirx.For) and str(s.annotations.get(ANNOTATION, "")) == "transpose"
 
 
 def _holds_mark(s: Any) -> bool:
