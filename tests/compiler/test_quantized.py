@@ -84,10 +84,14 @@ def test_requantization_is_torch_ao_s():
     m, n, k = 33, 40, 70
     wl = make_workload("dense", {"m": m, "n": n, "k": k}, "int8", "bias_relu_requantize")
     rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    # without VNNI, FBGEMM multiplies with `vpmaddubsw`, whose pair sums saturate for activations >= 128 (what our
+    # jobs avoid with `vpmaddwd`): torch is exact there only on 7-bit activations
+    with open("/proc/cpuinfo") as f:
+        vnni = any(flag in f.read().split() for flag in ("avx512_vnni", "avx_vnni"))
+    x = rng.integers(0, 256 if vnni else 128, (m, k)).astype(np.uint8)
     w = rng.integers(-128, 128, (n, k)).astype(np.int8)
     bias = rng.integers(-2**14, 2**14, n).astype(np.int32)
-    x_scale, y_scale, zero_point = 2.0**-4, 2.0, 100
+    x_scale, y_scale, zero_point = 2.0**-4 if vnni else 2.0**-3, 2.0, 100  # half the activations: twice the scale
     w_scales = 2.0 ** -rng.integers(5, 9, n)
     ours = wl.reference([x, w, bias, (x_scale * w_scales / y_scale).astype(np.float32),
                          np.full(n, zero_point, np.int32)])
