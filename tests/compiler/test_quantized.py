@@ -81,13 +81,16 @@ def test_requantization_is_torch_ao_s():
     multiplier exact and put many products exactly halfway between two steps."""
     import torch
 
+    from compiler.target import resolve_target
+    from compiler.workloads.model.layouts import dot_instruction
+
     m, n, k = 33, 40, 70
     wl = make_workload("dense", {"m": m, "n": n, "k": k}, "int8", "bias_relu_requantize")
     rng = np.random.default_rng(0)
     # without VNNI, FBGEMM multiplies with `vpmaddubsw`, whose pair sums saturate for activations >= 128 (what our
     # jobs avoid with `vpmaddwd`): torch is exact there only on 7-bit activations
-    with open("/proc/cpuinfo") as f:
-        vnni = any(flag in f.read().split() for flag in ("avx512_vnni", "avx_vnni"))
+    dot = dot_instruction(resolve_target("host"), "int8")
+    vnni = dot is not None and dot[1] == 4  # groups of 4: VNNI
     x = rng.integers(0, 256 if vnni else 128, (m, k)).astype(np.uint8)
     w = rng.integers(-128, 128, (n, k)).astype(np.int8)
     bias = rng.integers(-2**14, 2**14, n).astype(np.int32)
