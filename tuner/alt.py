@@ -58,6 +58,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from compiler.target import vector_unit
+
 from .cost_model import CostModel, CostModelKind, make_cost_model
 from .layout_space import (
     TIED,
@@ -99,7 +101,6 @@ def first_layout(template: Any, lanes: int | None = None) -> dict[str, int]:
     """A oneDNN-like starting point: channel tiles of one vector (`lanes`: this machine's when None), a
     short tile of the last spatial axis."""
     from compiler.layout import GROUP_PARAM, OUTER_SUFFIX
-    from compiler.target import vector_unit
 
     lanes = vector_unit().lanes if lanes is None else lanes
 
@@ -251,7 +252,7 @@ class ALTSearch(Search):
         xs, ref = self.reference()
         sub = Task(f"{self.task.name}@{prog.requested['output'].name}", self.task.workload_key, prog.prim_func,
                    self.task.target, inputs=prog.pack_inputs(xs), expected=ref, workload=self.task.workload)
-        space = interface_space(prog)
+        space = interface_space(prog, self.space.unit)
         ms = MSFeatures(space.mod, self.task.target) if self.ms_features else None
         p = LayoutPoint(choice, prog, space, sub, ms, prog.requested["output"].name)
         self.points[k] = p
@@ -270,7 +271,7 @@ class ALTSearch(Search):
         if IDENTITY in self.points:
             return self.points[IDENTITY]
         xs, ref = self.reference()
-        space = loop_space(self.task.prim_func)
+        space = loop_space(self.task.prim_func, self.space.unit)
         sub = Task(self.task.name, self.task.workload_key, self.task.prim_func, self.task.target, inputs=xs,
                    expected=ref, workload=self.task.workload)
         ms = MSFeatures(space.mod, self.task.target) if self.ms_features else None
@@ -303,7 +304,8 @@ class ALTSearch(Search):
     def layout_state(self) -> list[float]:
         """Concatenated primitive states: per split of every tensor, log2(extent) and the chosen factor's share."""
         best = self.best_point()
-        choice = best.choice if best is not None else self.full_choice(first_layout(self.template))
+        lanes = self.space.unit.lanes
+        choice = best.choice if best is not None else self.full_choice(first_layout(self.template, lanes))
         out = []
         for p in self.free:
             out.append(math.log2(max(p.extent, 1)) / 10)
@@ -334,7 +336,7 @@ class ALTSearch(Search):
             return self.identity_point()
         state = self.layout_state()
         if not started:
-            choice = first_layout(self.template)
+            choice = first_layout(self.template, self.space.unit.lanes)
             try:
                 p = self.point(choice)
                 # rewarded at the episode's end, like the actor's own actions
@@ -638,7 +640,7 @@ class ALTSearch(Search):
         output vector and with several); none elsewhere."""
         seeds = [(p.space.untuned_config(), "untuned")] if p.identity else []
         # ALT-OL (a fixed layout) gets the same seeds, so "vs ALT-OL" compares searches, not seeds
-        first = self.fixed is not None or self.key(p.choice) == self.key(self.full_choice(first_layout(self.template)))
+        first = self.fixed is not None or self.key(p.choice) == self.key(self.full_choice(first_layout(self.template, self.space.unit.lanes)))
         # in the dot-product form also the least dot layout (rows from the loops, not a row tile: the data is
         # converted by a padded row copy, not a gather into tiles; 0.39 ms against 0.49 on an int8 3025x127x255)
         least = self.dot_form and self.key(p.choice) == self.key(self.full_choice({}))
@@ -756,7 +758,7 @@ def apply_layout_config(task: Task, config: Config) -> tvm.IRModule:
     prog = layout_of_config(task, config)
     assert prog is not None
     _, loops = split_config(config)
-    space = interface_space(prog)
+    space = interface_space(prog, vector_unit(task.target))
     # A configuration searched is one of this space; one stored by an older version (searched in the
     # stored-layout program) may name other producers' knobs or a write_at this space does not
     # offer: fit those to the space's first choice.

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from compiler.target import vector_unit
+
 from .task import Task, Trial
 
 if TYPE_CHECKING:
@@ -178,7 +180,8 @@ class GraphLayoutSearch:
             n = max(1, min(self.joint_trials, budget - self.spent))
             # the first measurement is the loop space's register-blocked nest (its "blocked" seed), so that with
             # one or two measurements a layout is judged by a good nest, not by a random or the untuned one
-            start = [LoopSpace(t.prim_func).blocked_config()] if reductions(t.prim_func) == 1 else []
+            unit = vector_unit(task.target)
+            start = [LoopSpace(t.prim_func, unit).blocked_config()] if reductions(t.prim_func) == 1 else []
             result = tune(task, n, seed=self.seed, measurer=self.measurer, should_stop=self.should_stop,
                           start_from=start, on_trial=lambda trial: record(replace(trial, stage="joint")),
                           replay=False)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from compiler.target import VectorUnit, vector_unit
+
 from .space import Config, InvalidConfig, Knob, LoopSpace, SearchSpace, loop_space
 from .task import Task
 
@@ -46,12 +48,13 @@ def has_layout(config: Config) -> bool:
     return any(k.startswith(LAYOUT_PREFIX) for k in config)
 
 
-def interface_space(prog: LayoutProgram) -> LoopSpace:
-    """The loop space of a layout program that keeps the user's interface (what the artifact runs).
+def interface_space(prog: LayoutProgram, unit: VectorUnit | None = None) -> LoopSpace:
+    """The loop space of a layout program that keeps the user's interface (what the artifact runs), for the
+    vector unit `unit` (the task's target's; this machine's when None).
 
     The output's conversion back to the user's layout is the epilogue (see `align_epilogue`).
     """
-    return loop_space(prog.prim_func)
+    return loop_space(prog.prim_func, unit)
 
 
 @functools.lru_cache(maxsize=64)
@@ -84,6 +87,7 @@ class LayoutSpace(SearchSpace):
         if task.workload is None:
             raise ValueError("the ALT space needs task.workload (the layout template comes from it)")
         self.task = task
+        self.unit = vector_unit(task.target)  # the target's: its loop spaces' register blocks and seeds
         self.layout_levels = layout_levels
         # an int8 / bfloat16 operator on a target with its dot-product instruction: the template's dot form
         self.template = layout_template(task.workload, layout_levels, dot=dot_template(task.workload, task.target))
@@ -126,8 +130,8 @@ class LayoutSpace(SearchSpace):
     def loops_of(self, config: Config) -> LoopSpace:
         """The loop space of the layout `config` is in."""
         if self.is_identity(config):
-            return loop_space(self.task.prim_func)
-        return interface_space(self.program(split_config(config)[0]))
+            return loop_space(self.task.prim_func, self.unit)
+        return interface_space(self.program(split_config(config)[0]), self.unit)
 
     def untuned_config(self) -> Config:
         """The user's own layouts with the untransformed program's loops."""

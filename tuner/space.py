@@ -531,7 +531,10 @@ class LoopSpace(SearchSpace):
             outer = [block]  # `block` holds the rows, one vector (or `wide`)
             wider = [a for a in self._vector_block_axes if a.extent > 1] if wide else []
             block = wider[-1] if wider else None
-            widths = tuple(sorted((d for d in divisors(block.extent) if d <= 4), reverse=True)) if block else (1,)
+            # several vectors (one only where no other divides): where one vector of more rows holds as many
+            # accumulators (AVX2's 12: 12 x 1 against 4 x 3), the narrow seed is that block already
+            widths = tuple(sorted((d for d in divisors(block.extent) if 1 < d <= 4), reverse=True) or (1,)) \
+                if block else (1,)
             prefer = -1  # 8 rows x 2 vectors ran 0.066 ms where 4 x 4 ran 0.086 (the bf16 255^3 GEMM)
         outer = [a for a in outer if a.extent > 1]
         if lane.extent > 1:
@@ -901,23 +904,25 @@ def _placeable(levels: Sequence[int], parallel: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=64)
-def loop_space(prim_func: tvm.tirx.PrimFunc) -> LoopSpace:
-    """`LoopSpace(prim_func)`, built once per program (the analysis applies schedules)."""
-    return LoopSpace(prim_func)
+def loop_space(prim_func: tvm.tirx.PrimFunc, unit: VectorUnit | None = None) -> LoopSpace:
+    """`LoopSpace(prim_func, unit)`, built once per program and vector unit (the analysis applies schedules)."""
+    return LoopSpace(prim_func, unit)
 
 
 SpaceKind = Literal["loop", "fusion"]
 
 
-def make_space(kind: SpaceKind, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, workload: Any = None) -> SearchSpace:
+def make_space(kind: SpaceKind, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, workload: Any = None,
+               unit: VectorUnit | None = None) -> SearchSpace:
     """The search space called `kind` over `prim_func` ("fusion": `tuner.fusion_space.FusionSpace`, which
-    offers a catalog subgraph's `workload` in blocked layouts too)."""
+    offers a catalog subgraph's `workload` in blocked layouts too), for the vector unit `unit` (the task's
+    target's, `compiler.target.vector_unit`; this machine's when None)."""
     if kind == "loop":
-        return LoopSpace(prim_func)
+        return LoopSpace(prim_func, unit)
     if kind == "fusion":
         from .fusion_space import FusionSpace
 
-        return FusionSpace(prim_func, workload=workload)
+        return FusionSpace(prim_func, unit, workload=workload)
     raise ValueError(f"unknown search space: {kind}")
 
 

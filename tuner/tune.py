@@ -15,6 +15,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from compiler.target import vector_unit
+
 from .cost_model import CostModelKind
 from .measure import Candidate, LocalMeasurer, Measurer
 from .search import Search, SearchKind, never, noop, make_search
@@ -111,7 +113,8 @@ def tune(
             options.update(joint_fraction=joint_fraction, layout=layout, ppo=ppo)
             strategy = make_search("alt", task, LayoutSpace(task, layout_levels), measurer, **options)
         else:
-            strategy = make_search(kind, task, make_space(space, task.prim_func, task.workload), measurer, **options)
+            strategy = make_search(kind, task, make_space(space, task.prim_func, task.workload,
+                                                                  vector_unit(task.target)), measurer, **options)
         trials = strategy.run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop,
                               replay=replay)
         best = best_trial([*prior, *trials])
@@ -201,7 +204,7 @@ def _as_measured(task: Task, config: Config) -> tuple[Task, Candidate]:
     expected = task.expected if task.expected is not None else wl.reference(xs)
     sub = Task(task.name, task.workload_key, prog.prim_func, task.target, inputs=prog.pack_inputs(xs),
                expected=expected, workload=wl)
-    return sub, Candidate(config, interface_space(prog).apply(split_config(config)[1]).mod)
+    return sub, Candidate(config, interface_space(prog, vector_unit(task.target)).apply(split_config(config)[1]).mod)
 
 
 def _as_the_search_measured(strategy: Search, task: Task) -> Callable[[Config], tuple[Task, Candidate]]:
@@ -236,8 +239,8 @@ def apply_config(task: Task, config: Config) -> tvm.IRModule:
     if has_layout(config):
         return apply_layout_config(task, config)
     if is_fusion_config(config):
-        return FusionSpace(task.prim_func, workload=task.workload).apply(config).mod
-    return loop_space(task.prim_func).apply(config).mod
+        return FusionSpace(task.prim_func, vector_unit(task.target), workload=task.workload).apply(config).mod
+    return loop_space(task.prim_func, vector_unit(task.target)).apply(config).mod
 
 
 def _several_operators(task: Task) -> bool:

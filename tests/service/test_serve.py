@@ -26,6 +26,8 @@ VENV = Path(sys.prefix)  # the suite's own environment: `make` must not reinstal
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "dtype": "float32",
          "target": "host", "budget": 2}
 BIG_DENSE = DENSE | {"params": {"m": 64, "n": 64, "k": 64}, "budget": 200}
+# the server answers slowly while its workers and this suite share 2 cores (a 10 s read once timed out on CI)
+HTTP_TIMEOUT = 60
 
 
 def free_port() -> int:
@@ -64,7 +66,7 @@ def _wait_job(url: str, job_id: int, until: tuple[str, ...], timeout: float = 30
               headers: dict | None = None) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        job = httpx.get(f"{url}/api/v1/jobs/{job_id}", timeout=10, headers=headers).json()
+        job = httpx.get(f"{url}/api/v1/jobs/{job_id}", timeout=HTTP_TIMEOUT, headers=headers).json()
         if job["status"] in until and job["trials_done"] >= trials:
             return job
         assert time.monotonic() < deadline, f"job {job_id} not {until} with {trials} trials in {timeout} s: {job}"
@@ -134,16 +136,16 @@ def test_make_run_in_a_fresh_clone_serves_and_finishes_a_job(fresh_clone):
         tree = _server_tree(proc, workers=1)
         assert (fresh_clone / "var" / "altune.db").is_file()
         token = _printed_token(proc)  # the first start made an admin token and printed the URL that carries it
-        page = httpx.get(f"{url}/?token={token}", timeout=10)
+        page = httpx.get(f"{url}/?token={token}", timeout=HTTP_TIMEOUT)
         assert page.status_code == 200 and "altune" in page.text
-        assert httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=10).status_code == 401, "tokens are on"
+        assert httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=HTTP_TIMEOUT).status_code == 401, "tokens are on"
         auth = {"Authorization": f"Bearer {token}"}
-        r = httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=10, headers=auth)
+        r = httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=HTTP_TIMEOUT, headers=auth)
         assert r.status_code == 201, r.text
         job = _wait_job(url, r.json()["id"], ("succeeded", "failed", "cancelled"), headers=auth)
         assert job["status"] == "succeeded", job["error"]
         assert job["trials_done"] == DENSE["budget"] and job["has_artifact"]
-        artifact = httpx.get(f"{url}/api/v1/jobs/{job['id']}/artifact", timeout=10, params={"token": token})
+        artifact = httpx.get(f"{url}/api/v1/jobs/{job['id']}/artifact", timeout=HTTP_TIMEOUT, params={"token": token})
         assert artifact.content[:2] == b"\x1f\x8b"
         tree[0].send_signal(signal.SIGTERM)  # the server; make ends with it
         _assert_all_gone(tree)
@@ -177,7 +179,7 @@ def serve(tmp_path) -> Iterator:
 def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how, tmp_path):
     proc, url = serve()
     _wait_up(url, proc)
-    r = httpx.post(f"{url}/api/v1/jobs", json=BIG_DENSE, timeout=10)
+    r = httpx.post(f"{url}/api/v1/jobs", json=BIG_DENSE, timeout=HTTP_TIMEOUT)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     _wait_job(url, job_id, ("running",))
@@ -204,7 +206,7 @@ def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how
 def test_serve_resumes_a_job_its_previous_run_was_stopped_in(serve):
     proc, url = serve()
     _wait_up(url, proc)
-    job_id = httpx.post(f"{url}/api/v1/jobs", json=DENSE | {"budget": 6}, timeout=10).json()["id"]
+    job_id = httpx.post(f"{url}/api/v1/jobs", json=DENSE | {"budget": 6}, timeout=HTTP_TIMEOUT).json()["id"]
     before = _wait_job(url, job_id, ("running",), trials=2)["trials_done"]
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
@@ -214,5 +216,5 @@ def test_serve_resumes_a_job_its_previous_run_was_stopped_in(serve):
     job = _wait_job(url, job_id, ("succeeded", "failed"), timeout=300)
     assert job["status"] == "succeeded", job["error"]
     assert job["trials_done"] == 6 and job["attempts"] == 2 and before >= 2
-    trials = httpx.get(f"{url}/api/v1/jobs/{job_id}/trials", params={"limit": 100}, timeout=10).json()
+    trials = httpx.get(f"{url}/api/v1/jobs/{job_id}/trials", params={"limit": 100}, timeout=HTTP_TIMEOUT).json()
     assert sorted(t["index"] for t in trials["data"]) == list(range(6))  # nothing lost, nothing measured twice

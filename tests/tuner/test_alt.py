@@ -567,25 +567,38 @@ def _main_block(prog) -> str:
     return script[start:script.index("T.sblock(", start + 1)]
 
 
-def test_dot_form_layouts_come_first_and_are_seeded():
+@pytest.mark.parametrize("cpu", ["cascadelake", "haswell"])
+def test_dot_form_layouts_come_first_and_are_seeded(cpu):
     """In the dot-product form the joint stage starts at the start layout (the user's layouts, which no instruction
     fits, come second), and both the start and the least dot layout (rows from the loops) get the seed's loop nest
-    in their first round, the start also with several output vectors; in the plain form only the start does."""
+    in their first round, the start also with several output vectors; in the plain form only the start does. The
+    group, the lanes and the register block come from the task's target (AVX-512 VNNI: groups of 4, 16 lanes;
+    AVX2: `vpmaddwd`'s pairs, 8 lanes), not from this machine."""
+    import dataclasses
+
+    import tvm
+
+    from compiler.passes.tensorize import choose, kernels
     from tuner import ALTSearch
     from tuner.layout_space import LayoutSpace
     from tuner.task import task_from_spec
 
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    instruction = choose(target, *kernels.OPERANDS["int8"], exact=True)
+    assert (instruction.group, instruction.lanes) == {"cascadelake": (4, 16), "haswell": (2, 8)}[cpu]
     task = task_from_spec({"operator": "dense", "params": {"m": 40, "n": 32, "k": 64}, "dtype": "int8"})
+    task = dataclasses.replace(task, target=target)
     search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=0, batch_size=16, top_k=4)
     assert search.dot_form
     start = search.next_layout()
     assert not start.identity and start.choice["mt"] > 1
     assert search.next_layout().identity  # then the user's layouts
     least = search.point({})
-    assert least.choice["mt"] == 1 and least.choice["group"] == 4
-    one, wide = search.seed_configs(start)  # one output vector of 8 rows, and two (N = 32)
-    assert one[1] == wide[1] == "blocked" and (one[0]["tile.n_16.3"], wide[0]["tile.n_16.3"]) == (1, 2)
-    assert [source for _, source in search.seed_configs(least)] == ["blocked"]  # M N/16 16: its block has both
+    assert least.choice["mt"] == 1 and least.choice["group"] == instruction.group
+    one, wide = search.seed_configs(start)  # one output vector of 8 rows, and several (N = 32)
+    block = f"tile.n_{instruction.lanes}.3"
+    assert one[1] == wide[1] == "blocked" and one[0][block] == 1 and wide[0][block] > 1
+    assert [source for _, source in search.seed_configs(least)] == ["blocked"]  # M N/L L: its block has both
     plain = task_from_spec({"operator": "dense", "params": {"m": 40, "n": 32, "k": 64}})
     search = ALTSearch(plain, LayoutSpace(plain), _FakeDevice(), seed=0, batch_size=16, top_k=4)
     assert not search.dot_form and search.next_layout().identity
