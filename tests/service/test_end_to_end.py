@@ -93,6 +93,7 @@ def test_submit_tune_download_and_run(live_server, settings, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # compiler work: SQLite is enough (CI time)
 def test_second_job_of_a_workload_starts_from_the_known_schedule(live_server, settings):
     spec = CONV | {"budget": 4, "epilogue": "none"}
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
@@ -106,6 +107,7 @@ def test_second_job_of_a_workload_starts_from_the_known_schedule(live_server, se
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # compiler work: SQLite is enough (CI time)
 def test_an_int8_operator_job_runs_the_dot_product_instruction(live_server, tmp_path):
     """An int8 dense job whose shapes divide neither the instruction's lanes nor its groups: the search measures
     the template's dot-product form (the target's int8 instruction), which wins over the catalog's own layouts;

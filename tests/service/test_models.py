@@ -54,6 +54,7 @@ class Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # compiler work: SQLite is enough (CI time)
 def test_bad_uploads_are_422_and_leave_no_job(api, settings, tmp_path):
     marker = tmp_path / "pwned"
     cases = [
