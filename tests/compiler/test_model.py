@@ -404,10 +404,15 @@ def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(mcpu
     assert check_close(out, expected) is None, check_close(out, expected)
 
 
-def test_batch_norm_is_folded_into_the_conv_before_it(host_target):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batch_norm_is_folded_into_the_conv_before_it(dtype, host_target):
     """conv -> batch norm (with and without a conv bias) becomes conv -> bias add on folded parameters; a conv
-    whose output something else reads too keeps its batch norm; the model still matches torch."""
+    whose output something else reads too keeps its batch norm; the model still matches torch. In bfloat16 too:
+    the float32 sums, the folded bias added before the rounding (the first conv's 3 input channels padded to the
+    dot product's 4 where the target has one)."""
     from torch import nn
+
+    from compiler.arrays import check_close, to_numpy
 
     class Net(nn.Module):
         def __init__(self):
@@ -426,14 +431,21 @@ def test_batch_norm_is_folded_into_the_conv_before_it(host_target):
     net = Net().eval()
     for bn in (net.bn_a, net.bn_b, net.bn_c):  # statistics that are not the identity
         bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
-    x = torch.randn(1, 3, 8, 8)
+    net, x = net.to(getattr(torch, dtype)), torch.randn(1, 3, 8, 8).to(getattr(torch, dtype))
     model = M.import_model(torch.export.export(net, (x,)), layout="none", target=host_target)
     names = sorted(t.name for t in model.tasks)
-    assert names.count("fused_conv2d_add_relu") == 2, names  # a and b: the batch norm is a bias now
+    cast = "_cast" if dtype == "bfloat16" else ""  # the float32 sums rounded after the bias
+    assert names.count(f"fused_conv2d_add{cast}_relu") == 2, names  # a and b: the batch norm is a bias now
     # c: its bias add, then its batch norm's arithmetic (the one left), then the residual add
     assert [n for n in names if "subtract" in n] == ["fused_subtract_divide_expand_dims_multiply_expand_dims_add"]
     weights = dict(zip(model.param_names, model.params))
-    assert not np.allclose(weights["a.weight"], net.a.weight.detach().numpy()), "a's weight carries the scale"
-    np.testing.assert_array_equal(weights["c.weight"], net.c.weight.detach().numpy())
-    (out,) = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)
-    np.testing.assert_allclose(out, net(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    assert weights["a.weight"].dtype == dtype
+    original = {k: v.detach().float().numpy() for k, v in net.state_dict().items()}
+    assert not np.allclose(weights["a.weight"].astype(np.float32), original["a.weight"]), "a's weight carries the scale"
+    np.testing.assert_array_equal(weights["c.weight"].astype(np.float32), original["c.weight"])
+    (out,) = M.run_model(M.build_model(model, host_target), [to_numpy(x)], host_target)
+    (expected,) = M.torch_outputs(net, [x])
+    if dtype == "float32":
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    else:
+        assert check_close(out, expected) is None, check_close(out, expected)

@@ -14,6 +14,11 @@ conv's output by the bias add and the batch norm alone, the batch norm's other o
 parameter, or, for a conv without one, into the batch norm's `beta` (a parameter of the same shape, read by
 nothing else), so no constant is added. Transposed convolutions (their weight is `IO...`) are left alone.
 
+A bfloat16 / float16 conv (`converters._low_precision_convolution`: float32 sums, the bias added in float32, the
+result rounded to the model's type, then the batch norm in that type) folds the same way: the scaled weight and
+the folded bias rounded to the model's type once, added in float32 before the rounding, as torch.compile's
+freezing folds them (one rounding of the weight instead of one of the conv's output before the affine map).
+
 Layering: `compiler` never imports `tuner` or `service`. TVM and numpy are imported inside functions.
 """
 
@@ -47,9 +52,13 @@ def fold_batch_norms(main: tvm.relax.Function, param_vars: Sequence[Any],
 
     x, w, b, shape = wildcard(), wildcard(), wildcard(), wildcard()
     gamma, beta, mean, var = wildcard(), wildcard(), wildcard(), wildcard()
-    conv = is_op(_CONVS[0])(x, w) | is_op(_CONVS[1])(x, w) | is_op(_CONVS[2])(x, w)
-    biased = is_op("relax.add")(conv, is_op("relax.reshape")(b, shape))
-    norm = is_op("relax.nn.batch_norm")(conv | biased, gamma, beta, mean, var)
+    # a low-precision conv's weight may be padded to whole channel groups (`converters._low_precision_convolution`;
+    # zeros scale to zeros), its bias is cast to float32 (the alternatives in this order: a wildcard takes anything)
+    padded = is_op("relax.nn.pad")(w)
+    conv = (is_op(_CONVS[0])(x, padded | w) | is_op(_CONVS[1])(x, padded | w) | is_op(_CONVS[2])(x, padded | w))
+    biased = is_op("relax.add")(conv, is_op("relax.reshape")(is_op("relax.astype")(b) | b, shape))
+    rounded = is_op("relax.astype")(conv | biased)  # a low-precision conv's float32 sums rounded
+    norm = is_op("relax.nn.batch_norm")(conv | biased | rounded, gamma, beta, mean, var)
     pattern = is_tuple_get_item(norm, 0)
 
     out = list(params)
@@ -70,20 +79,27 @@ def fold_batch_norms(main: tvm.relax.Function, param_vars: Sequence[Any],
         conv_call = matches[conv]
         weight, has_bias = matches[w], b in matches
         attrs = conv_call.attrs
-        if (str(attrs.out_dtype or "float32") != "float32" or str(weight.ty.dtype) != "float32"
+        dtype = str(weight.ty.dtype)  # the model's: float32, or the type a low-precision conv rounds to
+        low = rounded in matches
+        if (str(attrs.out_dtype or "float32") != "float32" or dtype != ("float32" if not low else
+                                                                          str(matches[rounded].attrs.dtype))
+                or dtype not in ("float32", "bfloat16", "float16")
                 or attrs.kernel_layout[:2] != "OI" or attrs.data_layout[:2] != "NC" or int(bn_call.attrs.axis) != 1):
             return expr
-        if weight not in index or index[weight] in folded or not only_here(weight):
+        if (weight not in index or index[weight] in folded or not only_here(weight)
+                or (padded in matches and not only_here(conv_call.args[1]))):
             return expr
         if has_bias and not (matches[b] in index and only_here(matches[b]) and index[matches[b]] not in folded):
             return expr
         target = matches[b] if has_bias else matches[beta]
         if target not in index or (not has_bias and (not only_here(target) or index[target] in folded)):
             return expr
-        # what is read between the conv and the batch norm, and the batch norm's tuple: nothing else may read it
-        bn_input = bn_call.args[0]
-        if not (only_here(bn_input) and (not has_bias or only_here(bindings[bn_input].args[0]))
-                and only_here(expr.tuple_value)):
+        # what is read between the conv and the batch norm (the bias add, the rounding), and the batch norm's
+        # tuple: nothing else may read it
+        between = [bn_call.args[0]]
+        for _ in range(int(has_bias) + int(low)):
+            between.append(bindings[between[-1]].args[0] if between[-1] in bindings else None)
+        if not (all(only_here(v) for v in between) and only_here(expr.tuple_value)):
             return expr
         stats = [value(matches[v]) for v in (gamma, beta, mean, var)]
         if any(s is None for s in stats):
@@ -92,12 +108,15 @@ def fold_batch_norms(main: tvm.relax.Function, param_vars: Sequence[Any],
         scale = g / np.sqrt(sigma2 + float(bn_call.attrs.epsilon))
         w_array = np.asarray(params[index[weight]], dtype=np.float64)
         bias = value(matches[b]) if has_bias else np.zeros_like(mu)
-        out[index[weight]] = (w_array * scale.reshape((-1,) + (1,) * (w_array.ndim - 1))).astype(np.float32)
-        out[index[target]] = ((bias - mu) * scale + be).astype(np.float32)
+        out[index[weight]] = (w_array * scale.reshape((-1,) + (1,) * (w_array.ndim - 1))).astype(
+            params[index[weight]].dtype)
+        out[index[target]] = ((bias - mu) * scale + be).astype(params[index[target]].dtype)
         folded.update((index[weight], index[target]))
         rank = len(conv_call.ty.shape)
         channels = int(conv_call.ty.shape[1])
-        return relax.op.add(conv_call, relax.op.reshape(target, (1, channels) + (1,) * (rank - 2)))
+        wide = relax.op.astype(target, "float32") if low else target
+        out_expr = relax.op.add(conv_call, relax.op.reshape(wide, (1, channels) + (1,) * (rank - 2)))
+        return relax.op.astype(out_expr, dtype) if low else out_expr
 
     new_main = rewrite_call(pattern, rewrite, main)
     return new_main, out, len(folded) // 2
