@@ -15,6 +15,10 @@ TVM's CPU thread pool halves the logical core count on x86 (it assumes
 hyper-threading), so on a 2-core machine without SMT it ran every parallel loop
 on one thread: `use_all_cores` (called when `compiler` is imported) sets
 `TVM_NUM_THREADS` to the cores this process may use, unless the user set it.
+
+`ALTUNE_HOST_CPU` (an LLVM CPU name, e.g. "haswell") makes "host" that CPU instead of the detected one: the
+test suite and the product then run as on that CPU (an AVX2 machine's targets, spaces and instructions on an
+AVX-512 one). Only features of the named CPU that this machine lacks are turned off; none are added.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ if TYPE_CHECKING:
 TARGET_NAMES = ("host", "llvm", "cuda")
 
 
+HOST_CPU_ENV = "ALTUNE_HOST_CPU"
+
+
 @functools.cache
 def host_cpu() -> str:
-    """The LLVM name of this machine's CPU (e.g. "znver4"), as LLVM detects it."""
+    """The LLVM name of this machine's CPU (e.g. "znver4"), as LLVM detects it, or `ALTUNE_HOST_CPU`'s."""
     from tvm.target import codegen
 
-    return str(codegen.llvm_get_system_cpu())
+    return os.environ.get(HOST_CPU_ENV) or str(codegen.llvm_get_system_cpu())
 
 
 # LLVM feature names that /proc/cpuinfo reports under another name
@@ -72,7 +79,7 @@ def host_mattr() -> tuple[str, ...]:
     assumed = codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()}))
     off = [f"-{feature}" for feature in sorted(assumed) if feature.startswith(_CHECKED) and feature not in present]
     on = [f"+{name}" for flag, name in sorted(_ADDABLE.items()) if flag in flags and name not in assumed]
-    return tuple(off + on)
+    return tuple(off + (on if not os.environ.get(HOST_CPU_ENV) else []))  # a CPU named by the user: as it is
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,10 @@ def test_features_the_kernel_does_not_report_are_turned_off():
     """LLVM names the CPU by family and model; a VM may hide some of its vector units (SIGILL if used)."""
     from tvm.target import codegen
 
+    from compiler.target import HOST_CPU_ENV
+
+    if os.environ.get(HOST_CPU_ENV):
+        pytest.skip(f"{HOST_CPU_ENV} names the host CPU")
     with open("/proc/cpuinfo") as f:
         flags = {w.replace("_", "") for line in f if line.startswith("flags") for w in line.split(":", 1)[1].split()}
     target = resolve_target("host")
@@ -100,3 +104,17 @@ def test_cache_sizes_come_from_the_kernel():
         kind = f.read().strip()
     if kind == "Data":  # index0 is the L1 data cache on x86 Linux
         assert caches.l1 == int(size.rstrip("KM")) * (1024 if size.endswith("K") else 1024 * 1024)
+
+
+def test_the_host_cpu_can_be_named_and_gets_no_feature_this_machine_lacks(tmp_path):
+    """`ALTUNE_HOST_CPU=haswell`: "host" is an AVX2 CPU whatever this machine is (8 lanes, 16 registers), with
+    no AVX-512 feature added from this machine's flags."""
+    import subprocess
+    import sys
+
+    code = ("from compiler.target import resolve_target, vector_unit, host_cpu; from tvm.target import codegen; "
+            "t = resolve_target('host'); f = codegen.llvm_get_cpu_features(t); u = vector_unit(); "
+            "print(host_cpu(), u.lanes, u.registers, 'avx2' in f, any(x.startswith('avx512') for x in f))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ALTUNE_HOST_CPU": "haswell"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["haswell", "8", "16", "True", "False"], out
