@@ -82,8 +82,12 @@ def test_vector_unit_follows_the_features_not_the_cpu_name():
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]})) == AVX2
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})) == AVX2
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})).registers == 32
+    from compiler.target import HOST_CPU_ENV
+
     with open("/proc/cpuinfo") as f:
         avx512 = any("avx512f" in line.split() for line in f if line.startswith("flags"))
+    if os.environ.get(HOST_CPU_ENV):  # a host CPU named by the user: its unit
+        avx512 = vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": os.environ[HOST_CPU_ENV]})) == AVX512
     assert vector_unit() == (AVX512 if avx512 else AVX2)
 
 

@@ -34,8 +34,13 @@ AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+
 
 
 def _host_has(flag: str) -> bool:
-    with open("/proc/cpuinfo") as f:
-        return any(flag in line.split() for line in f if line.startswith("flags"))
+    """Whether the host target has the feature (/proc/cpuinfo's name): what this machine runs and "host"
+    targets (less under `ALTUNE_HOST_CPU`)."""
+    from tvm.target import codegen
+
+    from compiler.target import resolve_target
+
+    return flag.replace("_", "") in codegen.llvm_get_cpu_features(resolve_target("host"))
 
 
 # ---------------------------------------------------------------------------
