@@ -60,7 +60,7 @@ def _answers(base: str) -> bool:
 
 
 def _env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_") or k == "ALTUNE_HOST_CPU"}
     return env | {"ALTUNE_DATABASE_URL": url, "ALTUNE_DATA_DIR": str(tmp_path), "ALTUNE_LEASE_SECONDS": str(LEASE_S),
                   "ALTUNE_POLL_SECONDS": "0.2", "PYTHONPATH": str(ROOT)} | extra
 

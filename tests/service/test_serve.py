@@ -118,7 +118,7 @@ def fresh_clone(tmp_path) -> Path:
 
 
 def _env(port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_") or k == "ALTUNE_HOST_CPU"}
     return env | {"ALTUNE_PORT": str(port), "ALTUNE_LEASE_SECONDS": "30", "PYTHONPATH": str(ROOT)} | extra
 
 
