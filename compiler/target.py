@@ -113,6 +113,8 @@ def vector_unit(target: Any = None) -> VectorUnit:
     """
     if target is None:
         return _host_vector_unit()
+    if target.kind.name != "llvm":  # a GPU target: the CPU's, its host's (the loop spaces are CPU spaces)
+        return vector_unit(target.host) if target.host is not None else _host_vector_unit()
     from tvm.target import codegen
 
     triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())

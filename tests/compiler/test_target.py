@@ -82,6 +82,8 @@ def test_vector_unit_follows_the_features_not_the_cpu_name():
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]})) == AVX2
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})) == AVX2
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})).registers == 32
+    # a GPU task's (CPU) loop spaces: its host's unit
+    assert vector_unit(resolve_target("cuda")) == vector_unit(resolve_target("host"))
     from compiler.target import HOST_CPU_ENV
 
     with open("/proc/cpuinfo") as f:
