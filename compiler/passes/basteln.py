@@ -31,8 +31,13 @@ the region a tile needs. The algorithms, in the order `basteln` runs them:
 6. Multiple outputs (Alg. 4, sec. 5.3-5.4): outputs whose anchors have equal iteration spaces are tiled
    with equal tile sizes and their tile loops merged (`Schedule.merge`), so a producer they share is
    computed once per tile for both; whether it fuses follows the same threshold, now on the union of
-   what both need. Outputs with different spaces keep separate tile loops and a producer they share is
-   left unfused (the paper's duplication of op0' and op0'' into each output is not built).
+   what both need. Outputs of different spaces form classes, each with tile loops of its own (the first
+   class takes the tuner's tile sizes, a further one the same sizes clipped to its extents). A producer
+   that several classes read is copied once per further class (Fig. 11b: op0' and op0'') when the parts
+   the classes need intersect in at most `threshold` of it (disjoint parts, as the two halves of a chunk,
+   cost nothing); each class's consumers read its own copy, fused under that class's tiles. Above the
+   threshold it is computed once, whole, before all of them. Copies are made closest to the outputs
+   first, so that a copied producer's own producers are shared by the copies in turn.
 
 Inside each tile every reduction gets a plain CPU schedule: spatial loops, then its reduction loops,
 then the innermost spatial loop vectorized (optionally a register block of the next spatial loop), and
@@ -49,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .tensorize._ir import loop_feeds
+from .tensorize._ir import key, loop_feeds
 
 if TYPE_CHECKING:
     import tvm
@@ -268,6 +273,22 @@ class Decision:
     reason: str
 
 
+@dataclass(frozen=True)
+class Duplication:
+    """A producer that outputs of different spaces read, computed once per class of outputs (Fig. 11b).
+
+    Attributes:
+        group: its anchor block (the first class's).
+        copies: the anchors of its copies, one per further class, each computed under that class's tile loops.
+        overlap: the fraction of its instances that more than one class needs (0: the parts do not intersect
+            and the copies recompute nothing; the sum of the pairwise intersections of the parts' hulls).
+    """
+
+    group: str
+    copies: tuple[str, ...]
+    overlap: float
+
+
 @dataclass
 class Fused:
     """The result of `basteln`: the schedule and what the pass decided.
@@ -280,6 +301,7 @@ class Fused:
         inlined: element-wise blocks inlined into their consumers (Alg. 5).
         intermediate_bytes: bytes of every intermediate buffer before the pass.
         scratch_bytes: bytes the intermediates occupy after it (a fused one: its per-tile footprint).
+        duplications: producers copied for outputs of different spaces (sec. 5.3, Fig. 11b).
     """
 
     sch: tvm.s_tir.Schedule
@@ -289,6 +311,7 @@ class Fused:
     inlined: list[str]
     intermediate_bytes: int
     scratch_bytes: int
+    duplications: list[Duplication] = field(default_factory=list)
 
     @property
     def fused(self) -> list[str]:
@@ -400,6 +423,337 @@ def redundancy(spaces: dict[str, Space], outputs: Sequence[str], order: Sequence
     return max(computed / spaces[group.anchor].spatial_volume - 1.0, 0.0)
 
 
+def _groups(spaces: dict[str, Space], params: set[str]) -> tuple[dict[str, Group], dict[str, str]]:
+    """Alg. 1: a reduction and the element-wise consumer that alone reads it, by a quasi-identity, are one
+    group; returns the groups by anchor and the anchor of each block's group."""
+    groups: dict[str, Group] = {}
+    member_of: dict[str, str] = {}
+    for name in spaces:  # topological
+        if name in member_of:
+            continue
+        group = Group(name)
+        last = name
+        while spaces[name].reduce or group.tail:
+            consumers = _consumers(spaces, last)
+            if len(consumers) != 1 or not spaces[consumers[0]].quasi_identity(spaces[last].writes.buffer):
+                break
+            if [e for _, e in spaces[consumers[0]].spatial] != [e for _, e in spaces[last].spatial]:
+                break  # it reads a part (a slice): the whole would be computed for it
+            nxt = consumers[0]
+            if not spaces[nxt].elementwise or spaces[last].writes.buffer in params:
+                break
+            group.tail.append(nxt)
+            last = nxt
+            if spaces[nxt].writes.buffer in params:
+                break
+        groups[name] = group
+        for b in group.blocks:
+            member_of[b] = name
+    return groups, member_of
+
+
+def _output_classes(spaces: dict[str, Space], groups: dict[str, Group], params: set[str]) -> list[list[str]]:
+    """The anchors of the output groups, in classes of equal spatial extents (the first output's class first)."""
+    classes: list[list[str]] = []
+    for group in groups.values():
+        if not any(spaces[b].writes.buffer in params for b in group.blocks):
+            continue
+        extents = [e for _, e in spaces[group.anchor].spatial]
+        same = next((c for c in classes if [e for _, e in spaces[c[0]].spatial] == extents), None)
+        if same is None:
+            classes.append([group.anchor])
+        else:
+            same.append(group.anchor)
+    return classes
+
+
+SHARED = -1  # in a class set: a consumer is computed whole, for several classes, so this group is too
+
+
+def _class_sets(spaces: dict[str, Space], groups: dict[str, Group], member_of: dict[str, str],
+                classes: list[list[str]], refused: dict[str, float]) -> dict[str, frozenset[int]]:
+    """For each group (by anchor): the classes of outputs that read what it computes, through any chain of
+    intermediates; `SHARED` where a consumer is computed once for several classes (`refused`)."""
+    class_of = {a: i for i, c in enumerate(classes) for a in c}
+    order = list(spaces)
+    sets: dict[str, frozenset[int]] = {}
+    for anchor in sorted(groups, key=order.index, reverse=True):
+        if anchor in class_of:
+            sets[anchor] = frozenset([class_of[anchor]])
+            continue
+        owners = {member_of[c] for b in groups[anchor].blocks for c in _consumers(spaces, b)} - {anchor}
+        found = frozenset().union(*(sets[o] for o in owners))
+        if any(o in refused or SHARED in sets[o] for o in owners):
+            found = frozenset([SHARED])
+        sets[anchor] = found
+    return sets
+
+
+def _default_tiles(anchor: Space) -> list[int]:
+    """1 for every spatial dimension but the last two, whole for those."""
+    d = len(anchor.spatial)
+    return [1] * max(d - 2, 0) + [e for _, e in anchor.spatial[max(d - 2, 0):]]
+
+
+def _class_tiles(tiles: Sequence[int], lead: Space, anchor: Space) -> list[int]:
+    """The tile sizes of a further class of outputs: the first class's where it has as many dimensions (each
+    clipped to its extent: independent groups with equal tile sizes, sec. 5.4), else the default."""
+    if len(anchor.spatial) != len(lead.spatial):
+        return _default_tiles(anchor)
+    return [min(int(t), e) for t, (_, e) in zip(tiles, anchor.spatial)]
+
+
+@dataclass
+class _Plan:
+    """One class of equal output spaces: its tile loops and the intermediates placed under them."""
+
+    outputs: list[str]
+    tiles: list[int]
+    order: list[int]
+    decisions: list[Decision]
+    collapsed: int = 0  # tile loops fused into the parallel one
+
+
+def _place(spaces: dict[str, Space], groups: dict[str, Group], member_of: dict[str, str], outputs: list[str],
+           tiles: list[int], intermediates: list[Group], placed: dict[str, int], threshold: float,
+           analyzable: bool) -> _Plan:
+    """Alg. 2 and 3 for one class of outputs: the tile-loop order, then each intermediate group placed at
+    the deepest tile loop where the m > n rule holds and its recomputed fraction is within `threshold`;
+    `placed` gets each placed block's depth."""
+    lead = spaces[outputs[0]]
+    d = len(lead.spatial)
+    order_all = list(spaces)
+    reverse_topo = sorted(intermediates, key=lambda g: order_all.index(g.anchor), reverse=True)
+    all_members = [b for g in reverse_topo for b in reversed(g.blocks)]
+
+    # tile-loop order: the dimensions that the footprints of the most intermediates follow come first (a
+    # conv's output channels, which no input footprint follows, last), so that fusing under them recomputes least
+    def followers(dim: int) -> int:
+        var, extent = lead.spatial[dim]
+        if extent == 1 or not intermediates:
+            return len(intermediates)  # a unit loop costs nothing anywhere
+        if not analyzable:  # a read without index forms: only the outputs' own reads tell
+            return sum(1 for g in intermediates for b in g.blocks for a in lead.reads_of(spaces[b].writes.buffer)
+                       if a.indices and any(var in dict(x.coeffs) for x in a.indices))
+        out_boxes = {}
+        for o in outputs:
+            box = {v: (0, e - 1) for v, e in spaces[o].spatial}
+            box[spaces[o].spatial[dim][0]] = (0, 0)
+            out_boxes[o] = box
+        boxes = Footprints(spaces, outputs).boxes(out_boxes, all_members)
+        return sum(1 for g in intermediates
+                   if boxes.get(g.anchor) is not None and _box_volume(boxes[g.anchor]) < spaces[g.anchor].spatial_volume)
+    tile_order = sorted(range(d), key=lambda dim: (-followers(dim), dim))
+
+    # place each intermediate group, closest to the outputs first
+    for o in outputs:
+        placed[o] = d
+    members: list[str] = []  # fused blocks, reverse topological
+    decisions: list[Decision] = []
+    for group in reverse_topo:
+        anchor = spaces[group.anchor]
+        blocks_rev = list(reversed(group.blocks))
+        consumers = {c for b in group.blocks for c in _consumers(spaces, b)} - set(group.blocks)
+        owners = {member_of[c] for c in consumers}
+        limit = min((placed.get(o, 0) for o in owners), default=0)
+        reason = "consumer" if limit == 0 else ""
+        if not all(a.indices is not None for c in consumers for a in spaces[c].reads_of(spaces[group.tail[-1] if group.tail else group.anchor].writes.buffer)) \
+                or not all(spaces[b].identity_write for b in group.blocks):
+            limit, reason = 0, "not affine"
+        best, best_r = 0, 0.0
+        for depth in range(limit, 0, -1):
+            m = sum(1 for dim in tile_order[:depth] if tiles[dim] < lead.spatial[dim][1])
+            if m > len(anchor.spatial):  # the paper's m > n: fewer parallel loops than the tile loops above
+                reason = reason or "m > n"
+                continue
+            if m == 0:  # no loop above is tiled: fusing gains no locality and takes the outputs' parallel loops
+                reason = reason or "no tiled loop above"
+                break
+            r = redundancy(spaces, outputs, tile_order, tiles, depth, [*members, *blocks_rev], group)
+            n_tiles = math.prod(math.ceil(lead.spatial[dim][1] / tiles[dim]) for dim in tile_order[:depth])
+            if n_tiles > 1 and r >= n_tiles - 1 - 1e-9:  # every tile needs all of it (a weight's conversion)
+                reason = reason or "every tile needs all of it"
+                break
+            if r <= threshold + 1e-9:
+                best, best_r = depth, r
+                break
+            reason = reason or f"threshold ({r:.2f} recomputed at depth {depth})"
+        if best:
+            for b in group.blocks:
+                placed[b] = best
+            members.extend(blocks_rev)
+        decisions.append(Decision(group.anchor, best, best_r, reason if best < d else ""))
+    return _Plan(list(outputs), list(tiles), tile_order, decisions)
+
+
+# ---------------------------------------------------------------------------
+# Fig. 11(b): a producer shared by outputs of different spaces, computed per class of outputs.
+
+
+def _duplicate_shared(sch: Any, spaces: dict[str, Space], params: set[str],
+                      threshold: float) -> tuple[Any, list[Duplication], dict[str, float]]:
+    """Copies each intermediate group that outputs of several classes read, one copy per further class, when
+    the parts the classes need intersect in at most `threshold` of its instances (sec. 5.3: disjoint parts
+    cost nothing; 5.4: a threshold allows some redundancy); each class's consumers then read their own copy,
+    which post-tiling fusion places under that class's tile loops. The groups closest to the outputs go
+    first, so that a copied group's producers are shared by its copies in turn.
+
+    Returns the new schedule, the copies made, and the groups left shared with the fraction that refused them.
+    """
+    from tvm import s_tir
+
+    duplications: list[Duplication] = []
+    refused: dict[str, float] = {}
+    if not all(a.indices is not None for s in spaces.values() for a in s.reads):
+        return sch, duplications, refused  # a read without index forms: the parts cannot be told apart
+    while True:
+        groups, member_of = _groups(spaces, params)
+        classes = _output_classes(spaces, groups, params)
+        sets = _class_sets(spaces, groups, member_of, classes, refused)
+        order = list(spaces)
+        candidates = [a for a, s in sets.items() if len(s) > 1 and SHARED not in s and a not in refused]
+        if not candidates:
+            return sch, duplications, refused
+        anchor = max(candidates, key=order.index)
+        group = groups[anchor]
+        in_classes = sorted(sets[anchor])
+        output_blocks = {b for c in classes for a in c for b in groups[a].blocks}
+        members = [b for b in reversed(order) if b not in output_blocks]
+        parts = []
+        for ci in in_classes:
+            boxes = Footprints(spaces, classes[ci]).boxes(
+                {o: {v: (0, e - 1) for v, e in spaces[o].spatial} for o in classes[ci]}, members)
+            parts.append(boxes.get(anchor))
+        overlap = sum(_box_volume(_intersect(a, b)) for a, b in itertools.combinations(parts, 2))
+        overlap /= spaces[anchor].spatial_volume
+        if overlap > threshold + 1e-9 or not all(spaces[b].identity_write for b in group.blocks):
+            refused[anchor] = overlap
+            continue
+        func = sch.mod["main"]
+        names = set(order)
+        copies = []
+        for ci in in_classes[1:]:
+            readers = [c for b in group.blocks for c in _consumers(spaces, b)
+                       if c not in group.blocks and sets[member_of[c]] == {ci}]
+            suffix = next(f"_copy{k}" for k in itertools.count(ci) if not names & {b + f"_copy{k}" for b in group.blocks})
+            try:
+                func = _copy_blocks(func, group.blocks, readers, suffix)
+            except BastelnError:  # a block that is not one store (the copy would have to understand it)
+                break
+            names |= {b + suffix for b in group.blocks}
+            copies.append(anchor + suffix)
+        else:
+            sch = s_tir.Schedule(func)
+            spaces = {s.name: s for s in spaces_of(sch)}
+            duplications.append(Duplication(anchor, tuple(copies), overlap))
+            continue
+        refused[anchor] = overlap
+
+
+def _intersect(a: dict[str, tuple[int, int]] | None, b: dict[str, tuple[int, int]] | None) -> dict | None:
+    if a is None or b is None:
+        return None
+    out = {}
+    for var, (lo, hi) in a.items():
+        lo, hi = max(lo, b[var][0]), min(hi, b[var][1])
+        if lo > hi:
+            return None
+        out[var] = (lo, hi)
+    return out
+
+
+def _block_of(stmt: Any) -> Any:
+    """The block of a root-level loop nest."""
+    from tvm import tirx
+
+    while isinstance(stmt, tirx.For):
+        stmt = stmt.body
+    return stmt.block
+
+
+def _copy_blocks(func: Any, blocks: Sequence[str], readers: Sequence[str], suffix: str) -> Any:
+    """`func` with the root-level blocks `blocks` (a group, in order) copied: new loop and block variables,
+    names with `suffix`, each writing a new buffer of its own; the blocks `readers` read the copies' buffers
+    instead of the originals'. The copies come right after the last of `blocks`."""
+    from tvm import s_tir, tirx
+
+    realize = func.body
+    root = realize.block
+    seq = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    names = [_block_of(s).name_hint for s in seq]
+    buffers: dict[int, Any] = {}
+    new_buffers = []
+    for b in blocks:
+        old = _block_of(seq[names.index(b)]).writes[0].source
+        new = tirx.decl_buffer(old.shape, str(old.dtype), old.name + suffix, scope=old.scope())
+        buffers[key(old)] = new
+        new_buffers.append(new)
+    copies = [_copy_nest(seq[names.index(b)], buffers, suffix) for b in blocks]
+    out = []
+    last = max(names.index(b) for b in blocks)
+    for i, stmt in enumerate(seq):
+        out.append(_copy_nest(stmt, buffers, None) if names[i] in readers else stmt)
+        if i == last:
+            out.extend(copies)
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(out), root.init,
+                            [*root.alloc_buffers, *new_buffers], root.match_buffers, root.annotations)
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+
+
+def _copy_nest(stmt: Any, buffers: dict[int, Any], suffix: str | None) -> Any:
+    """A root-level loop nest of one block with the buffers in `buffers` (by handle) replaced; with a
+    `suffix`, a copy of it: new loop and block variables, the block renamed."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    from .tensorize._ir import rewrite
+
+    fresh = suffix is not None
+    variables: dict[int, Any] = {}
+
+    def fn(x: Any) -> Any | None:
+        if isinstance(x, tvm.ir.expr.Var):
+            return variables.get(key(x), x)
+        if isinstance(x, tvm.ir.TensorLoad):
+            source = buffers.get(key(x.source), x.source)
+            return tirx.BufferLoad(source, [expr(i) for i in x.indices])
+        return None
+
+    def expr(e: Any) -> Any:
+        return rewrite(e, fn)
+
+    def var(v: Any) -> Any:
+        if not fresh:
+            return v
+        variables[key(v)] = new = tirx.Var(v.name, v.ty)
+        return new
+
+    def region(r: Any) -> Any:
+        return tirx.BufferRegion(buffers.get(key(r.source), r.source),
+                                 [tvm.ir.Range.from_min_extent(expr(x.min), expr(x.extent)) for x in r.region])
+
+    def store(s: Any) -> Any:
+        if not isinstance(s, tirx.BufferStore):
+            raise BastelnError(f"cannot copy a block whose body is a {type(s).__name__}")
+        return tirx.BufferStore(buffers.get(key(s.buffer), s.buffer), expr(s.value), [expr(i) for i in s.indices])
+
+    def go(x: Any) -> Any:
+        if isinstance(x, tirx.For):
+            loop_var = var(x.loop_var)
+            return tirx.For(loop_var, expr(x.min), expr(x.extent), x.kind, go(x.body), x.thread_binding,
+                            x.annotations, x.step)
+        b = x.block
+        values = [expr(v) for v in x.iter_values]
+        iter_vars = [tirx.IterVar(tvm.ir.Range.from_min_extent(expr(iv.dom.min), expr(iv.dom.extent)), var(iv.var),
+                                  iv.iter_type) for iv in b.iter_vars]
+        block = s_tir.SBlock(iter_vars, [region(r) for r in b.reads], [region(r) for r in b.writes],
+                             b.name_hint + (suffix or ""), store(b.body), None if b.init is None else store(b.init),
+                             b.alloc_buffers, b.match_buffers, b.annotations)
+        return s_tir.SBlockRealize(values, expr(x.predicate), block)
+
+    return go(stmt)
+
+
 def _nbytes(buffer: Any) -> int:
     return math.prod(int(d) for d in buffer.shape) * ((buffer.dtype.bits * buffer.dtype.lanes + 7) // 8)
 
@@ -468,115 +822,59 @@ def basteln(
         inlined.append(name)
         spaces = {s.name: s for s in spaces_of(sch)}
 
-    order_all = list(spaces)  # topological
-    outputs_blocks = [n for n in order_all if spaces[n].writes.buffer in params]
-    if not outputs_blocks:
+    if not any(s.writes.buffer in params for s in spaces.values()):
         raise BastelnError("the program writes no output buffer")
 
-    # Alg. 1: a reduction and the element-wise consumer that alone reads it, by a quasi-identity
-    groups: dict[str, Group] = {}
-    member_of: dict[str, str] = {}
-    for name in order_all:
-        if name in member_of:
-            continue
-        group = Group(name)
-        last = name
-        while spaces[name].reduce or group.tail:
-            consumers = _consumers(spaces, last)
-            if len(consumers) != 1 or not spaces[consumers[0]].quasi_identity(spaces[last].writes.buffer):
-                break
-            nxt = consumers[0]
-            if not spaces[nxt].elementwise or spaces[last].writes.buffer in params:
-                break
-            group.tail.append(nxt)
-            last = nxt
-            if spaces[nxt].writes.buffer in params:
-                break
-        groups[name] = group
-        for b in group.blocks:
-            member_of[b] = name
+    groups, member_of = _groups(spaces, params)
+    duplications: list[Duplication] = []
+    refused: dict[str, float] = {}
+    if len(_output_classes(spaces, groups, params)) > 1:  # Fig. 11b: a producer of several classes, per class
+        sch, duplications, refused = _duplicate_shared(sch, spaces, params, threshold)
+        spaces = {s.name: s for s in spaces_of(sch)}
+        groups, member_of = _groups(spaces, params)
+    order_all = list(spaces)  # topological
     output_groups = [g for g in groups.values() if any(spaces[b].writes.buffer in params for b in g.blocks)]
     outputs = [g.anchor for g in output_groups]
+    classes = _output_classes(spaces, groups, params)
+    sets = _class_sets(spaces, groups, member_of, classes, refused)
 
-    # equal output spaces share tile loops (sec. 5.4); others are tiled on their own and share nothing
-    lead = spaces[outputs[0]]
-    shared = [o for o in outputs if [e for _, e in spaces[o].spatial] == [e for _, e in lead.spatial]]
+    # the first class of equal output spaces is tiled with the tuner's sizes (sec. 5.4: its outputs share tile
+    # loops); a further class gets the same sizes where its extents allow (independent groups)
+    lead = spaces[classes[0][0]]
     d = len(lead.spatial)
     if tiles is None:
-        tiles = [1] * max(d - 2, 0) + [e for _, e in lead.spatial[max(d - 2, 0):]]
+        tiles = _default_tiles(lead)
     tiles = [int(t) for t in tiles]
     if len(tiles) != d or any(not 1 <= t <= e for t, (_, e) in zip(tiles, lead.spatial)):
         raise BastelnError(f"tiles {tiles} do not fit the output's spatial extents {[e for _, e in lead.spatial]}")
 
     intermediates = [g for g in groups.values() if g not in output_groups]
-    reverse_topo = sorted(intermediates, key=lambda g: order_all.index(g.anchor), reverse=True)
-
-    # tile-loop order: the dimensions that the footprints of the most intermediates follow come first (a
-    # conv's output channels, which no input footprint follows, last), so that fusing under them recomputes least
-    all_members = [b for g in reverse_topo for b in reversed(g.blocks)]
     analyzable = all(a.indices is not None for s in spaces.values() for a in s.reads)
-
-    def followers(dim: int) -> int:
-        var, extent = lead.spatial[dim]
-        if extent == 1 or not intermediates:
-            return len(intermediates)  # a unit loop costs nothing anywhere
-        if not analyzable:  # a read without index forms: only the outputs' own reads tell
-            return sum(1 for g in intermediates for b in g.blocks for a in lead.reads_of(spaces[b].writes.buffer)
-                       if a.indices and any(var in dict(x.coeffs) for x in a.indices))
-        out_boxes = {}
-        for o in shared:
-            box = {v: (0, e - 1) for v, e in spaces[o].spatial}
-            box[spaces[o].spatial[dim][0]] = (0, 0)
-            out_boxes[o] = box
-        boxes = Footprints(spaces, shared).boxes(out_boxes, all_members)
-        return sum(1 for g in intermediates
-                   if boxes.get(g.anchor) is not None and _box_volume(boxes[g.anchor]) < spaces[g.anchor].spatial_volume)
-    tile_order = sorted(range(d), key=lambda dim: (-followers(dim), dim))
-
-    # Alg. 2 and 3: place each intermediate group, closest to the outputs first
-    placed: dict[str, int] = {o: d for o in shared}
-    members: list[str] = []  # fused blocks, reverse topological
+    plans: list[_Plan] = []
+    placed: dict[str, int] = {}
     decisions: list[Decision] = []
-    for group in reverse_topo:
-        anchor = spaces[group.anchor]
-        blocks_rev = list(reversed(group.blocks))
-        consumers = {c for b in group.blocks for c in _consumers(spaces, b)} - set(group.blocks)
-        owners = {member_of[c] for c in consumers}
-        limit = min((placed.get(o, 0) for o in owners), default=0)
-        reason = "consumer" if limit == 0 else ""
-        if not all(a.indices is not None for c in consumers for a in spaces[c].reads_of(spaces[group.tail[-1] if group.tail else group.anchor].writes.buffer)) \
-                or not all(spaces[b].identity_write for b in group.blocks):
-            limit, reason = 0, "not affine"
-        best, best_r = 0, 0.0
-        for depth in range(limit, 0, -1):
-            m = sum(1 for dim in tile_order[:depth] if tiles[dim] < lead.spatial[dim][1])
-            if m > len(anchor.spatial):  # the paper's m > n: fewer parallel loops than the tile loops above
-                reason = reason or "m > n"
-                continue
-            if m == 0:  # no loop above is tiled: fusing gains no locality and takes the outputs' parallel loops
-                reason = reason or "no tiled loop above"
-                break
-            r = redundancy(spaces, shared, tile_order, tiles, depth, [*members, *blocks_rev], group)
-            n_tiles = math.prod(math.ceil(lead.spatial[dim][1] / tiles[dim]) for dim in tile_order[:depth])
-            if n_tiles > 1 and r >= n_tiles - 1 - 1e-9:  # every tile needs all of it (a weight's conversion)
-                reason = reason or "every tile needs all of it"
-                break
-            if r <= threshold + 1e-9:
-                best, best_r = depth, r
-                break
-            reason = reason or f"threshold ({r:.2f} recomputed at depth {depth})"
-        if best:
-            placed[group.anchor] = best
-            for b in group.blocks:
-                placed[b] = best
-            members.extend(blocks_rev)
-        decisions.append(Decision(group.anchor, best, best_r, reason if best < d else ""))
+    for ci, outs in enumerate(classes):
+        mine = [g for g in intermediates if sets[g.anchor] == {ci} or ci == 0 and not sets[g.anchor]]
+        if ci and not mine:  # nothing to fuse: its outputs are scheduled on their own
+            continue
+        anchor = spaces[outs[0]]
+        class_tiles = tiles if ci == 0 else _class_tiles(tiles, lead, anchor)
+        plan = _place(spaces, groups, member_of, outs, class_tiles, mine, placed, threshold, analyzable)
+        plans.append(plan)
+        decisions.extend(plan.decisions)
+    planned = {dd.group for dd in decisions}
+    for group in sorted(intermediates, key=lambda g: order_all.index(g.anchor), reverse=True):
+        if group.anchor in planned:
+            continue
+        reason = (f"shared by outputs of different spaces ({refused[group.anchor]:.2f} of it needed by several)"
+                  if group.anchor in refused else "consumer")
+        decisions.append(Decision(group.anchor, 0, 0.0, reason))
 
-    _schedule(sch, spaces, groups, output_groups, shared, tile_order, tiles, decisions, placed,
-              vector=vector, register=register, register2=register2, unroll=unroll, parallel=parallel,
-              tensorize=tensorize, lanes=lanes or vector)
+    _schedule(sch, spaces, groups, output_groups, plans, vector=vector, register=register,
+              register2=register2, unroll=unroll, parallel=parallel, tensorize=tensorize, lanes=lanes or vector)
 
-    return Fused(sch, outputs, tile_order, decisions, inlined, intermediate_bytes, scratch_bytes(sch.mod))
+    return Fused(sch, outputs, plans[0].order, decisions, inlined, intermediate_bytes, scratch_bytes(sch.mod),
+                 duplications)
 
 
 def scratch_bytes(mod: tvm.IRModule) -> int:
@@ -606,57 +904,60 @@ def scratch_bytes(mod: tvm.IRModule) -> int:
 
 
 def _schedule(sch: Any, spaces: dict[str, Space], groups: dict[str, Group], output_groups: list[Group],
-              shared: list[str], order: list[int], tiles: list[int], decisions: list[Decision],
-              placed: dict[str, int], *, vector: int, register: int, register2: int, unroll: int,
+              plans: list[_Plan], *, vector: int, register: int, register2: int, unroll: int,
               parallel: bool, tensorize: bool, lanes: int) -> None:
-    d = len(order)
-    tile_loops: list[list[Any]] = []
-    for name in shared:
-        block = sch.get_sblock(name)
-        loops = sch.get_loops(block)
-        n_spatial = len(spaces[name].spatial)
-        outer, inner = [], []
-        for dim, loop in enumerate(loops[:n_spatial]):
-            o, i = sch.split(loop, [None, tiles[dim]])
-            outer.append(o)
-            inner.append(i)
-        sch.reorder(*[outer[dim] for dim in order], *inner, *loops[n_spatial:])
-        tile_loops.append([outer[dim] for dim in order])
-    if len(tile_loops) > 1:  # equal output spaces: one tile loop nest for all (sec. 5.4)
-        merged = [sch.merge(*[loops[level] for loops in tile_loops]) for level in range(d)]
-        tile_loops = [merged]
-    tloops = tile_loops[0]
-    for group in output_groups:
-        if group.anchor not in shared:
-            continue
-        for b in group.tail:
-            sch.reverse_compute_at(sch.get_sblock(b), tloops[-1])
-    for decision in decisions:
-        if decision.depth == 0:
-            continue
-        for b in reversed(groups[decision.group].blocks):
-            sch.compute_at(sch.get_sblock(b), tloops[decision.depth - 1])
+    plan_of: dict[str, _Plan] = {}  # every block under a plan's tile loops
+    depth_of: dict[str, int] = {}  # and how many of them enclose it
+    for plan in plans:
+        d = len(plan.order)
+        tile_loops: list[list[Any]] = []
+        for name in plan.outputs:
+            block = sch.get_sblock(name)
+            loops = sch.get_loops(block)
+            n_spatial = len(spaces[name].spatial)
+            outer, inner = [], []
+            for dim, loop in enumerate(loops[:n_spatial]):
+                o, i = sch.split(loop, [None, plan.tiles[dim]])
+                outer.append(o)
+                inner.append(i)
+            sch.reorder(*[outer[dim] for dim in plan.order], *inner, *loops[n_spatial:])
+            tile_loops.append([outer[dim] for dim in plan.order])
+        if len(tile_loops) > 1:  # equal output spaces: one tile loop nest for all (sec. 5.4)
+            merged = [sch.merge(*[loops[level] for loops in tile_loops]) for level in range(d)]
+            tile_loops = [merged]
+        tloops = tile_loops[0]
+        for group in output_groups:
+            if group.anchor not in plan.outputs:
+                continue
+            for b in group.blocks:
+                plan_of[b], depth_of[b] = plan, d
+            for b in group.tail:
+                sch.reverse_compute_at(sch.get_sblock(b), tloops[-1])
+        for decision in plan.decisions:
+            if decision.depth == 0:
+                continue
+            for b in reversed(groups[decision.group].blocks):
+                sch.compute_at(sch.get_sblock(b), tloops[decision.depth - 1])
+                plan_of[b], depth_of[b] = plan, decision.depth
 
-    # parallel: the tile loops above every fused intermediate (all of them when nothing is fused)
-    depth = min([d, *(dd.depth for dd in decisions if dd.depth > 0)])
-    collapsed = 0
-    if parallel and depth > 0:
-        collapsed = depth - 1
-        outer = sch.fuse(*tloops[:depth]) if depth > 1 else tloops[0]
-        sch.parallel(outer)
-        if unroll:
-            sch.annotate(outer, "pragma_auto_unroll_max_step", unroll)
-            sch.annotate(outer, "pragma_unroll_explicit", 1)  # LLVM codegen ignores the implicit hint
+        # parallel: the tile loops above every fused intermediate (all of them when nothing is fused)
+        depth = min([d, *(dd.depth for dd in plan.decisions if dd.depth > 0)])
+        if parallel and depth > 0:
+            plan.collapsed = depth - 1
+            outer = sch.fuse(*tloops[:depth]) if depth > 1 else tloops[0]
+            sch.parallel(outer)
+            if unroll:
+                sch.annotate(outer, "pragma_auto_unroll_max_step", unroll)
+                sch.annotate(outer, "pragma_unroll_explicit", 1)  # LLVM codegen ignores the implicit hint
 
     for name, space in spaces.items():
         try:
             block = sch.get_sblock(name)
         except Exception:  # inlined
             continue
-        in_outputs = any(name in g.blocks and g.anchor in shared for g in output_groups)
-        fused_depth = d if in_outputs else placed.get(name, 0)
+        fused_depth = depth_of.get(name, 0)
         if fused_depth:
-            fused_depth -= collapsed
+            fused_depth -= plan_of[name].collapsed
         _inner(sch, block, space, fused_depth, vector=vector, register=register, register2=register2,
                parallel=parallel and fused_depth == 0, tensorize=tensorize, lanes=lanes)
 

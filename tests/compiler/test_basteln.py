@@ -158,6 +158,80 @@ def test_multiple_outputs_share_tiles_and_fuse_their_producer_only_within_the_th
     np.testing.assert_allclose(o2.numpy(), 6 * x[:-1, :-1], rtol=1e-6)
 
 
+def branches(m: int = 16, k: int = 8, n1: int = 6, n2: int = 10, *, split: bool):
+    """A matmul whose result two outputs of different spaces read (Fig. 11(a) with op1 and op2 of different
+    shapes): `split`, each its own columns (a chunk, as in a GLU: the parts do not intersect); else both read
+    all of it (the branches of an Inception block: every element is needed twice)."""
+    x = te.placeholder((m, k), name="X")
+    w = te.placeholder((k, n1 + n2 if split else k), name="W")
+    r = te.reduce_axis((0, k), "r")
+    y = te.compute((m, w.shape[1]), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="Y")
+    if split:
+        o1 = te.compute((m, n1), lambda i, j: tirx.max(y[i, j], tirx.const(0, "float32")), name="out1")
+        o2 = te.compute((m, n2), lambda i, j: y[i, n1 + j] * tirx.const(2, "float32"), name="out2")
+        return te.create_prim_func([x, w, o1, o2]).with_attr("global_symbol", "main")
+    w1, w2 = te.placeholder((k, n1), name="W1"), te.placeholder((k, n2), name="W2")
+    r1, r2 = te.reduce_axis((0, k), "r1"), te.reduce_axis((0, k), "r2")
+    o1 = te.compute((m, n1), lambda i, j: te.sum(y[i, r1] * w1[r1, j], axis=r1), name="out1")
+    o2 = te.compute((m, n2), lambda i, j: te.sum(y[i, r2] * w2[r2, j], axis=r2), name="out2")
+    return te.create_prim_func([x, w, w1, w2, o1, o2]).with_attr("global_symbol", "main")
+
+
+def same_tile_loop(fused, a: str, b: str) -> bool:
+    """Whether blocks `a` and `b` sit in the same outermost loop (the loop itself, not its name)."""
+    sch = fused.sch
+    first = [sch.get(sch.get_loops(sch.get_sblock(n if n in names else n + "_update"))[0])
+             for n, names in ((a, blocks(sch)), (b, blocks(sch)))]
+    return first[0].same_as(first[1])
+
+
+def blocks(sch) -> set[str]:
+    return {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+
+
+def run_branches(fused, target, split: bool, m: int = 16, k: int = 8, n1: int = 6, n2: int = 10) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((m, k), "float32")
+    w = rng.standard_normal((k, n1 + n2 if split else k), "float32")
+    ws = [] if split else [rng.standard_normal((k, n), "float32") for n in (n1, n2)]
+    outs = [tvm.runtime.tensor(np.zeros((m, n), "float32")) for n in (n1, n2)]
+    tvm.compile(fused.sch.mod, target)["main"](*[tvm.runtime.tensor(a) for a in (x, w, *ws)], *outs)
+    y = x @ w
+    want = [np.maximum(y[:, :n1], 0), 2 * y[:, n1:]] if split else [y @ ws[0], y @ ws[1]]
+    for got, ref in zip(outs, want):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_producer_of_outputs_of_different_spaces_is_split_between_their_tiles_without_redundancy(host_target):
+    fused = basteln(branches(split=True), [4, 6], threshold=0.0, vector=8)
+    # Fig. 11(b): the parts the two outputs need do not intersect, so each computes its own part in its tiles
+    assert [(d.group, d.copies, d.overlap) for d in fused.duplications] == [("Y", ("Y_copy1",), 0.0)]
+    assert {d.group: d.depth for d in fused.decisions} == {"Y": 2, "Y_copy1": 2}
+    assert same_tile_loop(fused, "Y", "out1") and same_tile_loop(fused, "Y_copy1", "out2")
+    assert not same_tile_loop(fused, "out1", "out2")
+    # each copy shrinks to its tile: 4 rows of 6 columns, not the 16 x 16 matmul twice
+    assert fused.scratch_bytes == 2 * 4 * 6 * 4 < fused.intermediate_bytes
+    run_branches(fused, host_target, split=True)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.0])
+def test_a_producer_both_outputs_need_whole_is_copied_only_when_the_threshold_allows(threshold, host_target):
+    fused = basteln(branches(split=False), [4, 6], threshold=threshold, vector=8)
+    by_group = {d.group: d for d in fused.decisions}
+    if threshold == 0:  # a copy would compute every element twice: computed once, whole, before both
+        assert fused.duplications == [] and by_group["Y"].depth == 0
+        assert by_group["Y"].reason.startswith("shared by outputs of different spaces (1.00")
+        assert fused.scratch_bytes == fused.intermediate_bytes == 16 * 8 * 4
+    else:  # sec. 5.4 at 1: one fused program per output, the redundancy accepted
+        assert [(d.group, d.overlap) for d in fused.duplications] == [("Y", 1.0)]
+        # each under its output's tiles: out1's are whole rows, out2's two column tiles recompute its rows once more
+        assert (by_group["Y"].depth, by_group["Y"].redundancy) == (2, 0.0)
+        assert (by_group["Y_copy1"].depth, by_group["Y_copy1"].redundancy) == (2, 1.0)
+        assert same_tile_loop(fused, "Y", "out1") and same_tile_loop(fused, "Y_copy1", "out2")
+        assert fused.scratch_bytes == 2 * 4 * 8 * 4 < 2 * fused.intermediate_bytes
+    run_branches(fused, host_target, split=False)
+
+
 def test_element_wise_chains_are_inlined_and_reductions_keep_their_epilogue():
     w = make_workload("pad_conv_bias_relu", dict(in_channels=4, height=8, width=8, out_channels=8))
     fused = basteln(w.prim_func, [1, 8, 4, 8])
