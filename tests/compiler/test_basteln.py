@@ -232,6 +232,38 @@ def test_a_producer_both_outputs_need_whole_is_copied_only_when_the_threshold_al
     run_branches(fused, host_target, split=False)
 
 
+def test_the_producers_of_a_copied_producer_are_shared_by_the_copies_in_turn(host_target):
+    """X -> A (a 3-row window sum) -> Y (a matmul) -> out1 | out2, each output reading its own columns of Y."""
+    m, k, n1, n2 = 16, 8, 6, 10
+    x = te.placeholder((m + 2, k), name="X")
+    r0 = te.reduce_axis((0, 3), "r0")
+    a = te.compute((m, k), lambda i, c: te.sum(x[i + r0, c], axis=r0), name="A")
+    w = te.placeholder((k, n1 + n2), name="W")
+    r = te.reduce_axis((0, k), "r")
+    y = te.compute((m, n1 + n2), lambda i, j: te.sum(a[i, r] * w[r, j], axis=r), name="Y")
+    o1 = te.compute((m, n1), lambda i, j: y[i, j] + tirx.const(1, "float32"), name="out1")
+    o2 = te.compute((m, n2), lambda i, j: y[i, n1 + j] * tirx.const(2, "float32"), name="out2")
+    func = te.create_prim_func([x, w, o1, o2]).with_attr("global_symbol", "main")
+    rng = np.random.default_rng(6)
+    xs, ws = rng.standard_normal((m + 2, k), "float32"), rng.standard_normal((k, n1 + n2), "float32")
+    ref = (xs[:-2] + xs[1:-1] + xs[2:]) @ ws
+    for threshold in (0.0, 1.0):
+        fused = basteln(func, [4, 6], threshold=threshold, vector=8)
+        copied = {d.group: (d.copies, d.overlap) for d in fused.duplications}
+        by_group = {d.group: d for d in fused.decisions}
+        # Y first (its parts are disjoint); then A, which both copies of Y read whole
+        assert copied["Y"] == (("Y_copy1",), 0.0)
+        if threshold == 0:
+            assert "A" not in copied and by_group["A"].depth == 0 and by_group["A"].reason.startswith("shared")
+        else:
+            assert copied["A"] == (("A_copy1",), 1.0)
+            assert same_tile_loop(fused, "A", "out1") and same_tile_loop(fused, "A_copy1", "out2")
+        outs = [tvm.runtime.tensor(np.zeros((m, n), "float32")) for n in (n1, n2)]
+        tvm.compile(fused.sch.mod, host_target)["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws), *outs)
+        np.testing.assert_allclose(outs[0].numpy(), ref[:, :n1] + 1, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(outs[1].numpy(), ref[:, n1:] * 2, rtol=1e-5, atol=1e-5)
+
+
 def test_element_wise_chains_are_inlined_and_reductions_keep_their_epilogue():
     w = make_workload("pad_conv_bias_relu", dict(in_channels=4, height=8, width=8, out_channels=8))
     fused = basteln(w.prim_func, [1, 8, 4, 8])
