@@ -22,7 +22,9 @@ mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side a
   builder): the weights are parameters marked layout-free (`AttachAttrLayoutFreeBuffers`),
   `tune_relax` with `max_trials_global` = the same budget, the database applied, the
   layout rewrites split off and lifted into `main_transform_params`
-  (`SplitLayoutRewritePreproc`, `LiftTransformParams`), run once; checked;
+  (`SplitLayoutRewritePreproc`, `LiftTransformParams`), run once; checked; an output that does not
+  match is traced to the tasks whose tuned function computes something else than its untuned one on
+  random inputs (`wrong_tasks`, `metaschedule_wrong_tasks`), and is not timed;
 - torch: eager NCHW, channels_last and `torch.compile` (inductor, `freezing=True`), each
   reported (`torch_variants_ms`), the fastest the baseline (`torch_ms`);
 - ONNX Runtime (CPU): the model exported by `torch.onnx.export` (dynamo), every graph
@@ -290,15 +292,46 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
     tune_s = time.perf_counter() - start
     with target, tvm.transform.PassContext(opt_level=3):
         # and after: the database applied, the layout rewrites split off and lifted into main_transform_params
-        mod = tvm.transform.Sequential([
-            relax.transform.MetaScheduleApplyDatabase(str(run_dir)), relax.transform.SplitLayoutRewritePreproc(),
-            relax.transform.LiftTransformParams(), relax.transform.FoldConstant(),
-        ])(mod)
-        ex = tvm.compile(mod, target=target)
+        applied = relax.transform.MetaScheduleApplyDatabase(str(run_dir))(mod)
+        final = tvm.transform.Sequential([
+            relax.transform.SplitLayoutRewritePreproc(), relax.transform.LiftTransformParams(),
+            relax.transform.FoldConstant(),
+        ])(applied)
+        ex = tvm.compile(final, target=target)
     vm = relax.VirtualMachine(ex, tvm.cpu(0))
     transformed = vm["main_transform_params"]([tvm.runtime.tensor(p, tvm.cpu(0)) for p in params["main"]])
     return {"ex": ex, "params": [np.ascontiguousarray(t.numpy()) for t in transformed],
+            "check": lambda: wrong_tasks(mod, applied, target),
             "metaschedule_tune_s": tune_s, "metaschedule_trials": len(database.get_all_tuning_records())}
+
+
+def wrong_tasks(before: Any, after: Any, target: Any, seed: int = 0) -> list[str]:
+    """The PrimFuncs whose schedule (in `after`, the database applied, layout rewrites still inside) computes
+    something other than the same function in `before` on random inputs: how a wrong whole-model output is
+    traced to a task. Integer inputs are 0 (indices in range: TVM's fast `take` does not check them); where a
+    function has several outputs, the last is compared."""
+    import numpy as np
+    import tvm
+    from tvm_ffi import structural_equal
+
+    from bench.baselines import build_and_run, random_args
+    from compiler.arrays import check_close
+
+    originals = {gv.name_hint: func for gv, func in before.functions.items() if isinstance(func, tvm.tirx.PrimFunc)}
+    wrong = []
+    for gv, func in after.functions.items():
+        orig = originals.get(gv.name_hint)
+        if orig is None or not isinstance(func, tvm.tirx.PrimFunc) or structural_equal(orig, func):
+            continue
+        inputs = [a if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else np.zeros_like(a)
+                  for a in random_args(orig, seed)]
+        outs = []
+        for f in (orig, func):
+            mod = tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
+            outs.append(build_and_run(mod, orig, target, inputs)[2])
+        if check_close(outs[1], outs[0]) is not None:  # a task's tolerance, as our own measurements check
+            wrong.append(gv.name_hint)
+    return wrong
 
 
 def _run_vm(ex: Any, inputs: list, params: list) -> list:
@@ -411,7 +444,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
         try:
             ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["trials_per_round"],
                                   quantized=quantized, translated=bfloat16)
-            ex, params = ms.pop("ex"), ms.pop("params")
+            ex, params, check = ms.pop("ex"), ms.pop("params"), ms.pop("check")
             row.update(ms)
             mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=quantized)
             row["metaschedule_correct"] = mismatch is None
@@ -419,6 +452,10 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
                 programs["metaschedule"] = _export_vm(ex, inputs, params, folder / "metaschedule")
             else:
                 row["metaschedule_error"] = f"MetaSchedule: {mismatch}"
+                row["metaschedule_wrong_tasks"] = wrong = check()
+                row["metaschedule_error"] += (f"; tasks whose schedule computes something else: {', '.join(wrong)}"
+                                              if wrong else "; every task's schedule matches its function on random "
+                                              "inputs (the fault is between tasks: layout rewrites, lifted params)")
         except Exception as e:  # noqa: BLE001
             row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
     if options["torch"]:

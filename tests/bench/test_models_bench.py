@@ -93,3 +93,24 @@ def test_bf16_benchmarks_the_bfloat16_model_on_every_side(tmp_path):
     assert "bfloat16" in row["onnxruntime_error"]
     with pytest.raises(SystemExit):  # two precisions at once
         models.main(["--models", "small_cnn", "--bf16", "--quantize"])
+
+
+def test_a_wrong_metaschedule_output_is_traced_to_the_task_whose_schedule_computes_something_else():
+    import tvm
+    from tvm import s_tir, te, tirx
+
+    from compiler.target import resolve_target
+
+    def func(scale: float, name: str, index: bool = False) -> tvm.tirx.PrimFunc:
+        x = te.placeholder((4, 64), name="x")
+        i = te.placeholder((4,), "int64", name="i")
+        y = te.compute((4, 64), lambda r, c: x[i[r] if index else r, c] * tirx.const(scale, "float32"), name="y")
+        return te.create_prim_func([x, i, y] if index else [x, y]).with_attr("global_symbol", name)
+
+    before = tvm.IRModule({"gather": func(2.0, "gather", index=True), "scale": func(2.0, "scale"),
+                           "same": func(5.0, "same")})
+    sch = s_tir.Schedule(before["gather"])
+    _, c = sch.get_loops(sch.get_sblock("y"))
+    sch.vectorize(sch.split(c, [None, 16])[1])  # scheduled, still right (its indices are 0: in range)
+    after = tvm.IRModule({"gather": sch.mod["main"], "scale": func(3.0, "scale"), "same": before["same"]})
+    assert models.wrong_tasks(before, after, resolve_target("host")) == ["scale"]
