@@ -497,10 +497,11 @@ def _default_tiles(anchor: Space) -> list[int]:
 
 def _class_tiles(tiles: Sequence[int], lead: Space, anchor: Space) -> list[int]:
     """The tile sizes of a further class of outputs: the first class's where it has as many dimensions (each
-    clipped to its extent: independent groups with equal tile sizes, sec. 5.4), else the default."""
+    clipped to its extent: independent groups with equal tile sizes, sec. 5.4; a dimension the first class
+    takes whole is whole here too), else the default."""
     if len(anchor.spatial) != len(lead.spatial):
         return _default_tiles(anchor)
-    return [min(int(t), e) for t, (_, e) in zip(tiles, anchor.spatial)]
+    return [e if int(t) == le else min(int(t), e) for t, (_, le), (_, e) in zip(tiles, lead.spatial, anchor.spatial)]
 
 
 @dataclass
@@ -770,6 +771,7 @@ def basteln(
     parallel: bool = True,
     tensorize: bool = False,
     lanes: int | None = None,
+    copies: bool = True,
 ) -> Fused:
     """Tiles the live-out spaces of `prim_func` and fuses every intermediate space into their tiles.
 
@@ -790,6 +792,8 @@ def basteln(
             nest left as it is where it does not match), and every layout conversion for transposed tiles in
             registers (`compiler.passes.tensorize.schedule_transpose`).
         lanes: the vector unit's float32 lanes, the transposed tiles' size (None: `vector`).
+        copies: copy a producer that outputs of different spaces read, one copy per class of outputs, where
+            the threshold allows (Fig. 11b); False: such a producer is computed once, whole, before them.
 
     Returns:
         The schedule and the decisions (`Fused`).
@@ -828,7 +832,7 @@ def basteln(
     groups, member_of = _groups(spaces, params)
     duplications: list[Duplication] = []
     refused: dict[str, float] = {}
-    if len(_output_classes(spaces, groups, params)) > 1:  # Fig. 11b: a producer of several classes, per class
+    if copies and len(_output_classes(spaces, groups, params)) > 1:  # Fig. 11b: a producer of several classes, per class
         sch, duplications, refused = _duplicate_shared(sch, spaces, params, threshold)
         spaces = {s.name: s for s in spaces_of(sch)}
         groups, member_of = _groups(spaces, params)

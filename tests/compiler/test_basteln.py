@@ -209,9 +209,15 @@ def test_a_producer_of_outputs_of_different_spaces_is_split_between_their_tiles_
     assert {d.group: d.depth for d in fused.decisions} == {"Y": 2, "Y_copy1": 2}
     assert same_tile_loop(fused, "Y", "out1") and same_tile_loop(fused, "Y_copy1", "out2")
     assert not same_tile_loop(fused, "out1", "out2")
-    # each copy shrinks to its tile: 4 rows of 6 columns, not the 16 x 16 matmul twice
-    assert fused.scratch_bytes == 2 * 4 * 6 * 4 < fused.intermediate_bytes
+    # each copy shrinks to its tile: 4 rows of its output's columns (6 and 10: out1 takes its rows whole, so out2
+    # does), not the 16 x 16 matmul twice
+    assert fused.scratch_bytes == 4 * (6 + 10) * 4 < fused.intermediate_bytes
     run_branches(fused, host_target, split=True)
+    # without copies (the pass before Fig. 11b): the matmul runs once, whole, before both outputs
+    whole = basteln(branches(split=True), [4, 6], threshold=0.0, vector=8, copies=False)
+    assert whole.duplications == [] and [(d.group, d.depth) for d in whole.decisions] == [("Y", 0)]
+    assert whole.scratch_bytes == whole.intermediate_bytes
+    run_branches(whole, host_target, split=True)
 
 
 @pytest.mark.parametrize("threshold", [0.0, 1.0])
@@ -224,9 +230,9 @@ def test_a_producer_both_outputs_need_whole_is_copied_only_when_the_threshold_al
         assert fused.scratch_bytes == fused.intermediate_bytes == 16 * 8 * 4
     else:  # sec. 5.4 at 1: one fused program per output, the redundancy accepted
         assert [(d.group, d.overlap) for d in fused.duplications] == [("Y", 1.0)]
-        # each under its output's tiles: out1's are whole rows, out2's two column tiles recompute its rows once more
+        # each under its output's tiles of 4 whole rows: no more recomputation than the copy itself
         assert (by_group["Y"].depth, by_group["Y"].redundancy) == (2, 0.0)
-        assert (by_group["Y_copy1"].depth, by_group["Y_copy1"].redundancy) == (2, 1.0)
+        assert (by_group["Y_copy1"].depth, by_group["Y_copy1"].redundancy) == (2, 0.0)
         assert same_tile_loop(fused, "Y", "out1") and same_tile_loop(fused, "Y_copy1", "out2")
         assert fused.scratch_bytes == 2 * 4 * 8 * 4 < 2 * fused.intermediate_bytes
     run_branches(fused, host_target, split=False)
