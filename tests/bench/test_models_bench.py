@@ -114,3 +114,28 @@ def test_a_wrong_metaschedule_output_is_traced_to_the_task_whose_schedule_comput
     sch.vectorize(sch.split(c, [None, 16])[1])  # scheduled, still right (its indices are 0: in range)
     after = tvm.IRModule({"gather": sch.mod["main"], "scale": func(3.0, "scale"), "same": before["same"]})
     assert models.wrong_tasks(before, after, resolve_target("host")) == ["scale"]
+
+
+def test_a_partly_read_weight_is_not_handed_to_metaschedule_as_layout_free():
+    """MetaSchedule's layout rewrite of a weight read only in part (BERT's position table, a slice of it) packs
+    the whole buffer by the read part's index map, which overwrites it; such a weight is left in its layout."""
+    import tvm
+    from tvm import te
+
+    def func(name: str) -> tvm.tirx.PrimFunc:
+        x = te.placeholder((8, 16), name="x")
+        table = te.placeholder((32, 16), name="table")  # rows 0-7 read: a slice
+        w = te.placeholder((16, 16), name="w")  # read whole
+        ids = te.placeholder((8,), "int64", name="ids")
+        emb = te.placeholder((100, 16), name="emb")  # a gather: which rows is not known
+        k = te.reduce_axis((0, 16), name="k")
+        y = te.compute((8, 16), lambda r, c: te.sum((x[r, k] + table[r, k]) * w[k, c], axis=k), name="y")
+        z = te.compute((8, 16), lambda r, c: y[r, c] + emb[ids[r], c], name="z")
+        return te.create_prim_func([x, table, w, ids, emb, z]).with_attr("global_symbol", name)
+
+    assert models.partly_read(func("f")) == [1]
+    mod = tvm.IRModule({"f": func("f").with_attr("layout_free_buffers", [1, 2, 4]), "g": func("g")})
+    out, taken = models.whole_layout_free(mod)
+    assert taken == ["f: table"]
+    assert [int(i) for i in out["f"].attrs["layout_free_buffers"]] == [2, 4]
+    assert out["g"].same_as(mod["g"])
