@@ -50,7 +50,8 @@ Every program (the untuned build, ours, MetaSchedule's, each torch variant, ONNX
 fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
 medians of `time_evaluator` repeats of at least 50 ms (torch: the same calibration in
 Python). Prints a table and writes the report (the `bench.common` shape) to --json or
-under bench/results/.
+under bench/results/; with --json, also after every model but the last, so that an interrupted run keeps the
+models it finished.
 """
 
 from __future__ import annotations
@@ -655,14 +656,19 @@ def main(argv: list[str] | None = None) -> int:
                    "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime, "layout": args.layout, "trials_per_round": args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
                    "also_layouts": also, "quantize": args.quantize, "bf16": args.bf16}
+        def report_of(rows: list[dict]) -> dict:
+            return {"suite": "models", "target": target_key(args.target), "budget": args.budget,
+                    "quantized": args.quantize, "bf16": args.bf16, "cases": rows,
+                    "geomean": geomeans(rows) | {"vs_onnxruntime": geomean(r.get("vs_onnxruntime") for r in rows)},
+                    "environment": environment()}
+
         rows = []
         for i, name in enumerate(names):
             print(f"[{i + 1}/{len(names)}] {name} (budget {args.budget}) ...", file=sys.stderr, flush=True)
             rows.append(run_model(name, args.target, args.budget, args.seed, options, sys.stderr))
-    report = {"suite": "models", "target": target_key(args.target), "budget": args.budget, "quantized": args.quantize,
-              "bf16": args.bf16, "cases": rows,
-              "geomean": geomeans(rows) | {"vs_onnxruntime": geomean(r.get("vs_onnxruntime") for r in rows)},
-              "environment": environment()}
+            if args.json is not None and i + 1 < len(names):  # an interrupted run keeps the models it finished
+                write_json(report_of(rows), args.json, bench="models")
+    report = report_of(rows)
     print(table(report))
     path = write_json(report, args.json, bench="models")
     print(f"wrote {path}")

@@ -139,3 +139,21 @@ def test_a_partly_read_weight_is_not_handed_to_metaschedule_as_layout_free():
     assert taken == ["f: table"]
     assert [int(i) for i in out["f"].attrs["layout_free_buffers"]] == [2, 4]
     assert out["g"].same_as(mod["g"])
+
+
+def test_an_interrupted_run_keeps_the_models_it_finished(tmp_path, monkeypatch):
+    import json
+
+    def run_model(name, *args, **kwargs):
+        if name == "unet":
+            raise KeyboardInterrupt  # the run stopped during its second model
+        return {"name": name, "ours_ms": 1.5, "metaschedule_ms": None, "torch_ms": 3.0, "ours_tune_s": 2.0,
+                "metaschedule_tune_s": None, "layout": "blocked", "correct": True}
+
+    monkeypatch.setattr(models, "run_model", run_model)
+    path = tmp_path / "models.json"
+    with pytest.raises(KeyboardInterrupt):
+        models.main(["--models", "small_cnn,unet,text_cnn", "--budget", "8", "--json", str(path)])
+    report = json.loads(path.read_text())
+    assert [c["name"] for c in report["cases"]] == ["small_cnn"]
+    assert report["geomean"]["vs_torch"] == pytest.approx(2.0)
