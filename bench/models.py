@@ -656,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                    "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime, "layout": args.layout, "trials_per_round": args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
                    "also_layouts": also, "quantize": args.quantize, "bf16": args.bf16}
+
         def report_of(rows: list[dict]) -> dict:
             return {"suite": "models", "target": target_key(args.target), "budget": args.budget,
                     "quantized": args.quantize, "bf16": args.bf16, "cases": rows,
