@@ -437,10 +437,12 @@ def in_fresh_process(fn: Callable[..., float], *args: Any, timeout_s: float = 90
 
 @dataclass
 class Timings:
-    """What `time_fresh` measured: program -> median ms (None: every reading failed), and the order."""
+    """What `time_fresh` measured: program -> median ms (None: every reading failed), the order, and
+    program -> every reading in the order taken (failures left out: the spread a median hides)."""
 
     ms: dict[Hashable, float | None]
     order: list[Hashable] = field(default_factory=list)
+    readings: dict[Hashable, list[float]] = field(default_factory=dict)
 
 
 def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram | OnnxProgram], *, seed: int = 0, rounds: int = 1,
@@ -478,7 +480,7 @@ def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram | OnnxProgr
                 readings[name].append(ms)
             if log is not None:
                 print(f"    {name}: {fmt_ms(ms)} ms", file=log, flush=True)
-    return Timings({name: statistics.median(r) if r else None for name, r in readings.items()}, order)
+    return Timings({name: statistics.median(r) if r else None for name, r in readings.items()}, order, readings)
 
 
 def _affinity_cores() -> int:

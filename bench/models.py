@@ -49,7 +49,8 @@ bfloat16's tolerance.
 Every program (the untuned build, ours, MetaSchedule's, each torch variant, ONNX Runtime's) is timed in a
 fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
 medians of `time_evaluator` repeats of at least 50 ms (torch: the same calibration in
-Python). Prints a table and writes the report (the `bench.common` shape) to --json or
+Python); a row's latencies are the medians over `--rounds`, and `readings_ms` keeps every round's reading
+(program -> ms, in the order taken). Prints a table and writes the report (the `bench.common` shape) to --json or
 under bench/results/; with --json, also after every model but the last, so that an interrupted run keeps the
 models it finished.
 """
@@ -523,6 +524,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
         if program is not None:
             programs["onnxruntime"] = program
     timings = time_fresh(programs, seed=seed, rounds=options["rounds"], log=log)
+    row["readings_ms"] = {str(k): v for k, v in timings.readings.items()}  # each round's reading: the spread
     for key in ("untuned", "ours", "metaschedule", "onnxruntime"):
         if key in timings.ms:
             row[f"{key}_ms"] = timings.ms[key]

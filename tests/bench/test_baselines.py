@@ -39,6 +39,7 @@ def test_time_fresh_times_each_program_once_per_round_in_shuffled_order(monkeypa
     assert sorted(spawned[:3]) == sorted(spawned[3:]) == ["a", "b", "c"], "each round times each program once"
     assert timings.order == spawned
     assert timings.ms == {"a": 2.0, "b": 2.5, "c": 3.0}, "the median of each program's readings; failures left out"
+    assert timings.readings == {"a": [1.0, 3.0], "b": [2.0, 3.0], "c": [3.0]}, "every reading, in the order taken"
     orders = {tuple(common.time_fresh(programs, seed=s).order) for s in range(8)}
     assert len(orders) > 1, "the order is shuffled"
 

@@ -74,6 +74,8 @@ def test_quantize_benchmarks_the_pt2e_quantized_model_on_every_side(tmp_path, ca
     row = report["cases"][0]
     assert report["quantized"] and row["quantized"]
     assert row["ours_correct"] and row["ours_ms"] > 0 and row["torch_variants_ms"]["eager"] > 0, row
+    assert row["readings_ms"]["ours"] == [row["ours_ms"]], "one round: its one reading is the median"
+    assert row["readings_ms"]["torch_eager"] == [row["torch_variants_ms"]["eager"]]
     assert "quantized_decomposed" in row["onnxruntime_error"]
 
 
