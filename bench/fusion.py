@@ -1,6 +1,6 @@
 """basteln fusion against the unfused operators, MetaSchedule on the fused program and torch, per subgraph.
 
-    python -m bench.fusion [--budget 64] [--quick] [--cases NAME...] [--out FILE]
+    python -m bench.fusion [--budget 64] [--quick] [--cases NAME...] [--rounds N] [--out FILE]
 
 For each catalog subgraph (`compiler.workloads.subgraphs`), in one run on one machine:
 
@@ -15,7 +15,8 @@ For each catalog subgraph (`compiler.workloads.subgraphs`), in one run on one ma
   of them the baseline.
 
 Every program is timed in a fresh process of its own, one at a time, in shuffled order (TVM's thread
-pool spins after a run and would steal a core from the next program). The table names the CPU and the
+pool spins after a run and would steal a core from the next program), `--rounds` times in a new order each
+round (`bench.common.time_fresh`): a row's `times` are the medians, its `readings` every reading. The table names the CPU and the
 `-mcpu`; speedups are geometric means of per-case ratios. Intermediate storage: the bytes of every
 tensor between operators (unfused) against basteln's per-tile scratch.
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import sys
 import tempfile
 import time
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Column, environment, fmt_ms, fmt_s, fmt_x, format_table, geomean, speedup
-from bench.common import RESULTS_DIR, TorchProgram, TvmProgram, in_fresh_process, time_library, time_torch
+from bench.common import RESULTS_DIR, TorchProgram, TvmProgram, time_fresh
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ QUICK = ("mobilenet_v2 dw->pw", "bert-base attention")
 
 
 # ---------------------------------------------------------------------------
-# Timing in a fresh process (`bench.common.time_library`, `time_torch`).
+# Timing in a fresh process (`bench.common.time_fresh`).
 
 
 def _torch_subgraph(operator: str, params: dict, seed: int) -> tuple[Any, list]:
@@ -200,26 +200,26 @@ def _specs_of_module(mod: Any) -> list:
     return _specs(mod["main"])
 
 
-def time_all(rows: list[dict], threads: int, seed: int) -> None:
-    """Times every program of every row, each in a fresh process, in shuffled order."""
-    jobs = []
-    for row in rows:
+def time_all(rows: list[dict], threads: int, seed: int, rounds: int = 1) -> None:
+    """Times every program of every row with `bench.common.time_fresh` (each in a fresh process, shuffled,
+    `rounds` readings each: the median in `times`, every reading in `readings`)."""
+    programs, where = {}, {}
+    for r, row in enumerate(rows):
         for name, program in row["programs"].items():
-            if name == "unfused":
-                for i, part in enumerate(program):
-                    if part is not None:
-                        jobs.append((row, f"unfused.{i}", part))
-            else:
-                jobs.append((row, name, program))
-    random.Random(seed).shuffle(jobs)
-    for row, name, program in jobs:
-        if program[0] == "tvm":
-            ms = in_fresh_process(time_library, TvmProgram(program[1], specs=tuple(program[2])), seed)
-        else:
-            ms = in_fresh_process(time_torch, TorchProgram(_torch_subgraph, (row["operator"], row["params"], seed),
-                                                           program[1]), threads)
+            parts = enumerate(program) if name == "unfused" else [(None, program)]
+            for i, part in parts:
+                if part is None:
+                    continue
+                part_name = name if i is None else f"unfused.{i}"
+                key = f"{row['case']}: {part_name}"
+                where[key] = (row, part_name)
+                programs[key] = (TvmProgram(part[1], specs=tuple(part[2])) if part[0] == "tvm" else
+                                 TorchProgram(_torch_subgraph, (row["operator"], row["params"], seed), part[1]))
+    timings = time_fresh(programs, seed=seed, rounds=rounds, threads=threads, log=sys.stdout)
+    for key, ms in timings.ms.items():
+        row, name = where[key]
         row.setdefault("times", {})[name] = ms
-        print(f"  {row['case']:<28} {name:<20} {fmt_ms(ms)} ms", flush=True)
+        row.setdefault("readings", {})[name] = timings.readings[key]
     for row in rows:
         t = row.get("times", {})
         n_parts = len(row["programs"].get("unfused", []))
@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     parser.add_argument("--cases", nargs="*", help="only the cases whose name contains one of these")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="fresh-process readings per program, in a new shuffled order each round (median)")
     parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/fusion-<mcpu>.json)")
     args = parser.parse_args(argv)
 
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             print(f"tuning {case.name} ({args.budget} measurements each) ...", flush=True)
             rows.append(run_case(case, args.budget, target, Path(tmp), args.seed))
-        time_all(rows, host_cores(), args.seed)
+        time_all(rows, host_cores(), args.seed, args.rounds)
     mcpu = str(target.attrs.get("mcpu", "generic"))
     columns = [
         Column("case", lambda r: r["case"], right=False),
@@ -275,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         "vs_torch": geomean(speedup(r["torch_ms"], r["ours_ms"]) for r in rows),
     }
     print(f"\nbench.fusion: {target_key('host')} ({environment()['cpu']}), budget {args.budget}, "
-          f"each program timed in a fresh process")
+          f"each program timed in a fresh process, median of {args.rounds} round(s)")
     print(format_table(columns, rows))
     print("geomean: " + ", ".join(f"{k} {fmt_x(v)}" for k, v in geo.items()))
-    report = {"bench": "fusion", "target": str(target), "mcpu": mcpu, "budget": args.budget,
+    report = {"bench": "fusion", "target": str(target), "mcpu": mcpu, "budget": args.budget, "rounds": args.rounds,
               "environment": environment(), "cases": rows, "geomean": geo}
     out = args.out or RESULTS_DIR / f"fusion-{mcpu}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
