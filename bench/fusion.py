@@ -17,8 +17,8 @@ For each catalog subgraph (`compiler.workloads.subgraphs`), in one run on one ma
 Every program is timed in a fresh process of its own, one at a time, in shuffled order (TVM's thread
 pool spins after a run and would steal a core from the next program), `--rounds` times in a new order each
 round (`bench.common.time_fresh`): a row's `times` are the medians, its `readings` every reading. The table
-names the CPU and the `-mcpu`; speedups are geometric means of per-case ratios. Intermediate storage: the bytes of every
-tensor between operators (unfused) against basteln's per-tile scratch.
+names the CPU and the `-mcpu`; speedups are geometric means of per-case ratios. Intermediate storage: the
+bytes of every tensor between operators (unfused) against basteln's per-tile scratch.
 
 Only `bench` runs this (bench -> tuner -> compiler).
 """

@@ -524,7 +524,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
         if program is not None:
             programs["onnxruntime"] = program
     timings = time_fresh(programs, seed=seed, rounds=options["rounds"], log=log)
-    row["readings_ms"] = {str(k): v for k, v in timings.readings.items()}  # each round's reading: the spread
+    row["readings_ms"] = timings.readings  # each round's reading: the spread
     for key in ("untuned", "ours", "metaschedule", "onnxruntime"):
         if key in timings.ms:
             row[f"{key}_ms"] = timings.ms[key]
