@@ -43,8 +43,10 @@ def subgraph_layout(workload: Any, block: int) -> tvm.tirx.PrimFunc:
     Each convolution computes and writes its output as `N H W O/block block` and reads its input and
     weight blocked the same way (the sec. 5.1 template with `ot = it = kot = kit = block`); each GEMM
     writes `M N/block block` and reads `M K/block block` and `K/block N/block block block` (`nt = kt =
-    block`: a GEMM reading another's output reads it in the layout that one writes). A factor that does
-    not divide its dimension is left at 1. Propagation carries each layout along the element-wise chain
+    block`: a GEMM reading another's output reads it in the layout that one writes). A dimension the
+    block does not divide is blocked whole up to 4 blocks (MobileNet-V2's 24 channels with 16 lanes: the
+    weight's output channels innermost, so a vector over them loads it contiguously, where unblocked each
+    lane would load from another row), beyond that left unblocked. Propagation carries each layout along the element-wise chain
     behind its operator, so two convolutions that agree meet with no conversion between them.
 
     The interface is the workload's own (`workload.prim_func`'s arguments): every input, weights
@@ -68,7 +70,8 @@ def subgraph_layout(workload: Any, block: int) -> tvm.tirx.PrimFunc:
         else:
             template = gemm_template(graph, op, weight_is_nk=_reads_transposed(op))
             blocked = {"nt", "kt"}
-        choice = {p.name: block if p.name in blocked and p.extent % block == 0 else 1 for p in template.params}
+        choice = {p.name: (block if p.extent % block == 0 else p.extent if p.extent <= 4 * block else 1)
+                  if p.name in blocked else 1 for p in template.params}
         requests[op.name] = template.layouts(choice)
     if not requests:
         raise LayoutError(f"{workload.operator}: no operator a layout template fits")
