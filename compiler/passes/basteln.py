@@ -41,7 +41,11 @@ the region a tile needs. The algorithms, in the order `basteln` runs them:
 
 Inside each tile every reduction gets a plain CPU schedule: spatial loops, then its reduction loops,
 then the innermost spatial loop vectorized (optionally a register block of the next spatial loop), and
-its initialization hoisted out of the reduction (`decompose_reduction`).
+its initialization hoisted out of the reduction (`decompose_reduction`). A reduction of one tensor along
+its innermost dimension (softmax's row max and row sum), where vectors over the spatial loop would
+gather one element a row, is split first (`rfactor`, before the analysis): a block of partial results,
+one vector a row, which reads the row contiguously, and the original block reducing the lanes; both are
+spaces like the others and fuse under the tiles.
 
 Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
 """
@@ -235,8 +239,14 @@ def spaces_of(sch: tvm.s_tir.Schedule) -> list[Space]:
             raise BastelnError(f"block {block.name_hint} writes {len(block.writes)} buffers; one is expected")
         w = block.writes[0]
         reads = tuple(Access(label(r.source), _affine(r.region, variables)) for r in block.reads)
-        out.append(Space(block.name_hint, tuple(spatial), tuple(reduce),
-                         Access(label(w.source), _affine(w.region, variables)), reads))
+        write = Access(label(w.source), _affine(w.region, variables))
+        # a block whose variables come in another order than the dimensions it writes (`rfactor`'s partial
+        # block puts the lanes first): its spatial variables in the order of what it writes
+        named = [a.coeffs[0][0] if a.coeffs and len(a.coeffs) == 1 and a.coeffs[0][1] == 1 and not a.const
+                 and a.extent == 1 else None for a in write.indices or ()]
+        if sorted(filter(None, named)) == sorted(v for v, _ in spatial) and len(named) == len(spatial):
+            spatial = sorted(spatial, key=lambda ve: named.index(ve[0]))
+        out.append(Space(block.name_hint, tuple(spatial), tuple(reduce), write, reads))
     return out
 
 
@@ -828,6 +838,9 @@ def basteln(
 
     if not any(s.writes.buffer in params for s in spaces.values()):
         raise BastelnError("the program writes no output buffer")
+    # rows reduced in vectors (softmax's max and sum), before the analysis sees the program's spaces
+    if any([_rfactor_rows(sch, name, space, vector) for name, space in spaces.items() if _reduces_along_rows(space)]):
+        spaces = {s.name: s for s in spaces_of(sch)}
 
     groups, member_of = _groups(spaces, params)
     duplications: list[Duplication] = []
@@ -984,6 +997,14 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
     feeds = loop_feeds(sch, block, own)
     spatial = [loop for loop, vs in zip(own, feeds) if not vs & reduce_vars]
     reduce = [loop for loop, vs in zip(own, feeds) if vs & reduce_vars]
+    # the spatial loops in the order of the dimensions the block writes (`compute_at` nests them in the
+    # order of its variables, which `rfactor`'s partial block does not keep): the innermost is the vector
+    rank = {v: i for i, (v, _) in enumerate(space.spatial)}
+    fed = {id(loop): min((rank[v] for v in vs if v in rank), default=-1) for loop, vs in zip(own, feeds)}
+    ordered = sorted(spatial, key=lambda loop: fed[id(loop)])
+    if [id(x) for x in ordered] != [id(x) for x in spatial]:
+        sch.reorder(*ordered)
+        spatial = ordered
     if parallel and spatial:
         sch.parallel(spatial[0])
         spatial_rest = spatial[1:]
@@ -1036,6 +1057,33 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
         # a layout conversion (the output's back to the user's layout): transposed tiles in registers
         if not (tensorize and schedule_transpose(sch, block, spatial_rest, lanes)):
             _vectorize(sch, spatial_rest[-1], vector)
+
+
+def _reduces_along_rows(space: Space) -> bool:
+    """A reduction of one tensor along its innermost dimension, by its one reduction variable, which the
+    innermost spatial variable does not index there (softmax's row max and row sum): vectors over the
+    spatial loop would gather, one element a row; vectors along the rows are contiguous."""
+    if len(space.reduce) != 1 or not space.spatial:
+        return False
+    (var, _), last = space.reduce[0], space.spatial[-1][0]
+    inputs = [a for a in space.reads if a.buffer != space.writes.buffer and a.indices]
+    return len({a.buffer for a in inputs}) == 1 and all(
+        var in dict(a.indices[-1].coeffs) and last not in dict(a.indices[-1].coeffs) for a in inputs)
+
+
+def _rfactor_rows(sch: Any, name: str, space: Space, vector: int) -> bool:
+    """Reduces each row in vectors (`rfactor`, before any tiling: TVM's needs the block alone in its loop
+    nest): a block of partial results, one vector a row (its reduction the row's vectors, its innermost
+    spatial loop the lanes, which `_inner` vectorizes), then the original block reduces the lanes. False
+    (nothing changed) where the row is not several whole vectors."""
+    extent = space.reduce[0][1]
+    lanes = next((f for f in range(min(vector, extent), 1, -1) if extent % f == 0), None)
+    if lanes is None or extent == lanes or lanes * 2 <= min(vector, extent):
+        return False
+    block = sch.get_sblock(name)
+    _, inner = sch.split(sch.get_loops(block)[-1], [None, lanes])
+    sch.rfactor(inner, factor_axis=len(space.spatial))
+    return True
 
 
 def _register_dim(space: Space, bound: Sequence[set[str]]) -> int | None:

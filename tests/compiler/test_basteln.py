@@ -133,6 +133,30 @@ def test_a_space_with_fewer_parallel_loops_stays_above_the_tile_loops_it_cannot_
     np.testing.assert_allclose(run(fused.sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
 
 
+def test_softmax_reduces_its_rows_in_vectors_along_them_inside_the_attention_tiles():
+    """The row max and row sum read a row contiguously: partial results one vector a row (`rfactor`), that
+    block's innermost loop the lanes, vectorized (not a vector across rows, one element each, a gather);
+    the partial blocks fuse into the output tiles like the rest, and the attention equals torch."""
+    w = make_workload("matmul_softmax_matmul", dict(heads=2, seq=32, dim=16))
+    fused = basteln(w.prim_func, [1, 4, 16], threshold=1.0, vector=8)  # rows of 4, 4 vectors of 8 a row
+    depth = {d.group: d.depth for d in fused.decisions}
+    sch = fused.sch
+    for name in ("row_max", "row_sum"):
+        assert depth[f"{name}_rf"] > 0 and depth[name] > 0, fused.decisions
+        partial = sch.get(sch.get_sblock(f"{name}_rf_update"))
+        lanes = partial.iter_vars[0]  # rfactor's lane variable, the dimension it adds to the partial buffer
+        assert int(lanes.dom.extent) == 8 and lanes.iter_type != tirx.IterVar.CommReduce
+        write = partial.writes[0]
+        (read,) = [r for r in partial.reads if not r.source.same_as(write.source)]
+        assert write.region[-1].min.same_as(lanes.var)  # partial[..., lane]
+        coeffs = tvm.sym.detect_linear_equation(read.region[-1].min, [v.var for v in partial.iter_vars])
+        assert [int(c) for c in coeffs[:-1]] == [1, 0, 0, 8], coeffs  # row[vj_0 * 8 + lane]: one element a lane
+        inner = sch.get(sch.get_loops(sch.get_sblock(f"{name}_rf_update"))[-1])
+        assert inner.kind == tvm.tirx.ForKind.VECTORIZED and int(inner.extent) == 8, inner
+    inputs = w.random_inputs(5)
+    np.testing.assert_allclose(run(fused.sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
 def two_outputs(h: int = 17, w: int = 17):
     """A producer shared by two outputs that read overlapping parts of it (Fig. 11 of the paper)."""
     x = te.placeholder((h, w), name="x")
@@ -312,6 +336,24 @@ def test_each_catalog_subgraph_in_blocked_layouts_keeps_its_interface_and_equals
     if name == "conv3x3_conv1x1":  # every tile needs all of each weight: converted once, outside the tiles
         assert {d.group: d.depth for d in fused.decisions if d.group.startswith("layout_convert_weight")} == {
             "layout_convert_weight1": 0, "layout_convert_weight2": 0}, fused.decisions
+
+
+def test_a_channel_count_the_block_does_not_divide_is_blocked_whole():
+    """MobileNet-V2's projection to 24 channels with 16 lanes: the pointwise weight keeps its 24 output
+    channels whole and innermost (a vector over them loads it contiguously), not unblocked (each lane a
+    separate row of the weight: a gather)."""
+    from compiler.arrays import arg_specs
+    from compiler.layout import subgraph_layout
+
+    w = make_workload("depthwise_pointwise", dict(channels=32, height=8, width=8, out_channels=24))
+    func = subgraph_layout(w, 16)
+    sch = tvm.s_tir.Schedule(func)
+    weight = sch.get(sch.get_sblock("layout_convert_weight_pw")).writes[0].source
+    assert [int(d) for d in weight.shape] == [1, 2, 1, 1, 16, 24], weight.shape  # O/24 I/16 KH KW 16i 24o
+    assert [tuple(shape) for shape, _ in arg_specs(func)] == [s.shape for s in w.args]
+    fused = basteln(func, [1, 24, 2, 8], threshold=1.0, vector=16, register=4, register2=2)
+    inputs = w.random_inputs(2)
+    np.testing.assert_allclose(run(fused.sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
 
 
 def _block_names(func) -> set[str]:
