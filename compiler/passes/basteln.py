@@ -1060,15 +1060,17 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
 
 
 def _reduces_along_rows(space: Space) -> bool:
-    """A reduction of one tensor along its innermost dimension, by its one reduction variable, which the
-    innermost spatial variable does not index there (softmax's row max and row sum): vectors over the
-    spatial loop would gather, one element a row; vectors along the rows are contiguous."""
+    """A reduction along the innermost dimension of one tensor, by its one reduction variable, which the
+    innermost spatial variable does not index there (softmax's row max and row sum, layer norm's mean and
+    variance; any other input it reads once a row, as the variance its mean): vectors over the spatial
+    loop would gather, one element a row; vectors along the rows are contiguous."""
     if len(space.reduce) != 1 or not space.spatial:
         return False
     (var, _), last = space.reduce[0], space.spatial[-1][0]
     inputs = [a for a in space.reads if a.buffer != space.writes.buffer and a.indices]
-    return len({a.buffer for a in inputs}) == 1 and all(
-        var in dict(a.indices[-1].coeffs) and last not in dict(a.indices[-1].coeffs) for a in inputs)
+    rows = [a for a in inputs if any(var in dict(x.coeffs) for x in a.indices)]
+    return len({a.buffer for a in rows}) == 1 and all(
+        var in dict(a.indices[-1].coeffs) and last not in dict(a.indices[-1].coeffs) for a in rows)
 
 
 def _rfactor_rows(sch: Any, name: str, space: Space, vector: int) -> bool:
@@ -1088,19 +1090,20 @@ def _rfactor_rows(sch: Any, name: str, space: Space, vector: int) -> bool:
 
 def _register_dim(space: Space, bound: Sequence[set[str]]) -> int | None:
     """Which of the spatial loops before the vectorized one (`bound`: the block variables each feeds) to
-    block in registers: the innermost whose variables the vector loads do not depend on (a conv's output
-    channel, or its output column in a channel-blocked layout: each loaded vector is then reused for every
-    register), else the innermost."""
+    block in registers: the innermost of those the fewest vector loads depend on. One no load depends on
+    (a conv's output channel, or its output column in a channel-blocked layout) reuses each loaded vector
+    for every register; where every loop moves some load (a depthwise conv: its input moves with the
+    column, its weight and input with the channel block), the column, which leaves the weight's vector
+    reused, beats the channel block, which reuses nothing."""
     if not bound:
         return None
     last = space.spatial[-1][0]
-    loads = [a for a in space.reads if a.buffer != space.writes.buffer and a.indices is not None
-             and any(last in dict(x.coeffs) for x in a.indices)]
-    used = {v for a in loads for x in a.indices for v, _ in x.coeffs}
-    for i in range(len(bound) - 1, -1, -1):
-        if bound[i] and not bound[i] & used:
-            return i
-    return len(bound) - 1
+    loads = [{v for x in a.indices for v, _ in x.coeffs} for a in space.reads
+             if a.buffer != space.writes.buffer and a.indices is not None and any(last in dict(x.coeffs) for x in a.indices)]
+    candidates = [i for i in range(len(bound) - 1, -1, -1) if bound[i]]
+    if not candidates:
+        return len(bound) - 1
+    return min(candidates, key=lambda i: sum(1 for used in loads if bound[i] & used))
 
 
 def _register_factor(extent: int, register: int) -> int:

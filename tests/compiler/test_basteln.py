@@ -157,6 +157,29 @@ def test_softmax_reduces_its_rows_in_vectors_along_them_inside_the_attention_til
     np.testing.assert_allclose(run(fused.sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
 
 
+def test_a_variance_reads_its_mean_once_a_row_and_still_reduces_in_vectors():
+    """Layer norm's statistics: the mean reduces x, the variance reduces x and reads the mean once a row;
+    both get partial blocks along the rows, and the normalized rows equal numpy's."""
+    rows, width = 24, 64
+    x = te.placeholder((rows, width), name="x")
+    k = te.reduce_axis((0, width), "k")
+    total = te.compute((rows,), lambda i: te.sum(x[i, k], axis=k), name="total")
+    mean = te.compute((rows,), lambda i: total[i] / width, name="mean")
+    k2 = te.reduce_axis((0, width), "k2")
+    squares = te.compute((rows,), lambda i: te.sum((x[i, k2] - mean[i]) * (x[i, k2] - mean[i]), axis=k2),
+                         name="squares")
+    out = te.compute((rows, width), lambda i, j: (x[i, j] - mean[i]) / tirx.sqrt(squares[i] / width + 1e-5),
+                     name="norm")
+    func = te.create_prim_func([x, out]).with_attr("global_symbol", "main")
+    fused = basteln(func, [8, 64], threshold=1.0, vector=16)
+    names = {fused.sch.get(b).name_hint for b in fused.sch.get_child_blocks(fused.sch.get_sblock("root"))}
+    partial = {n.removesuffix("_update") for n in names if n.endswith("_rf_update")}
+    assert partial == {"total_rf", "squares_rf"}, names
+    xs = np.random.default_rng(0).standard_normal((rows, width)).astype("float32")
+    want = (xs - xs.mean(1, keepdims=True)) / np.sqrt(xs.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(run(fused.sch.mod, [xs], (rows, width)), want, rtol=1e-4, atol=1e-4)
+
+
 def two_outputs(h: int = 17, w: int = 17):
     """A producer shared by two outputs that read overlapping parts of it (Fig. 11 of the paper)."""
     x = te.placeholder((h, w), name="x")
@@ -374,6 +397,22 @@ def test_a_blocked_conv_gets_an_outer_product_register_block_of_columns_and_chan
     assert [(int(l.extent), l.kind) for l in inner] == [(3, unrolled), (2, unrolled), (8, vectorized)], inner
     assert int(sch.get(loops[-4]).extent) == 16  # the reduction over the 16 input channels
     inputs = w.random_inputs()
+    np.testing.assert_allclose(run(sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_depthwise_conv_blocks_its_columns_in_registers_not_its_channel_blocks():
+    """Every loop of a channel-blocked depthwise conv moves some vector load; the column moves only the
+    input (each weight vector is reused across the register block), the channel block moves both."""
+    from compiler.layout import subgraph_layout
+
+    w = make_workload("depthwise_pointwise", dict(channels=32, height=8, width=14, out_channels=16))
+    fused = basteln(subgraph_layout(w, 16), [1, 16, 2, 14], threshold=1.0, vector=16, register=8)
+    sch = fused.sch
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("depthwise_update"))]
+    # 7 of the 14 columns (the largest divisor up to 8; the 2 channel blocks would give 2), then 16 lanes
+    assert [(int(l.extent), l.kind) for l in loops[-2:]] == [(7, tvm.tirx.ForKind.UNROLLED),
+                                                             (16, tvm.tirx.ForKind.VECTORIZED)], loops[-2:]
+    inputs = w.random_inputs(1)
     np.testing.assert_allclose(run(sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
 
 
