@@ -1077,14 +1077,21 @@ def _rfactor_rows(sch: Any, name: str, space: Space, vector: int) -> bool:
     """Reduces each row in vectors (`rfactor`, before any tiling: TVM's needs the block alone in its loop
     nest): a block of partial results, one vector a row (its reduction the row's vectors, its innermost
     spatial loop the lanes, which `_inner` vectorizes), then the original block reduces the lanes. False
-    (nothing changed) where the row is not several whole vectors."""
+    (nothing factored) where the row is not several whole vectors or TVM cannot factor the reducer."""
     extent = space.reduce[0][1]
     lanes = next((f for f in range(min(vector, extent), 1, -1) if extent % f == 0), None)
     if lanes is None or extent == lanes or lanes * 2 <= min(vector, extent):
         return False
     block = sch.get_sblock(name)
-    _, inner = sch.split(sch.get_loops(block)[-1], [None, lanes])
-    sch.rfactor(inner, factor_axis=len(space.spatial))
+    loops = sch.get_loops(block)
+    row = [loop for loop, fed in zip(loops, loop_feeds(sch, block, loops)) if space.reduce[0][0] in fed]
+    if len(row) != 1:
+        return False
+    _, inner = sch.split(row[0], [None, lanes])
+    try:
+        sch.rfactor(inner, factor_axis=len(space.spatial))
+    except Exception:  # noqa: BLE001 - a reducer TVM cannot factor: the row stays one loop (the split is harmless)
+        return False
     return True
 
 
