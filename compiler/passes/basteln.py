@@ -41,9 +41,9 @@ the region a tile needs. The algorithms, in the order `basteln` runs them:
 
 Inside each tile every reduction gets a plain CPU schedule: spatial loops, then its reduction loops,
 then the innermost spatial loop vectorized (optionally a register block of the next spatial loop), and
-its initialization hoisted out of the reduction (`decompose_reduction`). A reduction of one tensor along
-its innermost dimension (softmax's row max and row sum), where vectors over the spatial loop would
-gather one element a row, is split first (`rfactor`, before the analysis): a block of partial results,
+its initialization hoisted out of the reduction (`decompose_reduction`). A reduction along the innermost
+dimension of one tensor (softmax's row max and row sum, layer norm's mean and variance), where vectors
+over the spatial loop would gather one element a row, is split first (`rfactor`, before the analysis): a block of partial results,
 one vector a row, which reads the row contiguously, and the original block reducing the lanes; both are
 spaces like the others and fuse under the tiles.
 
@@ -995,16 +995,15 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
     # which loops are the reduction's: by the block variables they feed (`compute_at` drops unit loops)
     reduce_vars = {v for v, _ in space.reduce}
     feeds = loop_feeds(sch, block, own)
-    spatial = [loop for loop, vs in zip(own, feeds) if not vs & reduce_vars]
     reduce = [loop for loop, vs in zip(own, feeds) if vs & reduce_vars]
     # the spatial loops in the order of the dimensions the block writes (`compute_at` nests them in the
     # order of its variables, which `rfactor`'s partial block does not keep): the innermost is the vector
     rank = {v: i for i, (v, _) in enumerate(space.spatial)}
-    fed = {id(loop): min((rank[v] for v in vs if v in rank), default=-1) for loop, vs in zip(own, feeds)}
-    ordered = sorted(spatial, key=lambda loop: fed[id(loop)])
-    if [id(x) for x in ordered] != [id(x) for x in spatial]:
-        sch.reorder(*ordered)
-        spatial = ordered
+    at = [i for i, vs in enumerate(feeds) if not vs & reduce_vars]
+    order = sorted(at, key=lambda i: min((rank[v] for v in feeds[i] if v in rank), default=-1))
+    if order != at:
+        sch.reorder(*[own[i] for i in order])
+    spatial = [own[i] for i in order]
     if parallel and spatial:
         sch.parallel(spatial[0])
         spatial_rest = spatial[1:]
