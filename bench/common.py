@@ -216,6 +216,17 @@ def fmt_x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def fmt_share(share: float | None) -> str:
+    """A share of the machine's peak as a percentage, "-" when missing."""
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
+def peak_text(report: dict) -> str:
+    """What a table's "%peak" means, with the report's measured peak; "" when it was not measured."""
+    peak = report.get("peak")
+    return f"; %peak = fp32 GFLOP/s over the measured FMA peak, {peak['gflops']:.0f} GFLOP/s" if peak else ""
+
+
 def fmt_s(value: float | None) -> str:
     """Seconds, whole ("-" for missing)."""
     return "-" if value is None else f"{value:.0f}"

@@ -20,6 +20,14 @@ round (`bench.common.time_fresh`): a row's `times` are the medians, its `reading
 names the CPU and the `-mcpu`; speedups are geometric means of per-case ratios. Intermediate storage: the
 bytes of every tensor between operators (unfused) against basteln's per-tile scratch.
 
+Each run also measures the machine's fp32 FMA peak once (`bench.ops.measure_peak`, report `peak`) and gives
+ours and the unfused operators their share of it (`ours_peak_share`, `unfused_peak_share`: the subgraph's
+multiply-adds over its time, columns "%peak") and the most any program of these multiply-adds can gain over
+the unfused operators (`fusion_ceiling`: their time over the time of the multiply-adds at the peak, column
+"ceiling"). Fusion saves memory traffic, not arithmetic: where the unfused operators already run near the
+peak, no fused program can be much faster (softmax's exponentials and conversions are not counted, so the
+ceiling is an upper bound).
+
 Only `bench` runs this (bench -> tuner -> compiler).
 """
 
@@ -34,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Column, environment, fmt_ms, fmt_s, fmt_x, format_table, geomean, speedup
+from bench.common import Column, environment, fmt_ms, fmt_s, fmt_share, fmt_x, format_table, geomean, peak_text, speedup
 from bench.common import RESULTS_DIR, TorchProgram, TvmProgram, time_fresh
 
 
@@ -143,7 +151,8 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, meta
     # a folder per case: every case exports "ours", "part0", ... and they must not replace each other's
     folder = folder / case.operator
     folder.mkdir(parents=True, exist_ok=True)
-    row: dict[str, Any] = {"case": case.name, "operator": case.operator, "params": case.params, "programs": {}}
+    row: dict[str, Any] = {"case": case.name, "operator": case.operator, "params": case.params, "flops": w.flops,
+                           "programs": {}}
     spec = {"operator": case.operator, "params": case.params, "target": "host"}
     task = task_from_spec(spec)
     start = time.perf_counter()
@@ -234,6 +243,17 @@ def time_all(rows: list[dict], threads: int, seed: int, rounds: int = 1) -> None
         del row["programs"]
 
 
+def add_peak(row: dict, peak: dict | None) -> None:
+    """`ours_peak_share` and `unfused_peak_share` (the subgraph's fp32 GFLOP/s over the measured peak) and
+    `fusion_ceiling` (the unfused time over the time of the subgraph's multiply-adds at the peak: what fusion
+    could gain at most); None where a time or the peak is missing."""
+    at_peak_ms = row["flops"] / peak["gflops"] / 1e6 if peak and peak.get("gflops") else None
+    for name in ("ours", "unfused"):
+        ms = row.get(f"{name}_ms")
+        row[f"{name}_peak_share"] = at_peak_ms / ms if at_peak_ms and ms else None
+    row["fusion_ceiling"] = speedup(row.get("unfused_ms"), at_peak_ms) if at_peak_ms else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fusion", description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=int, default=64, help="measurements for ours, for the unfused operators "
@@ -246,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/fusion-<mcpu>.json)")
     args = parser.parse_args(argv)
 
+    from bench.ops import measure_peak
     from compiler.target import host_cores, resolve_target, target_key
 
     target = resolve_target("host")
@@ -257,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tuning {case.name} ({args.budget} measurements each) ...", flush=True)
             rows.append(run_case(case, args.budget, target, Path(tmp), args.seed))
         time_all(rows, host_cores(), args.seed, args.rounds)
+    peak = measure_peak("host")  # after every timing: its FMA loop on every core would disturb them
+    for row in rows:
+        add_peak(row, peak)
     mcpu = str(target.attrs.get("mcpu", "generic"))
     columns = [
         Column("case", lambda r: r["case"], right=False),
@@ -267,21 +291,25 @@ def main(argv: list[str] | None = None) -> int:
         Column("vs unfused", lambda r: fmt_x(speedup(r["unfused_ms"], r["ours_ms"]))),
         Column("vs MS", lambda r: fmt_x(speedup(r["metaschedule_ms"], r["ours_ms"]))),
         Column("vs torch", lambda r: fmt_x(speedup(r["torch_ms"], r["ours_ms"]))),
+        Column("ours %peak", lambda r: fmt_share(r["ours_peak_share"])),
+        Column("unfused %peak", lambda r: fmt_share(r["unfused_peak_share"])),
+        Column("ceiling", lambda r: fmt_x(r["fusion_ceiling"])),
         Column("scratch KiB", lambda r: f"{r.get('ours_scratch_bytes', 0) / 1024:.0f}"),
         Column("unfused KiB", lambda r: f"{r['unfused_bytes'] / 1024:.0f}"),
         Column("tune s", lambda r: fmt_s(r["ours_tune_s"])),
     ]
     geo = {
         "vs_unfused": geomean(speedup(r["unfused_ms"], r["ours_ms"]) for r in rows),
+        "fusion_ceiling": geomean(r["fusion_ceiling"] for r in rows),
         "vs_metaschedule": geomean(speedup(r["metaschedule_ms"], r["ours_ms"]) for r in rows),
         "vs_torch": geomean(speedup(r["torch_ms"], r["ours_ms"]) for r in rows),
     }
     print(f"\nbench.fusion: {target_key('host')} ({environment()['cpu']}), budget {args.budget}, "
-          f"each program timed in a fresh process, median of {args.rounds} round(s)")
+          f"each program timed in a fresh process, median of {args.rounds} round(s)" + peak_text({"peak": peak}))
     print(format_table(columns, rows))
     print("geomean: " + ", ".join(f"{k} {fmt_x(v)}" for k, v in geo.items()))
     report = {"bench": "fusion", "target": str(target), "mcpu": mcpu, "budget": args.budget, "rounds": args.rounds,
-              "environment": environment(), "cases": rows, "geomean": geo}
+              "environment": environment(), "peak": peak, "cases": rows, "geomean": geo}
     out = args.out or RESULTS_DIR / f"fusion-{mcpu}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     import json

@@ -2,7 +2,7 @@
 
     python -m bench.ops [--suite smoke|quick|full] [--cases NAME,...] [--spec FILE] [--budget N]
                         [--json PATH [--resume]] [--no-metaschedule] [--no-torch] [--no-untuned]
-                        [--torch-variants eager,channels_last,compile] [--rounds N]
+                        [--torch-variants eager,channels_last,compile] [--rounds N] [--ablation] [--no-seeds]
     python -m bench.ops --merge REPORT [REPORT ...] [--json PATH]
     python -m bench.ops --retime REPORT [--rounds N] [--json PATH]
 
@@ -37,6 +37,11 @@ longer than one sitting runs in pieces); --merge joins reports of one target int
 --retime times a report's picks and torch again (no search, `--rounds` rounds, 3 by default), for
 readings one round left in doubt.
 
+`--ablation` also runs, at the same budget, (a) the seeds with random layouts, walks and ranking and (b) the
+same ranked by the XGBoost model without the PPO agents, beside (c) full ALT and (d) ALT-OL (a second table).
+`--no-seeds` runs every search of ours without its seeds (`tune(seeds=False)`: no known loop nests measured
+first, no oneDNN-like first layout), so the ablation compares what each search finds on its own.
+
 Suites: `smoke` (two tiny cases, for CI), `quick` (one case per operator kind,
 ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`
 (three shapes per operator kind: batch 1 and 16, channel counts from ALT's
@@ -58,8 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (TORCH_VARIANTS, Column, TorchProgram, TvmProgram, check_report, environment, fmt_ms, fmt_s,
-                          fmt_x, format_table, geomean, geomeans, save_args, source_commit, speedup, time_fresh,
-                          write_json)
+                          fmt_share, fmt_x, format_table, geomean, geomeans, peak_text, save_args, source_commit,
+                          speedup, time_fresh, write_json)
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,7 @@ class Options:
     rounds: int = 1  # fresh-process readings per program (median)
     ablation: bool = False  # also the seeds with random walks, and the XGBoost search without PPO (ABLATIONS)
     peak: bool = True  # measure this machine's fp32 FMA peak once per run (each pick's share of it)
+    seeds: bool = True  # False: every search of ours without its known nests and oneDNN-like first layout
 
 
 # the search ablation (`--ablation`): name -> `tune` options; full ALT is "ours", ALT-OL "ours_loop_only"
@@ -387,15 +393,16 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
     with tempfile.TemporaryDirectory(prefix="altune-bench-programs-") as tmp:
         folder = Path(tmp)
         row["layout_levels"] = options.layout_levels
+        row["seeds"] = options.seeds
         row.update(run_ours(task, budget, seed, inputs, expected, programs, folder,
-                            layout_levels=options.layout_levels))
+                            layout_levels=options.layout_levels, seeds=options.seeds))
         if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
             row.update(run_ours(task, budget, seed, inputs, expected, programs, folder, prefix="ours_loop_only",
-                                layout={}))
+                                layout={}, seeds=options.seeds))
         if options.ablation:  # what the agents and the model add over the seeds, at the same budget
             for prefix, tune_options in ABLATIONS.items():
                 row.update(run_ours(task, budget, seed, inputs, expected, programs, folder, prefix=prefix,
-                                    layout_levels=options.layout_levels, **tune_options))
+                                    layout_levels=options.layout_levels, seeds=options.seeds, **tune_options))
 
         row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
                    metaschedule_correct=None, metaschedule_error=None)
@@ -674,17 +681,13 @@ COLUMNS = (
     Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
     Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
     Column("vs OL", lambda r: fmt_x(r.get("vs_loop_only"))),
-    Column("%peak", lambda r: _fmt_share(r.get("ours_peak_share"))),
+    Column("%peak", lambda r: fmt_share(r.get("ours_peak_share"))),
     Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
     Column("OL tune s", lambda r: fmt_s(r.get("ours_loop_only_tune_s"))),
     Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
     Column("correct", _correct_cell, right=False),
     Column("layout", lambda r: r.get("layout") or "-", right=False),
 )
-
-
-def _fmt_share(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:.0f}%"
 
 
 def _cpu(report: dict) -> str:
@@ -701,14 +704,9 @@ ABLATION_COLUMNS = (
     Column("c vs a", lambda r: fmt_x(r.get("vs_ablation_seeds_random"))),
     Column("c vs b", lambda r: fmt_x(r.get("vs_ablation_xgb"))),
     Column("c vs d", lambda r: fmt_x(r.get("vs_loop_only"))),
-    Column("a %peak", lambda r: _fmt_share(r.get("ablation_seeds_random_peak_share"))),
-    Column("c %peak", lambda r: _fmt_share(r.get("ours_peak_share"))),
+    Column("a %peak", lambda r: fmt_share(r.get("ablation_seeds_random_peak_share"))),
+    Column("c %peak", lambda r: fmt_share(r.get("ours_peak_share"))),
 )
-
-
-def _peak_text(report: dict) -> str:
-    peak = report.get("peak")
-    return f"; %peak = fp32 GFLOP/s over the measured FMA peak, {peak['gflops']:.0f} GFLOP/s" if peak else ""
 
 
 def ablation_table(report: dict) -> str:
@@ -717,7 +715,8 @@ def ablation_table(report: dict) -> str:
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_ablation_seeds_random": g.get("vs_ablation_seeds_random"),
                "vs_ablation_xgb": g.get("vs_ablation_xgb"), "vs_loop_only": g.get("vs_loop_only")}]
-    return "\n".join([f"search ablation, budget {report['budget']} each, {_cpu(report)}{_peak_text(report)}",
+    seeds = "no seeds in any search" if any(r.get("seeds") is False for r in report["cases"]) else "the same seeds"
+    return "\n".join([f"search ablation, budget {report['budget']} each, {seeds}, {_cpu(report)}{peak_text(report)}",
                       format_table(ABLATION_COLUMNS, report["cases"], footer)])
 
 
@@ -729,7 +728,7 @@ def table(report: dict) -> str:
                "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
     head = (f"suite {report['suite']}, target {report['target']} ({_cpu(report)}), "
             f"budget {report['budget']} on-device measurements each (ours and MetaSchedule); torch = the best of "
-            f"its variants; each program timed in a fresh process; speedup = baseline ms / ours ms{_peak_text(report)}")
+            f"its variants; each program timed in a fresh process; speedup = baseline ms / ours ms{peak_text(report)}")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
     notes += [f"  {r['name']}: {r['ours_loop_only_error']}" for r in report["cases"] if r.get("ours_loop_only_error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
@@ -765,6 +764,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablation", action="store_true",
                         help="also (a) the seeds with random layouts and walks, (b) the XGBoost search without PPO, "
                              "at the same budget, beside (c) ALT and (d) ALT-OL")
+    parser.add_argument("--no-seeds", action="store_true",
+                        help="every search of ours (ALT, ALT-OL, the ablations) without its seeds: no known loop nests "
+                             "measured first, no oneDNN-like first layout (what the search finds on its own)")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="REPORT",
                         help="run nothing: merge these reports (one target) into one table and --json")
     parser.add_argument("--retime", type=Path, metavar="REPORT",
@@ -814,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     options = Options(not args.no_metaschedule, not args.no_torch, not args.no_untuned, args.work_dir,
-                      not args.no_loop_only, args.layout_levels, variants, args.rounds or 1, args.ablation)
+                      not args.no_loop_only, args.layout_levels, variants, args.rounds or 1, args.ablation,
+                      seeds=not args.no_seeds)
     # with --json, the report is written after every case: an interrupted run keeps what it finished
     save = (lambda partial: write_json(partial, args.json)) if args.json is not None else None
     final = run(suite, cases, target=args.target, budget=args.budget, seed=args.seed, options=options, done=done,

@@ -172,6 +172,7 @@ class ALTSearch(Search):
         elite: int = 8,
         ms_features: bool = True,
         ppo: bool = True,
+        seeds: bool = True,
     ):
         """
         Args:
@@ -192,6 +193,8 @@ class ALTSearch(Search):
             elite: how many of a layout's best configurations walks and mutations start from.
             ms_features: add MetaSchedule's per-store features.
             ppo: the PPO agents choose layouts and walks; False: at random (the ablation).
+            seeds: a layout's first visit measures known nests (`seed_configs`) and the joint stage tries the
+                oneDNN-like layout (`first_layout`) first; False: neither (the unseeded ablation).
         """
         import numpy as np
 
@@ -223,7 +226,7 @@ class ALTSearch(Search):
         self.upper: float | None = None  # U of eq. (3)
         from .ppo import Critic, LayoutActor
 
-        self.ppo = ppo
+        self.ppo, self.seeded = ppo, seeds
         width = max(2 * len(self.free), 1)
         self.layout_actor = LayoutActor(width, max(len(self.free), 1), Critic(width, seed=seed), seed=seed)
         self._walk_steps: dict[str, tuple[Any, Any, float | None]] = {}  # config key -> (actor, step, start ms)
@@ -335,7 +338,7 @@ class ALTSearch(Search):
         if self.template.params and IDENTITY not in self.points and (started or not self.dot_form):
             return self.identity_point()
         state = self.layout_state()
-        if not started:
+        if not started and self.seeded:
             choice = first_layout(self.template, self.space.unit.lanes)
             try:
                 p = self.point(choice)
@@ -552,7 +555,7 @@ class ALTSearch(Search):
 
         # a layout's first visit measures known loop nests too (`seed_configs`), and walks start from
         # one if it is the best
-        seeds = self.seed_configs(p) if p.trials == 0 else []
+        seeds = self.seed_configs(p) if p.trials == 0 and self.seeded else []
         # in the loop stage, the best's other placements (`LoopSpace.placements`), once per best: the
         # model ranks a compute location it has rarely seen measured poorly, and a sweep costs a few trials
         if stage == "loop" and p.best and config_key(p.best[0][1]) not in p.swept:

@@ -312,6 +312,7 @@ class XGBSearch(Search):
         mutation_fraction: float = 0.5,
         elite: int = 8,
         ms_features: bool = True,
+        seeds: bool = True,
     ):
         """
         Args:
@@ -327,6 +328,7 @@ class XGBSearch(Search):
             mutation_fraction: share of the batch made of mutations of the best trials.
             elite: how many of the best trials are mutated.
             ms_features: add MetaSchedule's per-store features to the knob features.
+            seeds: measure the space's known nests first (`seed_configs`); False: samples and mutations only.
         """
         import numpy as np
 
@@ -335,6 +337,7 @@ class XGBSearch(Search):
         self.model = make_cost_model(cost_model, seed) if isinstance(cost_model, str) else cost_model
         self.batch_size, self.top_k, self.epsilon = batch_size, top_k, epsilon
         self.mutation_fraction, self.elite = mutation_fraction, elite
+        self.seeded = seeds
         # MetaSchedule's features cost about as much as applying the batch's schedules: only for a model that reads them
         self.featurize = Featurizer(space, task.target, use_ms=ms_features and self.model.reads_features)
         self._features: dict[str, np.ndarray] = {}  # config key -> feature row of a proposal
@@ -388,7 +391,8 @@ class XGBSearch(Search):
         pool, schedules, sources = [], [], []
         # the known nests until each is measured: a search that starts from prior trials (a model job's
         # joint stage, another job's schedule) still measures them
-        seeds = [(c, source) for c, source in self.seed_configs() if config_key(c) not in self.measured]
+        seeds = [(c, source) for c, source in (self.seed_configs() if self.seeded else [])
+                 if config_key(c) not in self.measured]
         seed_keys = {config_key(c) for c, _ in seeds}
         drawn = [(c, "mutation") for c in mutants] + [(c, "sample") for c in fresh]
         for config, source in seeds + [(c, source) for c, source in drawn if config_key(c) not in seed_keys]:

@@ -56,6 +56,7 @@ def tune(
     layout_levels: int = 1,
     replay: bool = True,
     ppo: bool = True,
+    seeds: bool = True,
     remeasure: int = 0,
 ) -> TuneResult:
     """Searches `task`'s layouts and loops (ALT) or its loops only.
@@ -88,6 +89,9 @@ def tune(
             False learns it at once (callers tuning in many short rounds).
         ppo: ALT only: its PPO agents choose layouts and loop walks; False draws them at random (the
             ablation of the agents: the seeds, the cost model and random walks).
+        seeds: the first round measures the space's known nests (`seed_configs`: the untuned nest,
+            oneDNN-like register blocking) and ALT starts its layouts from the oneDNN-like one
+            (`alt.first_layout`); False: neither, what the search finds on its own (the unseeded ablation).
         remeasure: after the search, measure this many of the best trials (prior ones included)
             again and keep the fastest then (`remeasure_best`); 0: keep the search's best. Skipped
             when `should_stop()` says so. `remeasure_count(budget)` is the service's choice.
@@ -106,7 +110,7 @@ def tune(
         if fusion:  # a subgraph of complex operators: basteln's tiles and threshold, searched by XGBoost
             space = "fusion"
         kind = search or ("alt" if task.workload is not None and not fusion else "xgb")
-        options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size)
+        options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size, seeds=seeds)
         if kind == "alt":
             from .layout_space import LayoutSpace
 

@@ -37,3 +37,19 @@ def test_a_small_subgraph_is_tuned_fused_and_unfused_and_timed(tmp_path):
     assert set(row["readings"]) == {"ours", "unfused.0", "unfused.1", "torch_eager"}
     for name, readings in row["readings"].items():  # one round: its reading is the time
         assert readings == [row["times"][name]], name
+
+
+def test_the_peak_bounds_what_fusion_can_gain_over_the_unfused_operators():
+    # 2 GFLOP at a 400 GFLOP/s peak take 5 ms at least: unfused at 10 ms runs at half the peak, and no fused
+    # program of the same multiply-adds can be more than 2x faster than it
+    row = {"flops": 2_000_000_000, "ours_ms": 12.5, "unfused_ms": 10.0}
+    fusion.add_peak(row, {"gflops": 400.0})
+    assert row["unfused_peak_share"] == pytest.approx(0.5)
+    assert row["ours_peak_share"] == pytest.approx(0.4)
+    assert row["fusion_ceiling"] == pytest.approx(2.0)
+    # without the peak (it failed to measure) or without a time, nothing is claimed
+    missing = {"flops": 2_000_000_000, "ours_ms": None, "unfused_ms": 10.0}
+    fusion.add_peak(missing, {"gflops": 400.0})
+    assert missing["ours_peak_share"] is None and missing["fusion_ceiling"] == pytest.approx(2.0)
+    fusion.add_peak(missing, None)
+    assert missing["unfused_peak_share"] is None and missing["fusion_ceiling"] is None

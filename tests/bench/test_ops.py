@@ -267,3 +267,26 @@ def test_merge_joins_reports_of_one_target(tmp_path, capsys):
     b.write_text(json.dumps(report("llvm -mcpu=znver4", _case("z", 1.0, 2.0, 1.0))))
     with pytest.raises(SystemExit):
         ops.main(["--merge", str(a), str(b), "--json", str(out)])
+
+
+def test_no_seeds_reaches_every_search_of_ours_and_the_ablation_table_says_so(monkeypatch, no_peak, tmp_path):
+    import tuner
+    from tuner.task import TuneResult
+
+    calls: list = []
+
+    def fake_tune(task, budget, **options):  # every search of ours: ALT, ALT-OL, (a), (b); nothing correct
+        calls.append(options)
+        return TuneResult(None, [], None)
+
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    path = tmp_path / "ablation.json"
+    assert ops.main(["--suite", "quick", "--cases", "gemm_512", "--budget", "4", "--ablation", "--no-seeds",
+                     "--no-metaschedule", "--no-torch", "--no-untuned", "--json", str(path)]) == 0
+    assert len(calls) == 4 and all(c["seeds"] is False for c in calls)
+    assert {c.get("cost_model") for c in calls} == {None, "random"} and sum(c.get("ppo") is False for c in calls) == 2
+    report = json.loads(path.read_text())
+    assert report["cases"][0]["seeds"] is False
+    assert "no seeds in any search" in ops.ablation_table(report)
+    report["cases"][0]["seeds"] = True
+    assert "the same seeds" in ops.ablation_table(report)

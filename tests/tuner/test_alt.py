@@ -441,6 +441,24 @@ def test_without_ppo_layouts_and_walks_are_random_and_no_agent_learns():
     assert all(p.actor is None or p.actor.seen == 0 for p in search.points.values())
 
 
+
+def test_without_seeds_no_known_nest_is_measured_and_the_layouts_do_not_start_from_onednns():
+    from tuner.alt import ALTSearch, first_layout
+    from tuner.layout_space import LayoutSpace
+
+    task, _ = _task(workload("conv2d", SMALL_CONV))
+    seeded = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=2, batch_size=16, top_k=4)
+    seeded_trials = seeded.run(24)
+    assert {"untuned", "blocked"} <= {t.extra.get("origin") for t in seeded_trials}
+    search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=2, batch_size=16, top_k=4, seeds=False)
+    trials = search.run(24)
+    assert len(trials) == 24
+    assert not {"untuned", "blocked"} & {t.extra.get("origin") for t in trials}
+    # the joint stage goes from the user's layout to channels last and the agent's, never to oneDNN's start
+    start = search.key(search.full_choice(first_layout(search.template, search.space.unit.lanes)))
+    assert start in seeded.order[:2] and start not in search.order[:2], (seeded.order, search.order)
+
+
 DOT_CASES = [
     # channels that neither the lanes (16, 8) nor the groups (4, 2) divide: the layouts' zero padding (COM)
     ("conv2d", dict(batch=1, in_channels=15, height=9, width=9, out_channels=20, kernel=3, padding=1), "bias_relu"),

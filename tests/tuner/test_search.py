@@ -149,3 +149,15 @@ def test_a_search_from_prior_trials_still_measures_the_known_nests():
     seeds = {config_key(space.untuned_config()), config_key(space.blocked_config())}
     assert seeds <= set(keys[:8]), "both seeds in the first round"
     assert len(keys) == len(set(keys)) == 8 and config_key(prior[0].config) not in keys
+
+
+def test_without_seeds_the_first_round_measures_no_known_nest():
+    from tuner.space import config_key
+
+    wl, task, space = _fake_setup()
+    seeded, _, _ = _tune(task, space, 8, seed=3, search="xgb")
+    known = {config_key(space.untuned_config()), config_key(space.blocked_config())}
+    assert known <= {config_key(t.config) for t in seeded.trials}
+    unseeded, _, _ = _tune(task, space, 8, seed=3, search="xgb", seeds=False)
+    assert len(unseeded.trials) == 8
+    assert not known & {config_key(t.config) for t in unseeded.trials}
