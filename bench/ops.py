@@ -710,8 +710,8 @@ ABLATION_COLUMNS = (
 
 
 def ablation_table(report: dict) -> str:
-    """The search ablation of `--ablation` (same budget, same seeds): (a) the seeds with random layouts,
-    walks and ranking, (b) the same ranked by the XGBoost model, (c) full ALT, (d) ALT-OL."""
+    """The search ablation of `--ablation` (same budget, the same seeds, or none with `--no-seeds`): (a) the seeds
+    with random layouts, walks and ranking, (b) the same ranked by the XGBoost model, (c) full ALT, (d) ALT-OL."""
     g = report["geomean"]
     footer = [{"name": "geomean", "vs_ablation_seeds_random": g.get("vs_ablation_seeds_random"),
                "vs_ablation_xgb": g.get("vs_ablation_xgb"), "vs_loop_only": g.get("vs_loop_only")}]
