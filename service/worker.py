@@ -121,6 +121,9 @@ class Worker:
         while not self._stop.is_set():
             try:
                 job_id = self.run_once()
+            except (SystemExit, KeyboardInterrupt):  # SIGTERM (cli raises SystemExit), Ctrl-C: hand the job on first
+                self.release_held()
+                raise
             except StorageError as e:
                 if down_since is None:
                     down_since = time.monotonic()
@@ -151,6 +154,22 @@ class Worker:
                 time.sleep(wait)
                 wait = min(wait * 2, 2.0)
 
+    def release_held(self) -> None:
+        """Give back every job this worker holds (its lease expired now), so the next worker resumes it at once.
+
+        Called on the way out, after the job's heartbeat has stopped (a renewal can no longer undo it), and
+        wherever the signal landed: inside a job, or between claiming one and starting it.
+        """
+        try:
+            with session_scope(self.url) as s:
+                s.execute(
+                    update(Job)
+                    .where(Job.worker_id == self.worker_id, Job.status == "running")
+                    .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+                )
+        except Exception:  # shutting down: the lease runs out by itself if the database is not there
+            log.exception("worker %s: could not release its job", self.worker_id)
+
     def run_once(self) -> int | None:
         """Claim one job and run it to the end; return its id, or None when the queue is empty."""
         job_id = self.claim()
@@ -176,10 +195,7 @@ class Worker:
         except Exception as e:  # a failing job must never take the worker down
             log.exception("job %s failed", job_id)
             run.finish("failed", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}")
-        except (SystemExit, KeyboardInterrupt):  # SIGTERM (cli raises SystemExit), Ctrl-C: hand the job on first
-            run.release()
-            raise
-        finally:
+        finally:  # the heartbeat stops before anything else: a renewal after `release_held` would undo it
             run.done.set()
             run.heartbeat.join()
 
@@ -216,18 +232,6 @@ class JobRun:
 
     def should_stop(self) -> bool:
         return self.stop_reason is not None
-
-    def release(self) -> None:
-        """Give the job back at once (its lease expired now), so the next worker resumes it without waiting."""
-        try:
-            with session_scope(self.url) as s:
-                s.execute(
-                    update(Job)
-                    .where(Job.id == self.job_id, Job.worker_id == self.worker.worker_id, Job.status == "running")
-                    .values(lease_expires_at=utcnow() - timedelta(seconds=1))
-                )
-        except Exception:  # shutting down: the lease runs out by itself if the database is not there
-            log.exception("job %s: could not release the lease", self.job_id)
 
     def finish(self, status: str, error: str | None = None) -> None:
         """Mark the job finished, only if this worker still owns it."""

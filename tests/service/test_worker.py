@@ -73,6 +73,41 @@ def test_expired_lease_is_claimable_and_live_lease_is_not(settings):
     assert _job(url, job_id).attempts == 2
 
 
+@pytest.mark.parametrize("where", ["after-claim", "mid-job"])
+def test_a_stopped_worker_hands_its_job_back_wherever_the_signal_lands(settings, monkeypatch, where):
+    """SIGTERM (the cli raises SystemExit) between claiming a job and starting it, or while its heartbeat renews
+    the lease: the job's lease is expired when the worker is gone, and the heartbeat cannot renew it after."""
+    from service.worker import JobRun
+
+    settings = settings.model_copy(update={"lease_seconds": 0.6})  # a beat every 0.2 s
+    url = settings.resolved_database_url
+    (job_id,) = _add_jobs(url, 1)
+    worker = Worker(settings, "stopping")
+    beats = threading.Event()
+    real_renew = Worker.renew
+
+    def renew(self, job):
+        beats.set()
+        return real_renew(self, job)
+
+    def signal_mid_job(self):
+        assert beats.wait(10), "the heartbeat renews while the job runs"
+        raise SystemExit(143)
+
+    monkeypatch.setattr(Worker, "renew", renew)
+    if where == "after-claim":
+        monkeypatch.setattr(Worker, "run_job", lambda self, job: (_ for _ in ()).throw(SystemExit(143)))
+    else:
+        monkeypatch.setattr(JobRun, "execute", signal_mid_job)
+    with pytest.raises(SystemExit):
+        worker.run_forever()
+    time.sleep(0.5)  # a heartbeat still alive would renew in this time
+    job = _job(url, job_id)
+    assert job.status == "running" and job.worker_id == "stopping" and job.attempts == 1
+    assert job.lease_expires_at < utcnow(), "the job is given back at once, not left to its lease"
+    assert Worker(settings, "next").claim() == job_id
+
+
 class _Crash(BaseException):
     """Stands for the worker process dying: not an Exception, so nothing on the way catches it."""
 
