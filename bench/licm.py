@@ -340,7 +340,7 @@ def layout_programs(target_name: str) -> list[tuple[str, str, Any, Any]]:
         space = LayoutSpace(task)
         choices = [("user", {})]
         if space.template.params:
-            choices.append(("alt-first", space.full_choice(first_layout(space.template, space.unit.lanes))))
+            choices.append(("alt-first", space.full_choice(first_layout(space.template, space.unit))))
         for name, choice in choices:
             loops = space.loops_of(join_config(choice, {}) if choice else {})
             try:

@@ -54,6 +54,29 @@ def _task(wl, seed=0):
     return Task(wl.operator, wl.key, wl.prim_func, host(), xs, wl.reference(xs), workload=wl), xs
 
 
+@pytest.mark.parametrize("width, avx2, avx512", [(56, (8, 8), (14, 14)), (28, (14, 7), (14, 14)), (64, (16, 8), (16, 16))])
+def test_the_first_layout_s_row_tile_is_one_the_unit_s_accumulators_hold(width, avx2, avx512):
+    """The oneDNN-like first layout: channel tiles of one vector, and a row tile (of 4-16) whose register block
+    (rows of it, one vector each, within the accumulators) holds the most rows, the longer tile where they tie --
+    AVX2's 12 accumulators hold 8 rows of a 56-wide row's tile 8 but only 7 of tile 14; AVX-512's 28 hold 14 --
+    and the seed in it is that register block."""
+    from compiler.target import AVX2, AVX512
+    from tuner.alt import first_layout
+    from tuner.layout_space import LayoutSpace, interface_space
+    from tuner_cases import task_of
+
+    wl = workload("conv2d", dict(batch=1, in_channels=16, height=4, width=width, out_channels=32, kernel=3,
+                                 padding=1))
+    space = LayoutSpace(task_of(wl, workload=wl))
+    for unit, (row_tile, rows) in ((AVX2, avx2), (AVX512, avx512)):
+        choice = first_layout(space.template, unit)
+        assert (choice["ot"], choice["wt"]) == (unit.lanes, row_tile), unit
+        loops = interface_space(space.program(space.full_choice(choice)), unit)
+        blocked = loops.blocked_config()
+        *_, row_axis, lane_axis = loops.structure.spatial
+        assert (blocked[row_axis.knob(3)], blocked[lane_axis.knob(3)]) == (rows, unit.lanes), unit
+
+
 def test_alt_tunes_a_small_conv2d_correctly_and_keeps_its_best():
     from tuner import layout_of_config, tune
 
@@ -455,7 +478,7 @@ def test_without_seeds_no_known_nest_is_measured_and_the_layouts_do_not_start_fr
     assert len(trials) == 24
     assert not {"untuned", "blocked"} & {t.extra.get("origin") for t in trials}
     # the joint stage goes from the user's layout to channels last and the agent's, never to oneDNN's start
-    start = search.key(search.full_choice(first_layout(search.template, search.space.unit.lanes)))
+    start = search.key(search.full_choice(first_layout(search.template, search.space.unit)))
     assert start in seeded.order[:2] and start not in search.order[:2], (seeded.order, search.order)
 
 
@@ -517,7 +540,7 @@ def _check_dot_form(operator, params, epilogue, dtype, target_name):
     assert params_of[GROUP_PARAM].candidates == (instruction.group,)
     lanes = params_of["nt" if operator != "conv2d" else "ot"]
     assert lanes.candidates == (instruction.lanes,)
-    choice = space.full_choice(first_layout(space.template))
+    choice = space.full_choice(first_layout(space.template, space.unit))
     prog = space.program(choice)
     weight = prog.layouts["weight"].new_shape
     assert weight[-2:] == (instruction.lanes, instruction.group), prog.layouts["weight"].name
