@@ -81,8 +81,8 @@ from .space import (
     LoopSpace,
     ScheduleFailed,
     config_key,
-    loop_space,
     divisors,
+    loop_space,
     sample_unique,
 )
 from .task import Task, Trial
