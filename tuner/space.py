@@ -473,6 +473,13 @@ class LoopSpace(SearchSpace):
         anyway (where the last loop is read with a stride, a stride-2 depthwise conv: 0.38 ms, the vector
         nest 1.75 ms), False never; None decides as above.
 
+        `wide`: columns of several vectors where they hold more sums than one vector's rows do, within the
+        accumulators less two (each column's weight vector): the output block of a template's layout (the axis
+        besides the lanes that indexes the weight but not an input broadcast to the lanes) at the innermost level
+        too, so each broadcast feeds several FMAs (a depthwise conv broadcasts nothing: not widened). A GEMM in `M/8 N/16 8 16` holds 8 x 1 sums of AVX-512's 28, 8 x 2 wide: 1.50-1.73 ms against
+        1.74-1.89 (cascadelake, 512^3); a conv's 14-row block is not widened (7 x 2 holds no more), and 14 x 2 in
+        all 28 accumulators ran 1.95 ms against 1.04. Otherwise the same as the narrow block.
+
         A program in the dot-product form (a `G` axis) gets `_dot_config(wide)` instead."""
         if self.structure.group is not None:
             return self._dot_config(wide)
@@ -493,8 +500,21 @@ class LoopSpace(SearchSpace):
                 cols = config[spatial[-1].knob(SPATIAL_LEVELS - 1)] = max(whole or narrower or fits)
             if len(spatial) > 1:
                 vectors = -(-cols // lanes)
-                config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = max(
-                    d for d in divisors(spatial[-2].extent) if d <= REGISTER_ROWS and d * vectors <= self.unit.accumulators)
+
+                def rows(blocks: int, room: int) -> int:
+                    return max(d for d in divisors(spatial[-2].extent) if d <= REGISTER_ROWS and d * blocks * vectors <= room)
+
+                config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = rows(1, self.unit.accumulators)
+                reads, uses = self._main_reads
+                broadcast = [r for r in reads if not uses(r, self.structure.spatial[-1])]  # read once for all lanes
+                block = next((a for a in reversed(self._vector_block_axes) if a.extent > 1 and a != spatial[-2]
+                              and any(not uses(r, a) for r in broadcast)), None)
+                if wide and not column and block is not None and spatial[-1] == self.structure.spatial[-1]:
+                    room = self.unit.accumulators - 2  # each block's vector of the weight besides its sums
+                    r, v = max(((rows(v, room), v) for v in divisors(block.extent) if 1 < v <= 4),
+                               key=lambda rv: (rv[0] * rv[1], rv[0]), default=(0, 1))
+                    if r * v > config[spatial[-2].knob(SPATIAL_LEVELS - 1)]:
+                        config[spatial[-2].knob(SPATIAL_LEVELS - 1)], config[block.knob(SPATIAL_LEVELS - 1)] = r, v
         reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
         if reduction:
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)

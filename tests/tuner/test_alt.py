@@ -77,6 +77,45 @@ def test_the_first_layout_s_row_tile_is_one_the_unit_s_accumulators_hold(width, 
         assert (blocked[row_axis.knob(3)], blocked[lane_axis.knob(3)]) == (rows, unit.lanes), unit
 
 
+@pytest.mark.parametrize("operator, params", [("dense", dict(m=32, n=64, k=48)),
+                                              ("batch_matmul", dict(batch=2, m=16, n=32, k=24))])
+def test_a_gemm_s_first_layout_packs_weight_panels_along_the_reduction_and_seeds_two_vectors_a_row(operator, params):
+    """As BLAS packs B: the weight in panels of one vector of columns, each contiguous along the whole reduction
+    (`K/K N/L K L`, not `K N/L L`, whose panel rows lie a weight row apart). The first layout's seeds: 8 rows x 1
+    vector, and wide 8 rows x 2 vectors on AVX-512 (16 of its 28 accumulators); AVX2's 12 hold no wider block (4 x 2
+    is no more sums), so there the two are one. Every seed computes the GEMM."""
+    import tvm
+
+    from compiler.build import compile_module
+    from compiler.target import AVX2, AVX512
+    from tuner.alt import first_layout
+    from tuner.layout_space import LayoutSpace, interface_space, join_config
+    from tuner_cases import task_of
+
+    wl = workload(operator, params)
+    task = task_of(wl, workload=wl)
+    xs = wl.random_inputs(0)
+    space = LayoutSpace(task)
+    k = params["k"]
+    for unit, wide_block in ((AVX512, (8, 2)), (AVX2, (8, 1))):
+        choice = space.full_choice(first_layout(space.template, unit))
+        assert (choice["mt"], choice["nt"], choice["kt"]) == (8, unit.lanes, k), unit
+        prog = space.program(choice)
+        (weight,) = [lay for name, lay in prog.layouts.items() if lay.new_shape[-1] == unit.lanes and name != "output"]
+        assert weight.new_shape[-4:] == (1, params["n"] // unit.lanes, k, unit.lanes), weight.name
+        loops = interface_space(prog, unit)
+        narrow, wide = loops.blocked_config(), loops.blocked_config(wide=True)
+        *_, block, rows, lanes = loops.structure.spatial
+        assert (narrow[rows.knob(3)], narrow[block.knob(3)], narrow[lanes.knob(3)]) == (8, 1, unit.lanes)
+        assert (wide[rows.knob(3)], wide[block.knob(3)], wide[lanes.knob(3)]) == (*wide_block, unit.lanes), unit
+        for config in (narrow, wide):
+            lib = compile_module(space.apply(join_config(choice, config)).mod, task.target).jit()
+            args = [tvm.runtime.tensor(a) for a in prog.pack_inputs(xs)]
+            out = tvm.runtime.tensor(np.zeros(prog.args[-1].shape, prog.args[-1].dtype))
+            lib["main"](*args, out)
+            np.testing.assert_allclose(out.numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
+
+
 def test_alt_tunes_a_small_conv2d_correctly_and_keeps_its_best():
     from tuner import layout_of_config, tune
 
