@@ -476,8 +476,9 @@ class LoopSpace(SearchSpace):
         `wide`: columns of several vectors where they hold more sums than one vector's rows do, within the
         accumulators less two (each column's weight vector): the output block of a template's layout (the axis
         besides the lanes that indexes the weight but not an input broadcast to the lanes) at the innermost level
-        too, so each broadcast feeds several FMAs (a depthwise conv broadcasts nothing: not widened). A GEMM in `M/8 N/16 8 16` holds 8 x 1 sums of AVX-512's 28, 8 x 2 wide: 1.50-1.73 ms against
-        1.74-1.89 (cascadelake, 512^3); a conv's 14-row block is not widened (7 x 2 holds no more), and 14 x 2 in
+        too, so each broadcast feeds several FMAs (a depthwise conv broadcasts nothing: not widened). A GEMM in
+        `M/8 N/16 8 16` holds 8 x 1 sums of AVX-512's 28, 8 x 2 wide: 1.50-1.73 ms against 1.74-1.89 (cascadelake,
+        512^3); a conv's 14-row block is not widened (7 x 2 holds no more), and 14 x 2 in
         all 28 accumulators ran 1.95 ms against 1.04. Otherwise the same as the narrow block.
 
         A program in the dot-product form (a `G` axis) gets `_dot_config(wide)` instead."""
@@ -502,18 +503,17 @@ class LoopSpace(SearchSpace):
                 vectors = -(-cols // lanes)
 
                 def rows(blocks: int, room: int) -> int:
-                    return max(d for d in divisors(spatial[-2].extent) if d <= REGISTER_ROWS and d * blocks * vectors <= room)
+                    return max(d for d in divisors(spatial[-2].extent)
+                               if d <= REGISTER_ROWS and d * blocks * vectors <= room)
 
-                config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = rows(1, self.unit.accumulators)
-                reads, uses = self._main_reads
-                broadcast = [r for r in reads if not uses(r, self.structure.spatial[-1])]  # read once for all lanes
-                block = next((a for a in reversed(self._vector_block_axes) if a.extent > 1 and a != spatial[-2]
-                              and any(not uses(r, a) for r in broadcast)), None)
-                if wide and not column and block is not None and spatial[-1] == self.structure.spatial[-1]:
+                narrow = config[spatial[-2].knob(SPATIAL_LEVELS - 1)] = rows(1, self.unit.accumulators)
+                lanes_last = spatial[-1] == self.structure.spatial[-1]  # the weight's lanes: the block's columns
+                block = self._wide_block_axis(spatial[-2]) if wide and not column and lanes_last else None
+                if block is not None:
                     room = self.unit.accumulators - 2  # each block's vector of the weight besides its sums
                     r, v = max(((rows(v, room), v) for v in divisors(block.extent) if 1 < v <= 4),
                                key=lambda rv: (rv[0] * rv[1], rv[0]), default=(0, 1))
-                    if r * v > config[spatial[-2].knob(SPATIAL_LEVELS - 1)]:
+                    if r * v > narrow:
                         config[spatial[-2].knob(SPATIAL_LEVELS - 1)], config[block.knob(SPATIAL_LEVELS - 1)] = r, v
         reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
         if reduction:
@@ -584,6 +584,15 @@ class LoopSpace(SearchSpace):
             if block is not None and block.extent > 1:
                 config[block.knob(SPATIAL_LEVELS - 1)] = 1
             return self.validate(config)
+
+    def _wide_block_axis(self, rows: Axis) -> Axis | None:
+        """The axis a wide register block takes several vectors of (`blocked_config(wide=True)`): the last output
+        block besides `rows` that indexes the weight but not an input broadcast to the lanes; None where none does
+        (a depthwise conv broadcasts nothing)."""
+        reads, uses = self._main_reads
+        broadcast = [r for r in reads if not uses(r, self.structure.spatial[-1])]  # read once for all lanes
+        return next((a for a in reversed(self._vector_block_axes) if a.extent > 1 and a != rows
+                     and any(not uses(r, a) for r in broadcast)), None)
 
     @functools.cached_property
     def _vector_block_axes(self) -> tuple[Axis, ...]:
