@@ -163,12 +163,12 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, meta
     with LocalMeasurer() as measurer:
         result = tune(task, budget, seed=seed, measurer=measurer, remeasure=remeasure_count(budget))
     row["ours_tune_s"] = time.perf_counter() - start
-    best = result.final  # the fastest of the best few re-measured, as a job picks
-    row["ours_config"] = best.config if best else None
-    if best is not None:
-        mod = apply_config(task, best.config)
+    pick = result.final  # the fastest of the best few re-measured, as a job picks
+    row["ours_config"] = pick.config if pick else None
+    if pick is not None:
+        mod = apply_config(task, pick.config)
         row["programs"]["ours"] = ("tvm", _export(mod, target, folder, "ours"), _specs(w.prim_func))
-        fused = FusionSpace(w.prim_func, workload=w).fused(best.config)
+        fused = FusionSpace(w.prim_func, workload=w).fused(pick.config)
         row["ours_scratch_bytes"] = fused.scratch_bytes
         row["fused_groups"] = [[d.group, d.depth, round(d.redundancy, 3)] for d in fused.decisions]
     # unfused: the complex operators tuned on their own, an equal share of the budget each
