@@ -1,6 +1,7 @@
 """End-to-end benchmark: whole models, ours vs TVM MetaSchedule (Relax integration, same budget) vs torch.
 
     python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
+                           [--ms-trials-per-iter N]
                            [--layout blocked|search|none] [--also-layouts L,...] [--no-metaschedule] [--no-torch] [--no-untuned]
                            [--torch-variants eager,channels_last,compile] [--no-onnxruntime] [--rounds N]
                            [--quantize]
@@ -20,7 +21,8 @@ mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side a
 - MetaSchedule: TVM's own static-shape tuning flow with CPU weight prepacking
   (`relax.pipeline.static_shape_tuning_pipeline(cpu_weight_prepack=True)`, with our
   builder): the weights are parameters marked layout-free (`AttachAttrLayoutFreeBuffers`),
-  `tune_relax` with `max_trials_global` = the same budget, the database applied, the
+  `tune_relax` with `max_trials_global` = the same budget (`num_trials_per_iter`: `--ms-trials-per-iter`,
+  by default our round size; the row's `metaschedule_trials_per_iter`), the database applied, the
   layout rewrites split off and lifted into `main_transform_params`
   (`SplitLayoutRewritePreproc`, `LiftTransformParams`), run once; one change to TVM's flow: a weight
   that a function reads only in part (BERT's position table, sliced) is not marked layout-free there
@@ -252,7 +254,7 @@ def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any, f
                           "trials": {k: v for k, v in trials.items() if k in keys}}
 
 
-def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_round: int,
+def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_iter: int,
                      quantized: bool = False, translated: bool = False) -> dict:
     """MetaSchedule's Relax flow at the same budget, weights layout-free and prepacked once (TVM's
     `static_shape_tuning_pipeline(cpu_weight_prepack=True)`, step by step so that the tuning gets our builder);
@@ -291,7 +293,7 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
     mod, partly = whole_layout_free(mod)
     with quiet_metaschedule(run_dir / "logs"):
         database = ms.relax_integration.tune_relax(
-            mod, None, target, str(run_dir), max_trials_global=budget, num_trials_per_iter=trials_per_round,
+            mod, None, target, str(run_dir), max_trials_global=budget, num_trials_per_iter=trials_per_iter,
             builder=ms.builder.LocalBuilder(max_workers=cores, initializer=fast_tvmscript_import),
             seed=seed,
         )
@@ -495,7 +497,8 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
     row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_correct=None, metaschedule_error=None)
     if options["metaschedule"]:
         try:
-            ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["trials_per_round"],
+            row["metaschedule_trials_per_iter"] = options["ms_trials_per_iter"]
+            ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["ms_trials_per_iter"],
                                   quantized=quantized, translated=bfloat16)
             ex, params, check = ms.pop("ex"), ms.pop("params"), ms.pop("check")
             row.update(ms)
@@ -601,7 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=64, help="on-device measurements per model (default 64)")
     parser.add_argument("--trials-per-round", type=int, default=8,
                         help="most measurements per scheduler round (fewer when the budget could not otherwise "
-                             "reach every task); MetaSchedule's trials per iteration")
+                             "reach every task); MetaSchedule's trials per iteration too unless --ms-trials-per-iter")
+    parser.add_argument("--ms-trials-per-iter", type=int,
+                        help="MetaSchedule's num_trials_per_iter (default: --trials-per-round; TVM's own default is "
+                             "64). Its evolutionary search costs about the same per iteration whatever the size "
+                             "(68 s on ResNet-18 on 2 cores), so at 8 that search, not the measuring, is most of its "
+                             "tuning time; fewer, larger iterations also mean fewer cost-model updates")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layout", default="blocked", choices=("blocked", "search", "none"),
                         help="our graph-level layouts (compiler.workloads.model.MODEL_LAYOUTS; search: ALT's joint "
@@ -645,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s): {', '.join(unknown)}; known: {', '.join(zoo.MODELS)}")
     if args.budget < 1:
         parser.error("--budget must be >= 1")
+    if args.ms_trials_per_iter is not None and args.ms_trials_per_iter < 1:
+        parser.error("--ms-trials-per-iter must be >= 1")
     also = tuple(v for v in args.also_layouts.split(",") if v)
     if {v.removesuffix("+chains") for v in also} - {"blocked", "search", "none"} or args.layout in also:
         parser.error(f"--also-layouts: others of blocked, search, none (each optionally +chains) than --layout, "
@@ -656,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
                    "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime, "layout": args.layout, "trials_per_round": args.trials_per_round,
+                   "ms_trials_per_iter": args.ms_trials_per_iter or args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
                    "also_layouts": also, "quantize": args.quantize, "bf16": args.bf16}
 

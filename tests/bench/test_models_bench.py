@@ -59,6 +59,9 @@ def test_also_layouts_take_chains_and_refuse_what_is_not_a_layout(capsys):
             main(["--models", "resnet18", "--also-layouts", bad])
         assert e.value.code == 2
         assert "--also-layouts" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--models", "resnet18", "--ms-trials-per-iter", "0"])
+    assert e.value.code == 2 and "--ms-trials-per-iter" in capsys.readouterr().err
 
 
 def test_quantize_benchmarks_the_pt2e_quantized_model_on_every_side(tmp_path, capsys):
@@ -87,10 +90,12 @@ def test_bf16_benchmarks_the_bfloat16_model_on_every_side(tmp_path):
 
     out = tmp_path / "b.json"
     assert models.main(["--models", "small_transformer", "--budget", "2", "--bf16", "--no-untuned",
-                        "--torch-variants", "eager", "--trials-per-round", "2", "--json", str(out)]) == 0
+                        "--torch-variants", "eager", "--trials-per-round", "2", "--ms-trials-per-iter", "1",
+                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     row = report["cases"][0]
     assert report["bf16"] and row["bf16"] and row["correct"], row
+    assert row["metaschedule_trials_per_iter"] == 1 and 0 < row["metaschedule_trials"] <= 2, row
     assert row["ours_ms"] > 0 and row["metaschedule_ms"] > 0 and row["torch_variants_ms"]["eager"] > 0, row
     assert "bfloat16" in row["onnxruntime_error"]
     with pytest.raises(SystemExit):  # two precisions at once
