@@ -592,7 +592,8 @@ def table(report: dict) -> str:
                "ours_correct": True}]
     head = (f"models, target {report['target']} ({_cpu(report)}), budget "
             f"{report['budget']} on-device measurements per model (ours and MetaSchedule); tasks, MS tasks = "
-            f"tuned/all; torch = the best of its variants; each program timed in a fresh process; speedup = baseline ms / ours ms")
+            f"tuned/all; torch = the best of its variants; each program timed in a fresh process; speedup = "
+            f"baseline ms / ours ms")
     notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
     notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
     notes += [f"  {r['name']}: MetaSchedule: left in its layout (read only in part): "
