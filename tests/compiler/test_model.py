@@ -449,3 +449,35 @@ def test_batch_norm_is_folded_into_the_conv_before_it(dtype, host_target):
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
     else:
         assert check_close(out, expected) is None, check_close(out, expected)
+
+
+def test_default_schedule_keeps_small_functions_on_one_thread():
+    """The default schedule of an untuned function (a layout conversion, an element-wise op) runs a small one on
+    one thread (waking the pool costs more than its work) and a large one in parallel; both compute the same
+    values as the unscheduled function."""
+    import tvm
+    from tvm import te, topi
+
+    from compiler.workloads.model.build import PARALLEL_MIN_WORK, default_cpu_schedule
+
+    def conversion(channels: int, size: int):
+        x = te.placeholder((1, channels, size, size), name="x")
+        return te.create_prim_func([x, topi.layout_transform(x, "NCHW", "NCHW8c")])
+
+    small, large = conversion(8, 16), conversion(64, 32)  # 2,048 and 65,536 elements
+    assert 8 * 16 * 16 < PARALLEL_MIN_WORK <= 64 * 32 * 32
+    scheduled = {name: default_cpu_schedule(f, 2, 8) for name, f in (("small", small), ("large", large))}
+    assert "T.parallel" not in scheduled["small"].script()
+    assert "T.parallel" in scheduled["large"].script()
+    assert "T.parallel" in default_cpu_schedule(small, 2, 8, min_parallel_work=0).script()
+    dev = tvm.cpu(0)
+    for name, channels, size in (("small", 8, 16), ("large", 64, 32)):
+        x = np.random.default_rng(0).standard_normal((1, channels, size, size)).astype("float32")
+        outs = []
+        for func in (scheduled[name], small if name == "small" else large):
+            lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+            out = tvm.runtime.tensor(np.zeros((1, channels // 8, size, size, 8), "float32"), dev)
+            lib(tvm.runtime.tensor(x, dev), out)
+            outs.append(out.numpy())
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_array_equal(outs[0], x.reshape(1, channels // 8, 8, size, size).transpose(0, 1, 3, 4, 2))

@@ -6,6 +6,7 @@ Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -102,7 +103,13 @@ def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any],
     return out
 
 
-def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int) -> tvm.tirx.PrimFunc:
+# a block whose loop nest runs fewer iterations than this stays on one thread: waking the thread pool for a
+# parallel loop costs a few microseconds (about 2 us on a 2-core VM), more than a small function's whole work
+PARALLEL_MIN_WORK = 1 << 14
+
+
+def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int,
+                         min_parallel_work: int = PARALLEL_MIN_WORK) -> tvm.tirx.PrimFunc:
     """A cheap schedule for a PrimFunc nobody tuned (element-wise, pooling, layout conversions, a task the
     budget did not reach). Without it such functions run on one thread in TE's loop order. A grouped chain of
     complex operators gets basteln's default tiling and fusion instead.
@@ -140,7 +147,7 @@ def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int) -> tvm
             total *= extent
         if vector:
             _try(sch.vectorize, loops[-1])
-        if total > 1:
+        if total > 1 and math.prod(extents) >= min_parallel_work:
             _try(lambda: sch.parallel(sch.fuse(*picked) if len(picked) > 1 else picked[0]))
     return sch.mod["main"]
 
