@@ -7,7 +7,10 @@ its output and every conv reading them takes as its input; a conv's layout is it
 group's) blocks. That is ALT's propagation along element-wise paths, with conversions only where a blocked
 tensor meets an operator that takes the plain layout (TVM cannot convert between two blocks of one rank).
 
-A round proposes a block for every group at once (one shared `LayoutActor`; round 0 is the `conv_blocks` rule),
+Every group may also keep the model's own layout (`PLAIN`): its convs stay in NCHW, with conversions where they
+meet blocked neighbours; on a small model a conversion can cost more than the blocked layout saves.
+A round proposes a block for every group at once (one shared `LayoutActor`; round 0 is the `conv_blocks` rule,
+round 1 every group plain),
 lowers the whole model in that choice and measures every task the round made that was not measured before: a
 task the loop search can tune (a conv in its new layout) by a short loop search (`joint_trials` measurements,
 the first the loop space's register-blocked nest, its "blocked" seed; stage "joint"; the loop stage later goes
@@ -101,6 +104,17 @@ def tunable(prim_func: Any) -> bool:
     return True
 
 
+def candidate_of(candidates: tuple[int, ...], action: float) -> int:
+    """The layout actor's action in (0, 1) -> one of a group's candidates (`PLAIN`, then the blocks, ascending),
+    each an equal share of the interval."""
+    return candidates[min(int(action * len(candidates)), len(candidates) - 1)]
+
+
+def action_of(candidates: tuple[int, ...], candidate: int) -> float:
+    """The inverse of `candidate_of`: the middle of the candidate's share."""
+    return (candidates.index(candidate) + 0.5) / len(candidates)
+
+
 def _median(values: list[float]) -> float:
     values = sorted(values)
     return values[len(values) // 2]
@@ -125,7 +139,7 @@ class GraphLayoutSearch:
                 "layout" for a default schedule's, whose config is `DEFAULT_CONFIG`; indices from 0 per task).
             should_stop: polled between measurements.
         """
-        from compiler.workloads.model.layouts import conv_sites, layout_groups, vector_lanes
+        from compiler.workloads.model.layouts import PLAIN, conv_sites, layout_groups, vector_lanes
 
         from .ppo import Critic, LayoutActor
 
@@ -135,7 +149,8 @@ class GraphLayoutSearch:
         self.seed, self.joint_trials = seed, joint_trials
         lanes = vector_lanes(target, "float32")
         self.sites = conv_sites(graph.mod, lanes, target)  # the dot-product form's convs are not searched
-        self.groups = [g for g in layout_groups(graph.mod, lanes, target) if len(g.candidates) > 1]
+        # every group may also keep the model's own layout (`PLAIN`, first): its convs unblocked, no conversions
+        self.groups = [replace(g, candidates=(PLAIN, *g.candidates)) for g in layout_groups(graph.mod, lanes, target)]
         self.costs: dict[str, float] = dict(known or {})
         self.spent = 0
         self.observed: dict[int, dict[int, list[float]]] = {g.index: {} for g in self.groups}
@@ -221,9 +236,8 @@ class GraphLayoutSearch:
     def run(self, budget: int, max_rounds: int = 64) -> LayoutSearchResult:
         """Rounds until `budget` measurements are spent (the round that crosses it is not finished), then the
         best block per group; at least the rule's choice is lowered (and measured if the budget allows)."""
+        from compiler.workloads.model.layouts import PLAIN
         from compiler.workloads.model.tasks import conversions
-
-        from .ppo import action_of, factor_of
 
         import random
 
@@ -254,7 +268,19 @@ class GraphLayoutSearch:
         repeats = 0
         for g in self.groups:
             self.observed[g.index].setdefault(g.default, []).append(reference[g.index])
-            self.actor.record(self.state(g), [action_of(max(g.candidates), g.default)], 0.0)
+            self.actor.record(self.state(g), [action_of(g.candidates, g.default)], 0.0)
+        # round 1: every group in the model's own layout (no conversions at all), the other end of the choice
+        plain = {g.index: PLAIN for g in self.groups}
+        before = len(measured)
+        plain_model = evaluate(plain, "plain")
+        if len(measured) > before:
+            costs = seen[tuple(sorted(plain.items()))] = self.group_costs(plain_model)
+            for g in self.groups:
+                self.observed[g.index].setdefault(PLAIN, []).append(costs[g.index])
+                ref, cost = reference[g.index], costs[g.index]
+                self.actor.record(self.state(g), [action_of(g.candidates, PLAIN)],
+                                  math.log(ref / cost) if ref > 0 and 0 < cost < math.inf else -1.0)
+            self.actor.update()
         for _ in range(max_rounds):
             if self.spent >= budget or self.should_stop():
                 break
@@ -264,7 +290,7 @@ class GraphLayoutSearch:
             moved = [g for g in self.groups if rng.random() < self.move_share] or [rng.choice(self.groups)]
             for g in moved:
                 (action,) = self.actor.act(self.state(g))
-                choice[g.index] = factor_of(g.candidates, max(g.candidates), action[0])
+                choice[g.index] = candidate_of(g.candidates, action[0])
             key = tuple(sorted(choice.items()))
             if key in seen:  # measured before: rewarded by what it cost then; the search stops when it only repeats
                 costs, repeats = seen[key], repeats + 1

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from compiler.target import resolve_target  # noqa: E402
 from compiler.workloads import model as M  # noqa: E402
 from compiler.workloads.model.importer import graph_blocks, lower_graph, translate_model  # noqa: E402
-from compiler.workloads.model.layouts import conv_sites, group_blocks, layout_groups, vector_lanes  # noqa: E402
+from compiler.workloads.model.layouts import PLAIN, conv_sites, group_blocks, layout_groups, vector_lanes  # noqa: E402
 from compiler.workloads.model.tasks import conv_calls, conversions  # noqa: E402
 from tuner import LocalMeasurer  # noqa: E402
 from tuner.graph_layout import DEFAULT_CONFIG, GraphLayoutSearch  # noqa: E402
@@ -73,8 +73,28 @@ def test_groups_follow_elementwise_paths_and_blocks_apply(residual, target):
     out = M.run_model(M.build_model(model, target), [x], target)[0]
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
-    # the user-facing form (torch names) is checked against each conv's candidates
+    # the joined group plain: c1 and c2 (which write it) and c3 (which reads it) keep NCHW, the graph has no
+    # conversion left (c1's input group plain too), and the model still matches torch
+    plain = group_blocks(groups, {joined.index: PLAIN}, sites)
+    assert plain == {"p_c1_weight": (PLAIN, PLAIN), "p_c2_weight": (PLAIN, PLAIN), "p_c3_weight": (PLAIN, PLAIN)}
+    model = lower_graph(graph, layout="blocked", target=target, blocks=plain)
+    assert conversions(model.mod) == 0 and not any("NCHWc" in t.name for t in model.tasks)
+    assert model.blocks == {"c1.weight": [PLAIN, PLAIN], "c2.weight": [PLAIN, PLAIN], "c3.weight": [PLAIN, PLAIN]}
+    np.testing.assert_allclose(M.run_model(M.build_model(model, target), [x], target)[0], expected, rtol=1e-4,
+                               atol=1e-4)
+    # c3's output group plain alone: c3 keeps NCHW, so one conversion before it (c1, c2 blocked), none after it
+    c3_out = next(g for g in groups if "p_c3_weight" in g.writers)
+    mixed = group_blocks(groups, {c3_out.index: PLAIN}, sites)
+    assert mixed["p_c3_weight"] == (PLAIN, PLAIN) and PLAIN not in mixed["p_c2_weight"]
+    model = lower_graph(graph, layout="blocked", target=target, blocks=mixed)
+    assert conversions(model.mod) == 2
+    assert len(conv_calls(model.mod, {s.weight for s in sites})["p_c3_weight"].conversions) == 1
+    np.testing.assert_allclose(M.run_model(M.build_model(model, target), [x], target)[0], expected, rtol=1e-4,
+                               atol=1e-4)
+
+    # the user-facing form (torch names) is checked against each conv's candidates; [0, 0] keeps a conv in NCHW
     assert graph_blocks(graph, {"c2.weight": [8, 8]}, target) == {"p_c2_weight": (8, 8)}
+    assert graph_blocks(graph, {"c2.weight": [0, 0]}, target) == {"p_c2_weight": (PLAIN, PLAIN)}
     with pytest.raises(M.ModelError, match="c2.weight.*takes an input block in"):
         graph_blocks(graph, {"c2.weight": [3, 8]}, target)
     with pytest.raises(M.ModelError, match="'nope.weight' is not the weight of a conv2d"):
@@ -93,6 +113,9 @@ def test_joint_stage_measures_whole_choices_and_keeps_the_best(residual, target)
     finally:
         measurer.close()
     assert result.rounds[0]["source"] == "rule" and len(result.rounds) >= 2, result.rounds
+    # round 1 keeps every group in the model's own layout: no conversion at all
+    assert result.rounds[1]["source"] == "plain" and result.rounds[1]["conversions"] == 0
+    assert set(result.rounds[1]["blocks"].values()) == {PLAIN}
     # every round's choice was measured whole: every task of its model has a latency
     assert result.measurements == len(measured) and result.measurements <= 12 + len(result.model.tasks)
     assert all(t.workload_key in result.costs for t in result.model.tasks)

@@ -16,7 +16,7 @@ from ..pt2 import ModelError, short_error
 
 from .converters import translate
 from .fold import fold_batch_norms
-from .layouts import MODEL_LAYOUTS, conv_sites, convert_layouts, legalize_conv2d, unlegalized, vector_lanes
+from .layouts import MODEL_LAYOUTS, PLAIN, conv_sites, convert_layouts, legalize_conv2d, unlegalized, vector_lanes
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
 if TYPE_CHECKING:
@@ -41,8 +41,8 @@ class ImportedModel:
         tasks: one per distinct fused PrimFunc, by descending weight then name.
         notes: what the import changed from the requested policy, in words (convolutions left in their own
             layout because TVM's layout pass or lowering failed with them blocked).
-        blocks: the blocked convs' [input block, output block], by their weight's torch name; {} with no
-            blocked conv.
+        blocks: the blocked convs' [input block, output block], by their weight's torch name ([0, 0], `PLAIN`:
+            one the chosen blocks keep in NCHW); {} with no blocked conv.
         quantized: the program quantizes tensors (`quantize_per_tensor`, a PT2E-quantized model): its convs and
             linears compute in integers (`quantized`), and its outputs are checked with `check.tolerance`'s
             looser bound, since a value rounded to the other side of a quantization step moves what follows.
@@ -114,7 +114,8 @@ def import_model(
         fusion: "none" (Relax's own fusion: element-wise operators into a complex one) or "chains" (also
             chains of complex operators into one task, `compiler.passes.grouping`, tiled and fused by basteln).
         blocks: with "blocked", the (input block, output block) of convs named by their weight's torch name
-            ("layer1.0.conv1.weight"), as the graph-level layout search chose them; the others by `conv_blocks`.
+            ("layer1.0.conv1.weight"), as the graph-level layout search chose them ([0, 0]: the conv keeps NCHW);
+            the others by `conv_blocks`.
 
     Raises:
         ModelError: "model" for unsupported operators (named with their fx nodes), a failed conversion (operator
@@ -150,10 +151,14 @@ def graph_blocks(graph: ModelGraph, blocks: dict[str, Sequence[int]], target: An
             raise ModelError("layout", f"blocks: {name!r} is not the weight of a conv2d the blocked layout applies "
                                        f"to; the model's are: {known}")
         ib, ob = (int(b) for b in pair)
+        if (ib, ob) == (PLAIN, PLAIN):  # the conv keeps the model's own layout
+            out[site.weight] = (ib, ob)
+            continue
         if ib not in site.in_blocks or ob not in site.out_blocks or (site.depthwise and ib != ob):
             raise ModelError("layout", f"blocks: {name!r} takes an input block in {list(site.in_blocks)} and an "
                                        f"output block in {list(site.out_blocks)}"
-                                       f"{' (equal: a depthwise conv)' if site.depthwise else ''}, got {[ib, ob]}")
+                                       f"{' (equal: a depthwise conv)' if site.depthwise else ''}, or "
+                                       f"[{PLAIN}, {PLAIN}] to keep its own layout; got {[ib, ob]}")
         out[site.weight] = (ib, ob)
     return out
 

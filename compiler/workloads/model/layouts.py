@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 # blocks of the convs' layout groups, which `import_model(blocks=...)` applies.
 MODEL_LAYOUTS = ("blocked", "search", "none")
 
+# the "block" of a conv side or a layout group that keeps the model's own layout (NCHW): a conv with either side
+# plain stays wholly in NCHW, with conversions where it meets blocked neighbours. The graph-level search offers it
+# for every group: on a small model a conversion can cost more than what the blocked layout saves.
+PLAIN = 0
+
 
 def vector_lanes(target: Any, dtype: str = "float32") -> int:
     """How many `dtype` values one vector register of the target holds (16 for float32 on AVX-512)."""
@@ -231,8 +236,11 @@ def conv_sites(mod: Any, lanes: int, target: Any = None) -> list[ConvSite]:
 
 
 def site_layouts(site: ConvSite, blocks: tuple[int, int]) -> list[str]:
-    """`ConvertLayout`'s [data, kernel, out] layouts of a conv in blocks (input block, output block)."""
+    """`ConvertLayout`'s [data, kernel, out] layouts of a conv in blocks (input block, output block); either
+    block `PLAIN`: its own NCHW layout."""
     ib, ob = blocks
+    if PLAIN in (ib, ob):
+        return ["NCHW", "OIHW", "NCHW"]
     if site.depthwise:
         assert ib == ob, f"depthwise conv {site.weight}: one block for data and output, got {blocks}"
         return [f"NCHW{ob}c", f"OIHW1i{ob}o", f"NCHW{ob}c"]
@@ -296,7 +304,8 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     be applied to: the result, and the weights (parameter names in "main") of the convs left in their own layout.
 
     `blocks` (weight name -> (input block, output block), the graph-level search's choice) overrides the
-    policy's blocks of the convs it names; where neighbours disagree `ConvertLayout` puts a conversion.
+    policy's blocks of the convs it names (`PLAIN`: its own layout); where neighbours disagree `ConvertLayout` puts
+    a conversion.
 
     TVM's layout pass fails on some graphs with an internal error ("Layouts must have the same size" where a
     blocked tensor reaches a transposed conv or a resize, "Invalid layout axis" at a concat of different blocks,
@@ -505,7 +514,7 @@ def layout_groups(mod: Any, lanes: int, target: Any = None) -> list[LayoutGroup]
 
 def group_blocks(groups: list[LayoutGroup], choice: dict[int, int], sites: list[ConvSite]) -> dict[str, tuple[int, int]]:
     """Each conv's (input block, output block) when group `i` has block `choice[i]` (a group not in `choice`: its
-    default)."""
+    default); a conv with a `PLAIN` group on either side is (PLAIN, PLAIN)."""
     block = {g.index: choice.get(g.index, g.default) for g in groups}
     out = {s.weight: s.default for s in sites}
     for g in groups:
@@ -513,4 +522,4 @@ def group_blocks(groups: list[LayoutGroup], choice: dict[int, int], sites: list[
             out[w] = (block[g.index], out[w][1])
         for w in g.writers:
             out[w] = (out[w][0], block[g.index])
-    return out
+    return {w: (PLAIN, PLAIN) if PLAIN in pair else pair for w, pair in out.items()}
