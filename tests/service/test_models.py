@@ -164,7 +164,12 @@ def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path, mo
     assert search["chosen_estimate_ms"] <= search["rule_estimate_ms"]
     assert spec["blocks"] == search["blocks"] and set(spec["blocks"]) == {"conv1.weight", "conv2.weight",
                                                                           "conv3.weight"}
-    assert spec["report"]["conversions"] == 2  # in (the image) and out (before the pooling's flatten)
+    # the job's model has the conversions of the round it chose (the lowest estimate): the rule's 2 (the image in,
+    # out before the pooling's flatten), none where every conv keeps NCHW (round 1, "plain")
+    assert search["rounds"][0]["conversions"] == 2
+    assert all(r["conversions"] == 0 for r in search["rounds"] if r["source"] == "plain")  # when the budget reached it
+    chosen = min(search["rounds"], key=lambda r: r["estimate_ms"])
+    assert spec["report"]["conversions"] == chosen["conversions"]
     with session_scope(settings.resolved_database_url) as s:
         stages = {row.stage for row in s.query(TrialRow).filter(TrialRow.job_id == job["id"])}
         total = s.query(TrialRow).filter(TrialRow.job_id == job["id"]).count()
