@@ -65,7 +65,7 @@ class ModelJobSpec(BaseModel):
                                "the layout carried through element-wise, pooling and reduction operators; a conv "
                                "whose layout TVM's layout pass cannot carry keeps NCHW, with conversions at its "
                                "boundary; `search`: the same, with the channel blocks chosen by ALT's joint stage "
-                               "(a layout actor proposes blocks across the graph, each choice measured whole with "
+                               "(a layout actor proposes blocks, or NCHW, per group across the graph, each choice measured whole with "
                                "its conversions, about 30% of the budget; the tasks listed at submission are the "
                                "rule's, the job adds those of the layouts it tries); `none` keeps NCHW everywhere")
     fusion: Literal["none", "chains"] = Field(
