@@ -150,7 +150,8 @@ class GraphLayoutSearch:
         lanes = vector_lanes(target, "float32")
         self.sites = conv_sites(graph.mod, lanes, target)  # the dot-product form's convs are not searched
         # every group may also keep the model's own layout (`PLAIN`, first): its convs unblocked, no conversions
-        self.groups = [replace(g, candidates=(PLAIN, *g.candidates)) for g in layout_groups(graph.mod, lanes, target)]
+        self.groups = [replace(g, candidates=tuple(dict.fromkeys((PLAIN, *g.candidates))))
+                       for g in layout_groups(graph.mod, lanes, target)]
         self.costs: dict[str, float] = dict(known or {})
         self.spent = 0
         self.observed: dict[int, dict[int, list[float]]] = {g.index: {} for g in self.groups}
@@ -206,7 +207,6 @@ class GraphLayoutSearch:
         self.spent += 1
         record(Trial(index=0, config=dict(DEFAULT_CONFIG), latencies_ms=latencies, error=error, stage=LAYOUT_STAGE))
         return _median(latencies) if latencies else math.inf
-        return True
 
     def estimate(self, model: ImportedModel) -> float:
         return sum(t.weight * self.costs[t.workload_key] for t in model.tasks)

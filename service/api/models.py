@@ -62,9 +62,10 @@ class ModelJobSpec(BaseModel):
     layout: Literal["blocked", "search", "none"] = Field(
         "blocked", description="graph-level layouts: `blocked` puts every dense and depthwise conv2d in N C/c H W "
                                "c (block factors for the target's vector width), weights packed at build time, "
-                               "the layout carried through element-wise, pooling and reduction operators; a conv "
-                               "whose layout TVM's layout pass cannot carry keeps NCHW, with conversions at its "
-                               "boundary; `search`: the same, with the channel blocks chosen by ALT's joint stage "
+                               "the layout carried through element-wise, pooling, reduction, concat and resize "
+                               "operators (the tensors a concat joins share one block; a transposed conv keeps NCHW); "
+                               "a conv whose layout TVM's layout pass cannot carry keeps NCHW, with conversions at "
+                               "its boundary; `search`: the same, with the channel blocks chosen by ALT's joint stage "
                                "(a layout actor proposes blocks, or NCHW, per group across the graph, each choice measured whole with "
                                "its conversions, about 30% of the budget; the tasks listed at submission are the "
                                "rule's, the job adds those of the layouts it tries); `none` keeps NCHW everywhere")

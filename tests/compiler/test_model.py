@@ -297,6 +297,59 @@ def test_blocked_layout_through_relu6_and_depthwise(host_target):
     np.testing.assert_allclose(M.run_model(built, [x.numpy()], host_target)[0], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_blocked_layout_is_carried_through_concat_resize_and_transposed_conv(host_target):
+    """A U-Net's joins: a concat's inputs and output are one layout group with one block; a concat of a blocked and
+    a plain tensor (the transposed conv's, which keeps NCHW) and a nearest resize are done in the block
+    (`carry_layouts`: ConvertLayout would put both in NCHW), so the conversions left are the image's, the output's
+    and the two around the transposed conv."""
+    from torch import nn
+
+    from compiler.workloads.model.importer import translate_model
+    from compiler.workloads.model.layouts import layout_groups
+    from compiler.workloads.model.tasks import conversions
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 3, 1, 1), nn.Conv2d(8, 16, 3, 2, 1)
+            self.up = nn.ConvTranspose2d(16, 8, 2, 2)
+            self.c, self.d, self.e = nn.Conv2d(16, 8, 1), nn.Conv2d(8, 8, 3, 1, 1), nn.Conv2d(16, 4, 1)
+
+        def forward(self, x):
+            s = torch.relu(self.a(x))
+            z = torch.relu(self.c(torch.cat([self.up(torch.relu(self.b(s))), s], 1)))
+            w = torch.relu(self.d(nn.functional.max_pool2d(z, 2)))
+            return self.e(torch.cat([nn.functional.interpolate(w, scale_factor=2), z], 1))
+
+    torch.manual_seed(0)
+    module, x = Net().eval(), torch.randn(1, 3, 16, 16)
+    ep = torch.export.export(module, (x,))
+    lanes = M.vector_lanes(host_target)
+    groups = layout_groups(translate_model(ep).mod, lanes, host_target)
+    joined = next(g for g in groups if "p_c_weight" in g.readers)
+    assert set(joined.writers) == {"p_a_weight"} and set(joined.readers) == {"p_b_weight", "p_c_weight"}
+    assert joined.channels == (8, 16) and joined.default == M.conv_blocks(8, 8, lanes)[0] == 8
+
+    model = M.import_model(ep, layout="blocked", target=host_target)
+    assert model.notes == [] and model.blocks["b.weight"][1] == M.conv_blocks(16, 16, lanes)[0], model.blocks
+    assert model.blocks["c.weight"][0] == model.blocks["e.weight"][0] == 8
+    assert conversions(model.mod) == 4, [t.name for t in model.tasks]
+    joins = [t for t in model.tasks if "concatenate" in t.name or "resize2d" in t.name]
+    assert len(joins) >= 2 and all(len(t.args[0].shape) == 5 for t in joins), [(t.name, t.args) for t in joins]
+    assert any("conv2d_transpose" in t.name and len(t.args[0].shape) == 4 for t in model.tasks)
+    with torch.no_grad():
+        expected = module(x).numpy()
+    out = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)[0]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+    # the last conv reading the second concat in block 16 (its inputs have 8 channels): the concat is still done
+    # in block 8, then one conversion from block 8 to block 16
+    model = M.import_model(ep, layout="blocked", target=host_target, blocks={"c.weight": [8, 8], "e.weight": [16, 4]})
+    assert model.notes == [] and conversions(model.mod) == 5, [t.name for t in model.tasks]
+    out = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)[0]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
 def test_gelu_softmax_and_tanh_use_vectorizable_math(host_target):
     """GELU (exact and tanh), softmax and tanh become TVM's polynomial exp/erf/tanh (no libm call, so they
     vectorize); the model still matches torch to float32 rounding, also where erf and tanh saturate."""

@@ -16,7 +16,8 @@ from ..pt2 import ModelError, short_error
 
 from .converters import translate
 from .fold import fold_batch_norms
-from .layouts import MODEL_LAYOUTS, PLAIN, conv_sites, convert_layouts, legalize_conv2d, unlegalized, vector_lanes
+from .layouts import (MODEL_LAYOUTS, PLAIN, conv_sites, convert_layouts, group_blocks, layout_groups, legalize_conv2d,
+                      unlegalized, vector_lanes)
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ def import_model(
         input_shapes: the user's input shapes, checked against the program's; None: the program's.
         layout: "none" (the operators' own layouts, NCHW), "blocked" or "search" (graph-level layouts: every
             dense and depthwise conv2d in `N C/c H W c` with weights `O/o I/i KH KW i o`, the block factors from
-            `conv_blocks` or `blocks`, propagated by `relax.transform.ConvertLayout`; see `MODEL_LAYOUTS`). Convs
+            each layout group's default (`layout_groups`) or `blocks`, propagated by `relax.transform.ConvertLayout`
+            and `carry_layouts`; see `MODEL_LAYOUTS`). Convs
             the layout pass fails on keep NCHW; a converted graph that fails to lower is lowered unconverted (see
             `notes`). "search" imports like "blocked": the job's graph-level search (`tuner.graph_layout`) then
             chooses the blocks.
@@ -229,9 +231,11 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
     fused, chosen = None, {}
     if layout in ("blocked", "search"):
         mod = _clip_as_min_max()(mod)
-        # convolutions whose blocked layout TVM's layout pass or legalization cannot carry (through a transposed
-        # conv, a resize, a concat of other blocks, ...) keep their own, with conversions at their boundary
+        # convolutions whose blocked layout TVM's layout pass or legalization cannot carry (a concat of other
+        # blocks, ...) keep their own, with conversions at their boundary
         lanes = vector_lanes(target, "float32")
+        if blocks is None:  # the rule: each layout group's default block (one for the tensors a concat joins)
+            blocks = group_blocks(layout_groups(mod, lanes, target), {}, conv_sites(mod, lanes, target))
         for legalize in (False, True):  # the quick search first; the one that legalizes every try if it failed
             converted, left = convert_layouts(mod, lanes, target, legalize=legalize, blocks=blocks)
             try:

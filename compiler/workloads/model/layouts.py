@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 # Graph-level layouts of a model (ALT sec. 4.2): "none" keeps the operators' own layouts; "blocked"
 # puts every dense and depthwise conv2d in N C/c H W c (weights O/o I/i KH KW i o, transformed at build time) and
-# lets ConvertLayout carry the layout along element-wise, pooling and reduction paths, so conversions
-# remain only where an operator cannot take it (inputs, outputs, flatten, grouped convs).
+# lets ConvertLayout carry the layout along element-wise, pooling and reduction paths (and `carry_layouts` through
+# the concats and resizes where ConvertLayout drops it), so conversions remain only where an operator cannot take
+# it (inputs, outputs, flatten, grouped and transposed convs).
 # "search" imports as "blocked" (the rule's blocks, where the search starts); `tuner.graph_layout` then chooses the
 # blocks of the convs' layout groups, which `import_model(blocks=...)` applies.
 MODEL_LAYOUTS = ("blocked", "search", "none")
@@ -105,6 +106,10 @@ def blocked_conv_layouts(lanes: int, dots: dict[str, tuple[int, int] | None] | N
 
     def layouts(call: Any) -> dict:
         op = getattr(call, "op", None)
+        if getattr(op, "name", "") == "relax.nn.conv2d_transpose":  # its own, said explicitly: from a blocked
+            attrs = call.attrs  # producer ConvertLayout fails ("Layouts must have the same size")
+            return {"relax.nn.conv2d_transpose": [str(attrs.data_layout), str(attrs.kernel_layout),
+                                                  str(attrs.out_layout)]}
         if getattr(op, "name", "") != "relax.nn.conv2d":
             return {}
         attrs = call.attrs
@@ -305,11 +310,11 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
 
     `blocks` (weight name -> (input block, output block), the graph-level search's choice) overrides the
     policy's blocks of the convs it names (`PLAIN`: its own layout); where neighbours disagree `ConvertLayout` puts
-    a conversion.
+    a conversion. `carry_layouts` then carries blocks through the concats and resizes ConvertLayout leaves in NCHW.
 
-    TVM's layout pass fails on some graphs with an internal error ("Layouts must have the same size" where a
-    blocked tensor reaches a transposed conv or a resize, "Invalid layout axis" at a concat of different blocks,
-    `std::bad_alloc` on 1-D pooling). Then the convs are tried one at a time in graph order, each kept blocked
+    TVM's layout pass fails on some graphs with an internal error ("Invalid layout axis" at a concat of different
+    blocks, `std::bad_alloc` on 1-D pooling; "Layouts must have the same size" where a blocked tensor reaches a
+    transposed conv, which the policy prevents by pinning it to its own layout). Then the convs are tried one at a time in graph order, each kept blocked
     only if the graph with it (and those kept before) still converts (and, with `legalize`, legalizes: slower,
     for when the converted graph fails later); a conv left out keeps NCHW, so `ConvertLayout` puts conversions
     at its boundary. With no conv blocked the module is returned as it is (no layout pass at all)."""
@@ -337,7 +342,7 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
             return policy(call)
 
         try:
-            converted = relax.transform.ConvertLayout({}, layouts)(mod)
+            converted = carry_layouts(relax.transform.ConvertLayout({}, layouts)(mod))
             if legalize:
                 with target:
                     legalized = relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d})(converted)
@@ -415,8 +420,8 @@ def depthwise_conv2d_nchwc(data: Any, kernel: Any, strides: Any, padding: Any, d
 
 @dataclass(frozen=True)
 class LayoutGroup:
-    """Tensors of a model that must share one channel block: those joined by element-wise, pooling and other
-    non-conv operators (ALT's propagation along element-wise paths), with the convs that write and read them.
+    """Tensors of a model that must share one channel block: those joined by element-wise, pooling, concat and
+    other non-conv operators (ALT's propagation along element-wise paths), with the convs that write and read them.
 
     TVM's `ConvertLayout` converts between a blocked and the plain layout, but not between two blocks of the
     same rank (it takes that for a transpose and fails), so the layout a conv gives its output is propagated
@@ -427,7 +432,9 @@ class LayoutGroup:
         index: position among the model's groups (graph order of first appearance).
         channels: the channel counts of its tensors.
         candidates: the blocks every member's channel count takes (`block_candidates`); one: nothing to choose.
-        default: the block `conv_blocks` gives its first conv (the rule the search starts from).
+        default: the block `conv_blocks` gives its first conv, or where the group's channel counts do not all
+            take that one (a concat's inputs and output), the largest block they all take, and `PLAIN` where they
+            take none: the rule's block, where the search starts from.
         writers: weights of the convs whose output it holds.
         readers: weights of the convs whose input it holds.
     """
@@ -486,11 +493,13 @@ def layout_groups(mod: Any, lanes: int, target: Any = None) -> list[LayoutGroup]
                 if sites[weight.name].depthwise:
                     union(call.args[0], binding.var)
                 continue
-            if getattr(call.op, "name", "") == "relax.nn.conv2d" or not rank4(binding.var):
+            if getattr(call.op, "name", "") in ("relax.nn.conv2d", "relax.nn.conv2d_transpose") or \
+                    not rank4(binding.var):
                 continue  # another conv (kept in its own layout) or a change of rank: no propagation
-            for arg in call.args:
-                if isinstance(arg, relax.Var) and rank4(arg):
-                    union(arg, binding.var)
+            for arg in call.args:  # a concat's inputs are the fields of its tuple
+                for v in (arg.fields if isinstance(arg, relax.Tuple) else [arg]):
+                    if isinstance(v, relax.Var) and rank4(v):
+                        union(v, binding.var)
 
     roots = list(dict.fromkeys(find(v) for _, v in [*reads, *writes]))
     members: dict[Any, list[Any]] = {}
@@ -507,6 +516,10 @@ def layout_groups(mod: Any, lanes: int, target: Any = None) -> list[LayoutGroup]
         readers = tuple(w for w, v in reads if find(v).same_as(root))
         first = writers[0] if writers else readers[0]
         default = sites[first].default[1] if writers else sites[first].default[0]
+        if not candidates:  # channel counts no block divides (a concat of 3 and 8): the group keeps NCHW
+            default = PLAIN
+        elif default not in candidates:  # a concat's channel counts: the largest block they all take
+            default = max(candidates, key=lambda b: (b <= lanes, b))
         groups.append(LayoutGroup(index, channels, tuple(sorted(candidates)) or (default,), default, writers,
                                   readers))
     return groups
@@ -523,3 +536,145 @@ def group_blocks(groups: list[LayoutGroup], choice: dict[int, int], sites: list[
         for w in g.writers:
             out[w] = (out[w][0], block[g.index])
     return {w: (PLAIN, PLAIN) if PLAIN in pair else pair for w, pair in out.items()}
+
+
+def channel_conversion(call: Any) -> tuple[str, int] | None:
+    """("block", b) when `call` converts NCHW into `N C/b H W b`, ("unblock", b) for the way back (the
+    `layout_transform`s `ConvertLayout` writes), None for any other call."""
+    import tvm
+    from tvm import relax
+    from tvm_ffi import structural_equal
+
+    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.layout_transform"):
+        return None
+    if call.attrs.pad_value is not None:
+        return None
+    src, dst = call.args[0].ty, call.ty
+    if not (isinstance(src, relax.TensorType) and isinstance(dst, relax.TensorType) and dst.shape is not None):
+        return None
+    if (src.ndim, dst.ndim) == (4, 5):
+        kind, block = "block", dst.shape[4]
+    elif (src.ndim, dst.ndim) == (5, 4):
+        kind, block = "unblock", src.shape[4]
+    else:
+        return None
+    if not isinstance(block, tvm.tirx.IntImm):
+        return None
+    want = _block_map(int(block)) if kind == "block" else _unblock_map(int(block))
+    index_map = call.attrs.index_map
+    dtype = str(index_map.initial_indices[0].ty.dtype)
+    same = structural_equal(index_map, tvm.tirx.IndexMap.from_func(want, index_dtype=dtype), map_free_vars=True)
+    return (kind, int(block)) if same else None
+
+
+def _block_map(b: int) -> Any:
+    return lambda n, c, h, w: (n, c // b, h, w, c % b)
+
+
+def _unblock_map(b: int) -> Any:
+    return lambda n, c, h, w, i: (n, c * b + i, h, w)
+
+
+def _reblock_map(src: int, dst: int) -> Any:
+    return lambda n, c, h, w, i: (n, (c * src + i) // dst, h, w, (c * src + i) % dst)
+
+
+def carry_layouts(mod: Any) -> Any:
+    """Carries blocked layouts where `ConvertLayout` leaves NCHW between blocked neighbours (run after it,
+    before legalization), so that conversions between neighbours that agree cancel:
+
+    - a resize of a tensor converted out of block b is resized in block b (`ConvertLayout` does not carry a
+      block through `resize2d`), converted back after it;
+    - a channel concat is done in block b where that needs fewer conversions than NCHW (`ConvertLayout` puts a
+      concat of a blocked and a plain tensor in NCHW), counting those of its inputs (out of their blocks for
+      NCHW; into b otherwise) and of its users (into their blocks, or one back to NCHW);
+    - a conversion into block b of a tensor converted out of block b is the tensor itself; out of one block into
+      another, one conversion.
+
+    Conversions left unused are removed."""
+    from tvm import relax
+
+    main = mod["main"]
+    users: dict[Any, list[Any]] = {}
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                users.setdefault(var, []).append(binding.value)
+    for var in relax.analysis.free_vars(main.body.body):
+        users.setdefault(var, []).append(None)  # a function output: wanted in its own layout
+
+    @relax.expr_functor.mutator
+    class Carry(relax.PyExprMutator):
+        def __init__(self) -> None:
+            super().__init__(mod)
+            self.blocked: dict[Any, tuple[Any, int]] = {}  # NCHW var -> (the same tensor in block b, b)
+
+        def emit_layout(self, x: Any, fn: Any) -> Any:
+            return self.builder_.emit(relax.op.layout_transform(x, index_map=fn))
+
+        def visit_var_binding_(self, binding: Any) -> None:
+            value = self.visit_expr(binding.value)
+            carried = self.carry(binding.var, value)
+            value = self.builder_.normalize(value if carried is None else carried)
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+            conversion = channel_conversion(value)
+            if conversion is not None and conversion[0] == "unblock":
+                self.blocked[binding.var] = (value.args[0], conversion[1])
+
+        def carry(self, var: Any, value: Any) -> Any:
+            if not isinstance(value, relax.Call):
+                return None
+            name = getattr(value.op, "name", "")
+            conversion = channel_conversion(value)
+            if conversion is not None and conversion[0] == "block" and value.args[0] in self.blocked:
+                src, b = self.blocked[value.args[0]]
+                return src if b == conversion[1] else relax.op.layout_transform(
+                    src, index_map=_reblock_map(b, conversion[1]))
+            if name == "relax.image.resize2d" and value.attrs.layout == "NCHW" and value.args[0] in self.blocked:
+                src, b = self.blocked[value.args[0]]
+                a = value.attrs
+                resized = self.builder_.emit(relax.op.image.resize2d(
+                    src, value.args[1], [float(r) for r in a.roi], f"NCHW{b}c", a.method,
+                    a.coordinate_transformation_mode, a.rounding_method, float(a.cubic_alpha), int(a.cubic_exclude),
+                    float(a.extrapolation_value), a.out_dtype))
+                return relax.op.layout_transform(resized, index_map=_unblock_map(b))
+            if name == "relax.concat":
+                return self.concat(var, value)
+            return None
+
+        def concat(self, var: Any, value: Any) -> Any:
+            fields = value.args[0]
+            if not (isinstance(fields, relax.Tuple) and int(value.attrs.axis) in (1, -3) and var.ty.ndim == 4
+                    and all(isinstance(f, relax.Var) and f.ty.ndim == 4 for f in fields.fields)):
+                return None
+            channels = [int(f.ty.shape[1]) for f in fields.fields]
+            into = [channel_conversion(u) for u in users.get(var, [])]
+            plain_cost = sum(1 for f in fields.fields if f in self.blocked and len(users.get(f, [])) == 1)
+            plain_cost += sum(1 for c in into if c is not None)
+
+            def cost(b: int) -> int:
+                ins = sum(0 if f in self.blocked and self.blocked[f][1] == b else 1 for f in fields.fields)
+                outs = sum(1 for c in into if c is not None and c[1] != b)
+                return ins + outs + (1 if any(c is None for c in into) else 0)
+
+            blocks = {self.blocked[f][1] for f in fields.fields if f in self.blocked}
+            blocks |= {c[1] for c in into if c is not None}
+            blocks = sorted(b for b in blocks if all(c % b == 0 for c in channels))
+            if not blocks or min(map(cost, blocks)) >= plain_cost:
+                return None
+            b = min(blocks, key=lambda b: (cost(b), -b))
+            inputs = []
+            for f in fields.fields:
+                if f in self.blocked:
+                    src, fb = self.blocked[f]
+                    inputs.append(src if fb == b else self.emit_layout(src, _reblock_map(fb, b)))
+                else:
+                    inputs.append(self.emit_layout(f, _block_map(b)))
+            joined = self.builder_.emit(relax.op.concat(inputs, axis=1))
+            return relax.op.layout_transform(joined, index_map=_unblock_map(b))
+
+    carry = Carry()
+    gv = mod.get_global_var("main")
+    carry.builder_.update_func(gv, carry.visit_expr(main))
+    carried = carry.builder_.get()
+    return relax.transform.DeadCodeElimination(["main"])(relax.transform.CanonicalizeBindings()(carried))
