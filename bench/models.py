@@ -264,7 +264,8 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
     importer cannot read (torch's quantized_decomposed operators), is given our translation
     (`compiler.workloads.model.translate`: the quantized convs and linears as u8 x s8 -> s32 operators, the
     program ours starts from too); so is a bfloat16 one (`translated`: TVM's converters make its convs and matmuls
-    float32 and then fail on the bf16 bias)."""
+    float32 and then fail on the bf16 bias), and one with an operator TVM's importer lacks (text_cnn's `amax`;
+    `metaschedule_importer` says which importer made the program MetaSchedule tuned)."""
     import numpy as np
     import tvm
     import tvm_ffi
@@ -274,12 +275,19 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
 
     from bench.baselines import fast_tvmscript_import, quiet_metaschedule, target_cores
 
-    if quantized or translated:
-        from compiler.workloads.model import translate
+    from compiler.workloads.model import translate
 
-        mod, params = relax.frontend.detach_params(translate(ep))
-    else:
-        mod, params = relax.frontend.detach_params(from_exported_program(ep, keep_params_as_input=True))
+    importer = "ours" if quantized or translated else "tvm"
+    if importer == "tvm":
+        try:
+            program = from_exported_program(ep, keep_params_as_input=True)
+        except AssertionError as e:  # "Unsupported function types ['amax.default']"
+            if "Unsupported function types" not in str(e):
+                raise
+            importer = "ours"
+    if importer == "ours":
+        program = translate(ep)
+    mod, params = relax.frontend.detach_params(program)
     cores = target_cores(target)
     fast_tvmscript_import()
     import tvm.s_tir.tensor_intrin  # noqa: F401 - start-up, not search
@@ -319,6 +327,7 @@ def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Pat
     transformed = vm["main_transform_params"]([tvm.runtime.tensor(p, tvm.cpu(0)) for p in params["main"]])
     return {"ex": ex, "params": [np.ascontiguousarray(t.numpy()) for t in transformed],
             "check": lambda: wrong_tasks(mod, applied, target), "metaschedule_not_layout_free": partly,
+            "metaschedule_importer": importer,
             "metaschedule_tune_s": tune_s, "metaschedule_trials": len(records),
             "metaschedule_trials_per_iter": trials_per_iter, "metaschedule_tasks": len(extracted),
             "metaschedule_tuned_tasks": len({tvm_ffi.structural_hash(r.workload.mod) for r in records})}
