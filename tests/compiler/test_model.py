@@ -238,10 +238,12 @@ def test_blocked_layout_is_carried_through_the_graph(saved, host_target):
     assert set(convs) == {(1, 3 // i1, 16, 16, i1), (1, 8 // i2, 16, 16, i2)}, [t.args for t in model.tasks]
     assert convs[(1, 8 // i2, 16, 16, i2)].weight == 2
     assert convs[(1, 8 // i2, 16, 16, i2)].args[1].shape == (8 // o2, 8 // i2, 3, 3, i2, o2)
-    # conversions run only where the layout enters (the image) and leaves (before the flatten);
+    # a conversion runs only where the layout enters (the image); where it leaves (the pooled 1x1 image before the
+    # flatten) the channels are in the same order in both layouts: a reshape, no kernel (`keeps_order`);
     # the relu between the convs and the pooling take the blocked tensor
     transforms = [t for t in model.tasks if "layout_transform" in t.name]
-    assert sum(t.weight for t in transforms) == 2, [(t.name, t.args) for t in transforms]
+    assert sum(t.weight for t in transforms) == 1 and transforms[0].args[0].shape == (1, 3, 16, 16), \
+        [(t.name, t.args) for t in transforms]
     for t in model.tasks:
         if t.name.startswith(("fused_relu", "adaptive_avg_pool", "mean")):
             assert len(t.args[0].shape) == 5, (t.name, t.args)
@@ -348,6 +350,53 @@ def test_blocked_layout_is_carried_through_concat_resize_and_transposed_conv(hos
     assert model.notes == [] and conversions(model.mod) == 5, [t.name for t in model.tasks]
     out = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)[0]
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_conversion_that_moves_nothing_is_a_reshape(host_target):
+    """`keeps_order`: the channels of a 1x1 image, or of a tensor with no image left, are in the same order in or
+    out of their block, so that conversion is a reshape (a view, no kernel); over a larger image, or with padding to
+    a whole block, the elements move. In a model: the pooled output leaves its block as a reshape, the conv's own
+    output (a 6x6 image) through a conversion, and both match torch."""
+    from torch import nn
+    from tvm import relax
+
+    from compiler.workloads.model.layouts import keeps_order
+    from compiler.workloads.model.tasks import conversions
+
+    bb = relax.BlockBuilder()
+
+    def conversion(shape, index_map, pad_value=None):
+        x = relax.Var("x", relax.TensorType(shape, "float32"))
+        return bb.normalize(relax.op.layout_transform(x, index_map=index_map, pad_value=pad_value))
+
+    def unblock(b):
+        return lambda n, c, h, w, i: (n, c * b + i, h, w)
+
+    assert keeps_order(conversion((1, 2, 1, 1, 8), unblock(8)))
+    assert keeps_order(conversion((1, 1, 8), lambda n, c, i: (n, c * 8 + i)))
+    assert keeps_order(conversion((1, 8, 1, 1), lambda n, c, h, w: (n, c // 4, h, w, c % 4)))
+    assert not keeps_order(conversion((1, 1, 6, 6, 8), unblock(8)))
+    assert not keeps_order(conversion((1, 2, 1, 1), lambda n, c, h, w: (n, c // 4, h, w, c % 4), 0.0))  # padded
+    assert not keeps_order(conversion((1, 2, 1, 1, 8), unblock(8)), max_elements=8)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            return y.mean((2, 3)), y
+
+    torch.manual_seed(0)
+    module, x = Net().eval(), torch.randn(1, 3, 8, 8)
+    model = M.import_model(torch.export.export(module, (x,)), layout="blocked", target=host_target)
+    transforms = [t for t in model.tasks if "layout_transform" in t.name]
+    assert sorted(t.args[0].shape[2:4] for t in transforms) == [(6, 6), (8, 8)], [t.args for t in transforms]
+    assert conversions(model.mod) == 2
+    outs = M.run_model(M.build_model(model, host_target), [x.numpy()], host_target)
+    for out, expected in zip(outs, M.torch_outputs(module, [x]), strict=True):
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_gelu_softmax_and_tanh_use_vectorizable_math(host_target):
@@ -459,8 +508,9 @@ def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(mcpu
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_batch_norm_is_folded_into_the_conv_before_it(dtype, host_target):
-    """conv -> batch norm (with and without a conv bias) becomes conv -> bias add on folded parameters; a conv
-    whose output something else reads too keeps its batch norm; the model still matches torch. In bfloat16 too:
+    """conv -> batch norm (with and without a conv bias) becomes conv -> bias add on folded parameters; the batch
+    norm of a conv whose output something else reads too becomes `x * s + t` (gamma := s, beta := beta - mean * s);
+    the model still matches torch. In bfloat16 too:
     the float32 sums, the folded bias added before the rounding (the first conv's 3 input channels padded to the
     dot product's 4 where the target has one)."""
     from torch import nn
@@ -478,7 +528,7 @@ def test_batch_norm_is_folded_into_the_conv_before_it(dtype, host_target):
             x = torch.relu(self.bn_a(self.a(x)))
             x = torch.relu(self.bn_b(self.b(x)))
             y = self.c(x)
-            return self.bn_c(y) + y  # the conv's output is read twice: its batch norm stays
+            return self.bn_c(y) + y  # the conv's output is read twice: its batch norm is x * s + t
 
     torch.manual_seed(0)
     net = Net().eval()
@@ -489,13 +539,20 @@ def test_batch_norm_is_folded_into_the_conv_before_it(dtype, host_target):
     names = sorted(t.name for t in model.tasks)
     cast = "_cast" if dtype == "bfloat16" else ""  # the float32 sums rounded after the bias
     assert names.count(f"fused_conv2d_add{cast}_relu") == 2, names  # a and b: the batch norm is a bias now
-    # c: its bias add, then its batch norm's arithmetic (the one left), then the residual add
-    assert [n for n in names if "subtract" in n] == ["fused_subtract_divide_expand_dims_multiply_expand_dims_add"]
+    # c: its bias add, then its batch norm as a scale and a shift (no subtraction, no division), the residual add
+    assert not [n for n in names if "subtract" in n or "divide" in n], names
+    assert [n for n in names if "multiply" in n], names
     weights = dict(zip(model.param_names, model.params))
     assert weights["a.weight"].dtype == dtype
     original = {k: v.detach().float().numpy() for k, v in net.state_dict().items()}
     assert not np.allclose(weights["a.weight"].astype(np.float32), original["a.weight"]), "a's weight carries the scale"
     np.testing.assert_array_equal(weights["c.weight"].astype(np.float32), original["c.weight"])
+    bn = net.bn_c
+    scale = original["bn_c.weight"] / np.sqrt(original["bn_c.running_var"] + bn.eps)
+    np.testing.assert_allclose(weights["bn_c.weight"].astype(np.float32), scale, rtol=1e-2 if cast else 1e-6)
+    np.testing.assert_allclose(weights["bn_c.bias"].astype(np.float32),
+                               original["bn_c.bias"] - original["bn_c.running_mean"] * scale, rtol=1e-2 if cast else 1e-5,
+                               atol=1e-2 if cast else 1e-6)
     (out,) = M.run_model(M.build_model(model, host_target), [to_numpy(x)], host_target)
     (expected,) = M.torch_outputs(net, [x])
     if dtype == "float32":

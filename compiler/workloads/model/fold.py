@@ -14,6 +14,10 @@ conv's output by the bias add and the batch norm alone, the batch norm's other o
 parameter, or, for a conv without one, into the batch norm's `beta` (a parameter of the same shape, read by
 nothing else), so no constant is added. Transposed convolutions (their weight is `IO...`) are left alone.
 
+A batch norm no conv can take (pre-activation, as in DenseNet and ResNet-v2: after a concat or an add; or after
+a conv whose output something else reads) becomes `x * s + t` with `gamma := s` and `beta := beta - mean * s`
+where nothing else reads gamma and beta: two operations per element instead of four, none a division.
+
 A bfloat16 / float16 conv (`converters._low_precision_convolution`: float32 sums, the bias added in float32, the
 result rounded to the model's type, then the batch norm in that type) folds the same way: the scaled weight and
 the folded bias rounded to the model's type once, added in float32 before the rounding, as torch.compile's
@@ -36,8 +40,9 @@ _CONVS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 
 def fold_batch_norms(main: tvm.relax.Function, param_vars: Sequence[Any],
                      params: Sequence[np.ndarray]) -> tuple[tvm.relax.Function, list[np.ndarray], int]:
-    """`main` with every foldable conv -> (bias add) -> batch norm folded (see the module doc), the parameter
-    arrays (in `param_vars`' order; changed ones are new arrays) and how many were folded."""
+    """`main` with every foldable conv -> (bias add) -> batch norm folded (see the module doc) and every other
+    batch norm whose parameters nothing else reads as `x * s + t`, the parameter arrays (in `param_vars`' order;
+    changed ones are new arrays) and how many batch norms were folded or rescaled."""
     import numpy as np
     from tvm import relax
     from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
@@ -119,4 +124,34 @@ def fold_batch_norms(main: tvm.relax.Function, param_vars: Sequence[Any],
         return relax.op.astype(out_expr, dtype) if low else out_expr
 
     new_main = rewrite_call(pattern, rewrite, main)
+    # a batch norm no conv's can take (pre-activation: after a concat or an add, or after a conv whose output
+    # something else reads): `x * s + t` on the parameters gamma := s, beta := beta - mean * s (two operations
+    # per element instead of four, none a division)
+    alone = is_op("relax.nn.batch_norm")(x, gamma, beta, mean, var)
+
+    def rescale(expr: Any, matches: dict) -> Any:
+        bn_call = matches[alone]
+        g_var, b_var = matches[gamma], matches[beta]
+        data = bn_call.args[0]
+        attrs = bn_call.attrs
+        rank = int(data.ty.ndim)
+        if (getattr(attrs, "training", False) or not (attrs.scale and attrs.center) or rank < 2
+                or int(attrs.axis) not in (1, 1 - rank) or data.ty.shape is None
+                or str(data.ty.dtype) not in ("float32", "bfloat16", "float16")):
+            return expr
+        if (g_var.same_as(b_var) or not all(v in index and only_here(v) and index[v] not in folded
+                                             for v in (g_var, b_var)) or not only_here(expr.tuple_value)):
+            return expr
+        stats = [value(matches[v]) for v in (gamma, beta, mean, var)]
+        if any(s is None for s in stats):
+            return expr
+        g, be, mu, sigma2 = stats
+        scale = g / np.sqrt(sigma2 + float(attrs.epsilon))
+        out[index[g_var]] = scale.astype(params[index[g_var]].dtype)
+        out[index[b_var]] = (be - mu * scale).astype(params[index[b_var]].dtype)
+        folded.update((index[g_var], index[b_var]))
+        shape = (1, int(data.ty.shape[1])) + (1,) * (rank - 2)
+        return relax.op.add(relax.op.multiply(data, relax.op.reshape(g_var, shape)), relax.op.reshape(b_var, shape))
+
+    new_main = rewrite_call(is_tuple_get_item(alone, 0), rescale, new_main)
     return new_main, out, len(folded) // 2

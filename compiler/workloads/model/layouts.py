@@ -6,6 +6,7 @@ Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy ar
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -567,6 +568,46 @@ def channel_conversion(call: Any) -> tuple[str, int] | None:
     return (kind, int(block)) if same else None
 
 
+def keeps_order(call: Any, max_elements: int = 1 << 20) -> bool:
+    """`call` is a `layout_transform` that moves no element in memory (the channels of a 1x1 image, or of a
+    tensor with no image left, in or out of their block; a block of 1): a reshape, which the VM does as a view,
+    without a kernel call. Its index map is evaluated on every index of a static source of at most
+    `max_elements` (False beyond, and for a map of other operations than + - * // %)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.layout_transform"):
+        return False
+    src, dst = call.args[0].ty, call.ty
+    shapes = [getattr(t, "shape", None) for t in (src, dst)]
+    if any(s is None or not all(isinstance(d, tvm.tirx.IntImm) for d in s) for s in shapes):
+        return False
+    src_shape, dst_shape = ([int(d) for d in s] for s in shapes)
+    size = math.prod(src_shape)
+    if size != math.prod(dst_shape) or size > max_elements:
+        return False
+    index_map = call.attrs.index_map
+    env = list(zip(index_map.initial_indices, np.indices(src_shape, dtype=np.int64)))
+    ops = {tvm.tirx.Add: np.add, tvm.tirx.Sub: np.subtract, tvm.tirx.Mul: np.multiply,
+           tvm.tirx.FloorDiv: np.floor_divide, tvm.tirx.FloorMod: np.mod}
+
+    def value(expr: Any) -> Any:
+        if isinstance(expr, tvm.tirx.IntImm):
+            return int(expr.value)
+        if isinstance(expr, tvm.tirx.Var):
+            return next(a for v, a in env if v.same_as(expr))
+        return ops[type(expr)](value(expr.a), value(expr.b))
+
+    try:
+        moved = [np.broadcast_to(value(e), src_shape) for e in index_map.final_indices]
+    except (KeyError, StopIteration):
+        return False
+    if len(moved) != len(dst_shape) or any(((m < 0) | (m >= d)).any() for m, d in zip(moved, dst_shape)):
+        return False
+    return bool((np.ravel_multi_index(moved, dst_shape).ravel() == np.arange(size)).all())
+
+
 def _block_map(b: int) -> Any:
     return lambda n, c, h, w: (n, c // b, h, w, c % b)
 
@@ -589,7 +630,9 @@ def carry_layouts(mod: Any) -> Any:
       concat of a blocked and a plain tensor in NCHW), counting those of its inputs (out of their blocks for
       NCHW; into b otherwise) and of its users (into their blocks, or one back to NCHW);
     - a conversion into block b of a tensor converted out of block b is the tensor itself; out of one block into
-      another, one conversion.
+      another, one conversion;
+    - a conversion that moves no element in memory (`keeps_order`: the channels of a 1x1 image, as after a
+      global pooling) is a reshape, which the VM does as a view; a reshape of a reshape, one reshape.
 
     Conversions left unused are removed."""
     from tvm import relax
@@ -608,6 +651,7 @@ def carry_layouts(mod: Any) -> Any:
         def __init__(self) -> None:
             super().__init__(mod)
             self.blocked: dict[Any, tuple[Any, int]] = {}  # NCHW var -> (the same tensor in block b, b)
+            self.reshaped: dict[Any, Any] = {}  # a reshape's var -> what it reshapes
 
         def emit_layout(self, x: Any, fn: Any) -> Any:
             return self.builder_.emit(relax.op.layout_transform(x, index_map=fn))
@@ -616,10 +660,16 @@ def carry_layouts(mod: Any) -> Any:
             value = self.visit_expr(binding.value)
             carried = self.carry(binding.var, value)
             value = self.builder_.normalize(value if carried is None else carried)
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
             conversion = channel_conversion(value)
             if conversion is not None and conversion[0] == "unblock":
                 self.blocked[binding.var] = (value.args[0], conversion[1])
+            if keeps_order(value):  # the same bytes in the other shape: a view, no kernel
+                value = self.builder_.normalize(relax.op.reshape(value.args[0], value.ty.shape))
+            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.reshape":
+                if value.args[0] in self.reshaped:  # one reshape, not two: FuseOps would make a kernel of the pair
+                    value = self.builder_.normalize(relax.op.reshape(self.reshaped[value.args[0]], value.args[1]))
+                self.reshaped[binding.var] = value.args[0]
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
 
         def carry(self, var: Any, value: Any) -> Any:
             if not isinstance(value, relax.Call):
