@@ -124,7 +124,7 @@ def fold_batch_norms(main: tvm.relax.Function, param_vars: Sequence[Any],
         return relax.op.astype(out_expr, dtype) if low else out_expr
 
     new_main = rewrite_call(pattern, rewrite, main)
-    # a batch norm no conv's can take (pre-activation: after a concat or an add, or after a conv whose output
+    # a batch norm no conv can take (pre-activation: after a concat or an add, or after a conv whose output
     # something else reads): `x * s + t` on the parameters gamma := s, beta := beta - mean * s (two operations
     # per element instead of four, none a division)
     alone = is_op("relax.nn.batch_norm")(x, gamma, beta, mean, var)
