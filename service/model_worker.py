@@ -1,11 +1,15 @@
-"""Running a model job (kind "model"): import, tune every tunable task under the gradient scheduler, build, store.
+"""Running a model job (kind "model"): prepare in the sandbox, tune every tunable task, build in a child, store.
 
 `service.worker` calls `run_model_job(run)` with its `JobRun` for a job of kind
-"model"; the lease, heartbeat, cancel and trial recording are the worker's.
+"model"; the lease, heartbeat, cancel, deadline and trial recording are the worker's.
 
-1. The uploaded file (`spec["model_file"]`, content-addressed) is loaded with
-   the safe loader and imported; the job's tasks (made by the API, one per
-   distinct fused subgraph) are matched by workload key.
+1. Nothing of the upload runs in this process. The sandbox (`service.sandbox`, `prepare`: the confined child the
+   API's upload check uses) loads the stored file (`spec["model_file"]`) with the checking loader, translates it
+   to Relax, runs the exported program on the job's random inputs (the reference outputs) and times torch eager;
+   it writes the translated graph, weights and outputs as files, which this process copies (regular files only)
+   and reads as hostile data (`compiler.workloads.model.exchange.load_graph`: node types and operators on an
+   allowlist, arrays without pickle, every tensor bounded). The graph is lowered in the job's layouts here; the
+   job's tasks (made by the API, one per distinct fused subgraph) are matched by workload key.
    With `"layout": "search"` the joint stage (`tuner.graph_layout`, `JOINT_SHARE` of the budget) first chooses
    the convs' channel blocks; the job's model is lowered in them (kept in `spec["blocks"]`).
 2. Tasks with a known schedule on this target (`schedules` table) get one
@@ -18,27 +22,43 @@
 4. At the end: each task's pick is its best few trials measured again (`tuner.tune.remeasure_best`, one per 32
    trials, none below 32), the fastest reading; it is applied only when it beats the task's default schedule (what
    `build_model` gives an untuned function, measured once here by the same measurer; the raw unscheduled
-   function when that fails); the model is built and checked whole against the exported program's own
-   output (`compiler.workloads.model.build_checked`: a schedule whose model does not match is removed, its
-   task back to the default schedule, and never stored in `schedules`; when even the untuned model does not
-   match, the job fails and nothing is served); the artifact's, the untuned model's and torch eager's
-   end-to-end latencies are measured (when the untuned model is faster end to end, timed twice, it is served
-   instead); the artifact (`write_model_artifact`) stored, and the schedules table updated.
+   function when that fails). The whole model is then built, checked against the reference outputs, timed and
+   written as the artifact in a child with memory, CPU and time limits (`service.model_build`; a schedule whose
+   model does not match is removed and never stored in `schedules`; when even the untuned model does not match,
+   the job fails and nothing is served; when the untuned model is faster end to end, timed twice, it is served).
 5. The report (import notes, the check, removed schedules, latencies) is written to `spec["report"]` (the
    job's public spec; `service/schemas.py` has no field for it) and to the artifact's manifest.
+
+A cancel, a lost lease or the job's deadline stops the job within seconds, mid-build included (the build's child
+is killed); a cancelled job keeps its trials and builds nothing. Every write goes through the worker's retry, so a
+database outage shorter than `db_retry_seconds` loses nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import update
 
+from compiler.target import resolve_target, target_key
+from compiler.workloads.model.exchange import load_graph
+from compiler.workloads.model.importer import graph_blocks, lower_graph
+from compiler.workloads.pt2 import ModelError
+from service import sandbox
 from service.db import session_scope
+from service.model_build import GRAPH_FILES, build_in_child, copy_regular
 from service.models import Job, Schedule, TrialRow, TuningTask
+from service.settings import Settings
+from service.worker import LeaseLost
+from tuner import LocalMeasurer, Task, Trial, apply_config, build_pipeline, tune
+from tuner.graph_layout import tunable
+from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
+from tuner.tune import remeasure_best, remeasure_count
 
 if TYPE_CHECKING:
     from service.worker import JobRun
@@ -99,43 +119,72 @@ def _search_layouts(run: JobRun, graph: Any, target: Any, measurer: Any, budget:
     return result.model, report
 
 
-def run_model_job(run: JobRun) -> None:
-    """Tune, build and store a model job (the worker checked its attempts); ends in a finished status unless the lease is lost."""
-    from compiler.arrays import random_inputs
-    from compiler.target import resolve_target, target_key
-    from compiler.workloads.model import (
-        build_checked,
-        build_model,
-        compare_outputs,
-        reference_outputs,
-        run_model,
-        time_model,
-        tolerance,
-        write_model_artifact,
-    )
-    from compiler.workloads.model.importer import graph_blocks, lower_graph, translate_model
-    from compiler.workloads.model.tasks import conversions
-    from compiler.workloads.pt2 import load_exported_program, static_shapes
-    from service.worker import LeaseLost
-    from tuner import LocalMeasurer, Task, Trial, apply_config, build_pipeline, tune
-    from tuner.graph_layout import tunable
-    from tuner.tune import remeasure_best, remeasure_count
-    from tuner.scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
+def prepare_model(settings: Settings, spec: dict, work: Path, *,
+                  should_stop: Callable[[], str | None] | None = None) -> tuple[Any, list, float | None]:
+    """Everything torch does with the job's upload, in the sandbox (`prepare`): its translated graph and the
+    reference outputs, written into `work` and read back as checked data; torch eager's latency.
 
+    Raises:
+        ModelError: the sandbox refused the file, or it ran past a limit (named); the translation is not data.
+        sandbox.Stopped: `should_stop` gave a reason.
+    """
+    request = {
+        "input_shapes": spec.get("input_shapes"), "seed": int(spec.get("seed", 0)),
+        "max_tensor_elements": settings.max_tensor_elements, "max_bytes": settings.max_upload_bytes,
+        "max_unpacked_bytes": settings.max_unpacked_bytes, "max_ratio": settings.max_zip_ratio,
+    }
+    limit = settings.max_unpacked_bytes + (64 << 20)
+
+    def collect(home: Path) -> None:
+        for name in GRAPH_FILES:
+            copy_regular(home / sandbox.PREPARED / name, work / name, limit)
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    with open(spec["model_file"], "rb") as f:
+        result, _ = sandbox.run("prepare", request, stdin=f, limits=sandbox.limits_from(settings), collect=collect,
+                                should_stop=should_stop)
+    graph, expected = load_graph(work, max_tensor_elements=settings.max_tensor_elements,
+                                 max_total_bytes=settings.sandbox_memory_bytes)
+    torch_ms = result.get("torch_ms") if isinstance(result, dict) else None
+    return graph, expected, torch_ms if isinstance(torch_ms, float) and torch_ms > 0 else None
+
+
+def run_model_job(run: JobRun) -> None:
+    """Tune, build and store a model job (the worker checked its attempts); ends in a finished status unless the
+    lease is lost."""
+    work = run.settings.resolved_artifact_dir / "work" / f"job-{run.job_id}"
+    try:
+        _run_model_job(run, work)
+    except sandbox.Stopped as e:
+        _stopped(run, e.reason)
+    except ModelError as e:
+        run.finish("failed", error=f"{e.field}: {e.message}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _stopped(run: JobRun, reason: str) -> None:
+    if reason == "lease":
+        raise LeaseLost()
+    if reason == "deadline":
+        run.finish("failed", error=run.deadline_error())
+    else:
+        run.finish("cancelled")
+
+
+def _run_model_job(run: JobRun, work: Path) -> None:
     with session_scope(run.url) as s:
         job = Job.find_or_raise_by_id(s, run.job_id)
         spec, budget = dict(job.spec), job.budget
 
     target = resolve_target(spec["target"])
     settings = run.settings
-    # the stored upload is loaded by the same checking loader as the API's sandbox (it evaluates nothing
-    # from the file; a file stored before it existed is checked now); jobs submitted before graph-level
-    # layouts have no "layout": their tasks were made without one
-    ep = load_exported_program(Path(spec["model_file"]), max_bytes=settings.max_upload_bytes,
-                               max_unpacked_bytes=settings.max_unpacked_bytes, max_ratio=settings.max_zip_ratio)
-    ep = static_shapes(ep, spec.get("input_shapes"), max_tensor_elements=settings.max_tensor_elements)
+    # nothing of the upload runs here: torch loads, translates and runs it in the sandbox, and what comes back is
+    # data, checked as such (`compiler.workloads.model.exchange`); jobs submitted before graph-level layouts have
+    # no "layout": their tasks were made without one
+    graph, expected, torch_ms = prepare_model(settings, spec, work, should_stop=run.stop_check)
     layout, fusion = spec.get("layout", "none"), spec.get("fusion", "none")
-    graph = translate_model(ep, spec.get("input_shapes"), max_tensor_elements=settings.max_tensor_elements)
     tkey = target_key(spec["target"])
     seed = int(spec.get("seed", 0))
     pipeline = build_pipeline(spec)
@@ -144,11 +193,13 @@ def run_model_job(run: JobRun) -> None:
     try:
         if layout == "search" and "blocks" not in spec:  # ALT's joint stage (a resumed job has its blocks)
             model, search_report = _search_layouts(run, graph, target, measurer, budget, seed, fusion)
-            if run.stop_reason == "lease":
-                raise LeaseLost()
+            if run.stop_reason is not None:
+                measurer.close()
+                _stopped(run, run.stop_reason)
+                return
             spec["blocks"], spec["layout_search"] = model.blocks, search_report
-            with session_scope(run.url) as s:
-                s.execute(update(Job).where(Job.id == run.job_id).values(spec=dict(spec)))
+            run.write("layout search", lambda s: s.execute(
+                update(Job).where(Job.id == run.job_id).values(spec=dict(spec))))
         else:
             blocks = graph_blocks(graph, spec["blocks"], target) if spec.get("blocks") else None
             model = lower_graph(graph, layout=layout, target=target, fusion=fusion, blocks=blocks,
@@ -180,8 +231,8 @@ def run_model_job(run: JobRun) -> None:
         values = [b.latency_ms if b is not None else None for b in best]
         estimate = estimated_latency(weights, values, untuned)
         if estimate is not None:
-            with session_scope(run.url) as s:
-                s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=estimate))
+            run.write("estimate", lambda s: s.execute(
+                update(Job).where(Job.id == run.job_id).values(best_latency_ms=estimate)))
 
     def tune_round(i: int, n: int, start_from: list[dict] = ()) -> RoundResult:
         result = tune(tasks[i], len(prior[i]) + n, seed=seed, prior=prior[i], start_from=start_from,
@@ -190,8 +241,8 @@ def run_model_job(run: JobRun) -> None:
         prior[i] += result.trials
         best[i], untuned[i] = result.best, result.baseline_ms
         if result.baseline_ms is not None:
-            with session_scope(run.url) as s:
-                s.execute(update(TuningTask).where(TuningTask.id == rows[i]).values(baseline_ms=result.baseline_ms))
+            run.write("baseline", lambda s: s.execute(
+                update(TuningTask).where(TuningTask.id == rows[i]).values(baseline_ms=result.baseline_ms)))
         publish()
         if run.stop_reason == "lease":
             raise LeaseLost()
@@ -222,7 +273,7 @@ def run_model_job(run: JobRun) -> None:
                     b = best_of(prior[i])
                     scheduler.state.history[j].append(b.latency_ms if b is not None else None)
             scheduler.run()
-        if run.stop_reason != "lease":
+        if run.stop_reason is None:
             # a tuned schedule is kept only when it beats the schedule its task gets otherwise (the default one
             # `build_model` gives an untuned function), measured here the same way, not the raw function
             for i, task in enumerate(tasks):
@@ -238,8 +289,9 @@ def run_model_job(run: JobRun) -> None:
                         best[i] = replace(pick, latencies_ms=[pick_ms], extra={**pick.extra, "remeasured": readings})
     finally:
         measurer.close()
-    if run.stop_reason == "lease":
-        raise LeaseLost()
+    if run.stop_reason is not None:  # a cancel keeps the measured trials; nothing more is built
+        _stopped(run, run.stop_reason)
+        return
 
     schedules, beaten = {}, []
     for i, task in enumerate(tasks):
@@ -253,79 +305,49 @@ def run_model_job(run: JobRun) -> None:
         else:
             beaten.append(task.workload_key)
 
-    # the whole-model check: the artifact against the exported program's own output; a schedule whose model
-    # does not match is removed (its task back to the default schedule) and the rest built again
-    inputs = random_inputs([(tuple(x.shape), x.dtype) for x in model.inputs], seed)
-    expected = reference_outputs(ep, inputs)
-    checked = build_checked(model, target, schedules, inputs, expected, pipeline=pipeline)
     names = {t.workload_key: t.name for t in model.tasks}
     report: dict[str, Any] = {
         "import_notes": list(model.notes),
-        "check": {
-            "passed": checked.built is not None,
-            "inputs": f"random, seed {seed}",
-            "reference": "torch: the exported program (ep.module())",
-            "builds": checked.builds,
-            "mismatches": checked.mismatches,
-            "removed_schedules": [{"task": names[k], "workload_key": k} for k in checked.removed],
-        },
-        "schedules": {"tuned": len(schedules), "kept": len(checked.schedules),
-                      "default_schedule_faster": [{"task": names[k], "workload_key": k} for k in beaten]},
-        "conversions": conversions(model.mod),
+        "schedules": {"default_schedule_faster": [{"task": names[k], "workload_key": k} for k in beaten]},
     }
     if search_report is not None:
         report["layout_search"] = search_report
-    if checked.built is None:
-        _save_report(run, spec, report)
-        run.finish("failed", error=f"not served: {checked.error}")
-        return
-    built, applied = checked.built, dict(checked.schedules)
-    latency = time_model(built, inputs, target)
-    untuned_built = checked.untuned if checked.untuned is not None else (
-        built if not applied else build_model(model, target, pipeline=pipeline))
-    untuned_latency = latency if untuned_built is built else time_model(untuned_built, inputs, target)
-    report["served"] = "tuned" if applied else "untuned (no tuned schedule kept)"
-    if untuned_built is not built and untuned_latency < latency:
-        # each schedule beat its default on its own, but the model is slower with them: timed again (the
-        # machine may be noisy), and if it still is, the untuned build (checked like the other) is served
-        latency, untuned_latency = time_model(built, inputs, target), time_model(untuned_built, inputs, target)
-        if untuned_latency < latency and (checked.untuned is not None or compare_outputs(
-                run_model(untuned_built, inputs, target), expected, **tolerance(model)) is None):
-            built, latency, applied = untuned_built, untuned_latency, {}
-            report["served"] = "untuned: faster end to end than with the tuned schedules"
-    report["schedules"]["served"] = len(applied)
-    torch_latency = _time_torch(ep, inputs)
-    report["latency_ms"] = {"artifact": latency, "untuned": untuned_latency, "torch_eager": torch_latency}
-
-    task_facts = []
-    for t in model.tasks:
-        i = next((k for k, p in enumerate(picked) if p.workload_key == t.workload_key), None)
-        b = (best[i] or best_of(prior[i])) if i is not None else None
-        task_facts.append({"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "complex": t.complex,
-                           "tuned": t.workload_key in applied, "latency_ms": b.latency_ms if b else None,
-                           "default_ms": default_ms.get(i) if i is not None else None,
-                           "untuned_ms": untuned[i] if i is not None else None,
-                           "removed_by_check": t.workload_key in checked.removed})
-    run.settings.resolved_artifact_dir.mkdir(parents=True, exist_ok=True)
-    run.store_artifact(write_model_artifact(run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz", model,
-                                            built, target, latency_ms=latency, tasks=task_facts, spec=spec,
-                                            report=report))
+    facts = {}
     for i, task in enumerate(tasks):
         b = best[i] or best_of(prior[i])
-        if b is not None and task.workload_key not in checked.removed:
+        facts[task.workload_key] = {"latency_ms": b.latency_ms if b else None, "default_ms": default_ms.get(i),
+                                    "untuned_ms": untuned[i]}
+    # the whole-model build, check and timing run in a child with memory and time limits (`service.model_build`):
+    # the check against the reference outputs the sandbox computed, the artifact written by our build alone
+    request = {"target": spec["target"], "layout": layout, "fusion": fusion, "blocks": spec.get("blocks"),
+               "max_tensor_elements": settings.max_tensor_elements, "max_total_bytes": settings.sandbox_memory_bytes,
+               "seed": seed, "pipeline": pipeline, "report": report, "tasks": facts, "spec": spec,
+               "torch_ms": torch_ms}
+    dest = run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz"
+    result = build_in_child(settings, work, request, schedules, dest, should_stop=run.stop_check)
+    report = result["report"]
+    if result["error"] is not None:
+        _save_report(run, spec, report)
+        run.finish("failed", error=result["error"])
+        return
+    run.store_artifact(dest)
+    removed = set(result["removed"])
+    for i, task in enumerate(tasks):
+        b = best[i] or best_of(prior[i])
+        if b is not None and task.workload_key not in removed:
             # kept even when the default schedule wins: the task need not be searched again; never one the
             # whole-model check removed
             run.store_schedule(task.workload_key, tkey, b.config, b.latency_ms)
-    with session_scope(run.url) as s:
+
+    def finish_rows(s: Any) -> None:
         for i, row_id in enumerate(rows):
             s.execute(update(TuningTask).where(TuningTask.id == row_id).values(budget=len(prior[i])))
-        s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=latency,
-                                                                 baseline_ms=untuned_latency))
+        s.execute(update(Job).where(Job.id == run.job_id).values(best_latency_ms=result["latency_ms"],
+                                                                 baseline_ms=result["untuned_ms"]))
+
+    run.write("results", finish_rows)
     _save_report(run, spec, report)
-    if run.stop_reason == "cancel":
-        run.finish("cancelled")
-    else:
-        run.finish("succeeded")
+    run.finish("succeeded")
 
 
 def _measure_default(measurer: Any, task: Any) -> float | None:
@@ -339,20 +361,10 @@ def _measure_default(measurer: Any, task: Any) -> float | None:
     return sorted(latencies)[len(latencies) // 2]
 
 
-def _time_torch(ep: Any, inputs: list) -> float | None:
-    from compiler.workloads.model import time_torch
-
-    try:
-        return time_torch(ep.module(), inputs)
-    except Exception:  # noqa: BLE001 - the reference ran once already; a timing failure is not the job's
-        log.exception("timing torch failed")
-        return None
-
-
 def _save_report(run: JobRun, spec: dict, report: dict) -> None:
     """The job's report (the whole-model check, latencies), as `spec["report"]`: `JobPublic` shows the spec."""
-    with session_scope(run.url) as s:
-        s.execute(update(Job).where(Job.id == run.job_id).values(spec={**spec, "report": report}))
+    run.write("report", lambda s: s.execute(
+        update(Job).where(Job.id == run.job_id).values(spec={**spec, "report": report})))
 
 
 def best_of(trials: list) -> Any:

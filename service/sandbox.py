@@ -33,19 +33,24 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from service.settings import Settings
 
+T = TypeVar("T")
+HOST_CPU_ENV = "ALTUNE_HOST_CPU"  # compiler.target.HOST_CPU_ENV (the API imports no TVM)
 ROOT = Path(__file__).resolve().parents[1]  # `python -m service.sandbox` runs from here
 CLONE_NEWUSER, CLONE_NEWNET, PR_SET_NO_NEW_PRIVS = 0x10000000, 0x40000000, 38
 ANSWER_LIMIT = 16 << 20  # bytes of the child's answer read back
@@ -90,7 +95,9 @@ class ModelSummary:
 
 def limits_from(settings: Settings) -> Limits:
     return Limits(memory_bytes=settings.sandbox_memory_bytes, cpu_seconds=settings.sandbox_cpu_seconds,
-                  wall_seconds=settings.sandbox_timeout_seconds, processes=settings.sandbox_processes)
+                  wall_seconds=settings.sandbox_timeout_seconds, processes=settings.sandbox_processes,
+                  # the translated weights are written back as files: as large as the unpacked upload
+                  file_bytes=max(Limits.file_bytes, settings.max_unpacked_bytes + (64 << 20)))
 
 
 @functools.cache
@@ -129,63 +136,109 @@ class SandboxError(RuntimeError):
     """The child could not set itself up (limits too low for torch and TVM, a broken install): not the file's fault."""
 
 
-def run(command: str, request: dict, *, stdin: IO[bytes] | None = None, limits: Limits = Limits()) -> dict:
+def run(command: str, request: dict, *, stdin: IO[bytes] | None = None, limits: Limits = Limits(),
+        files: dict[str, Path] | None = None, collect: Callable[[Path], T] | None = None,
+        should_stop: Callable[[], str | None] | None = None) -> dict | tuple[dict, T]:
     """Runs `command` of this module's `main` in a confined child (waiting for one of `limits.processes`); its result.
+
+    Args:
+        files: copied into the child's private home folder before it starts (name -> source), readable by it.
+        collect: called with the home folder after the child answered and before the folder is removed (what
+            the child wrote there is hostile data: read it as such); then `(result, collect(home))` is returned.
+        should_stop: polled while the child runs; a reason it returns kills the child's session at once, and
+            `Stopped(reason)` is raised.
 
     Raises:
         ModelError: the child's own refusal (loader or import), or a limit it ran into.
         SandboxError: the child could not set itself up.
+        Stopped: `should_stop` asked for it.
     """
     with _slots(limits.processes):
-        return _run(command, request, stdin, limits)
+        return _run(command, request, stdin, limits, files or {}, collect, should_stop)
 
 
-def _run(command: str, request: dict, stdin: IO[bytes] | None, limits: Limits) -> dict:
+class Stopped(RuntimeError):
+    """The child was killed because the caller's `should_stop` gave a reason (a cancel, a deadline, a lost lease)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _run(command: str, request: dict, stdin: IO[bytes] | None, limits: Limits, files: dict[str, Path],
+         collect: Callable[[Path], Any] | None, should_stop: Callable[[], str | None] | None) -> Any:
     from compiler.workloads.pt2 import ModelError
 
     nobody = _nobody() if os.geteuid() == 0 else None
     with tempfile.TemporaryDirectory(prefix="altune-sandbox-") as home, \
             tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        for name, source in files.items():
+            shutil.copyfile(source, Path(home) / name)
+            os.chmod(Path(home) / name, 0o644)
         if nobody is not None:
             os.chown(home, *nobody)
-        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "TVM_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2",
+        env = {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(ROOT)}
+        if command not in UNHOOKED:  # a build times the model on every core, as it will run
+            env |= {"OMP_NUM_THREADS": "1", "TVM_NUM_THREADS": "1"}
+        if os.environ.get(HOST_CPU_ENV):  # the CPU the user named: the child's target is the parent's
+            env[HOST_CPU_ENV] = os.environ[HOST_CPU_ENV]
         argv = [sys.executable, "-s", "-m", "service.sandbox", command,
                 json.dumps(request | {"limits": asdict(limits), "home": home})]
         proc = subprocess.Popen(argv, stdin=stdin if stdin is not None else subprocess.DEVNULL, stdout=out,
                                 stderr=err, cwd=ROOT, env=env, start_new_session=True, close_fds=True)
-        try:
-            code = proc.wait(timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the session: the child and anything it started
-            proc.wait()
-            raise ModelError("file", f"loading the model took more than {limits.wall_seconds:g} s "
-                                     "(the sandbox's limit); refused") from None
+        deadline = time.monotonic() + limits.wall_seconds
+        code, reason = None, None
+        while code is None:
+            try:
+                code = proc.wait(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
+            except subprocess.TimeoutExpired:
+                reason = should_stop() if should_stop is not None else None
+                if reason is None and time.monotonic() < deadline:
+                    continue
+                os.killpg(proc.pid, signal.SIGKILL)  # the session: the child and anything it started
+                proc.wait()
+                if reason is not None:
+                    raise Stopped(reason) from None
+                raise ModelError("file", f"{_WHAT.get(command, command)} took more than {limits.wall_seconds:g} s "
+                                         "(the sandbox's limit); refused") from None
+        _reap(proc.pid)
         out.seek(0)
         answer = out.read(ANSWER_LIMIT)
         err.seek(max(0, err.seek(0, os.SEEK_END) - 2000))
         tail = err.read().decode(errors="replace").strip().splitlines()
-    try:
-        parsed = json.loads(answer)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict) and parsed.get("ok") is True:
-        return parsed["result"]
+        try:
+            parsed = json.loads(answer)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("ok") is True:
+            return (parsed["result"], collect(Path(home))) if collect is not None else parsed["result"]
     if isinstance(parsed, dict) and "setup" in parsed:
         raise SandboxError(f"the sandbox could not start: {parsed['setup']}")
     if isinstance(parsed, dict) and parsed.get("ok") is False:
         raise ModelError(str(parsed.get("field", "file")), str(parsed.get("message")))
-    raise ModelError("file", _death(code, limits, tail[-1] if tail else ""))
+    raise ModelError("file", _death(command, code, limits, tail[-1] if tail else ""))
 
 
-def _death(code: int, limits: Limits, last: str) -> str:
+_WHAT = {"import": "loading the model", "prepare": "loading the model", "build": "building the model"}
+
+
+def _reap(pid: int) -> None:
+    """Kills whatever the child left running in its session (a process it started and did not wait for)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _death(command: str, code: int, limits: Limits, last: str) -> str:
+    what = _WHAT.get(command, command)
     if code in (-signal.SIGXCPU, -signal.SIGKILL):
-        return (f"loading the model was stopped after {limits.cpu_seconds} s of CPU or out of memory "
+        return (f"{what} was stopped after {limits.cpu_seconds} s of CPU or out of memory "
                 f"({limits.memory_bytes} bytes, the sandbox's limits); refused")
     if code < 0:
-        return f"loading the model crashed (signal {-code}); refused"
-    return f"loading the model failed (exit {code}: {last[-300:]}); refused"
+        return f"{what} crashed (signal {-code}); refused"
+    return f"{what} failed (exit {code}: {last[-300:]}); refused"
 
 
 def _nobody() -> tuple[int, int]:
@@ -267,10 +320,13 @@ def _brief_args(args: tuple) -> str:
     return text[:200] + ("..." if len(text) > 200 else "")
 
 
-def _preload() -> None:
+def _preload(command: str) -> None:
     """Imports what loading and importing use and runs both once on a model of its own, before the hook
     (imports may start processes or load libraries) and before dropping root (as `nobody`, the
     interpreter's own library may be unreadable: a module first imported later would fail)."""
+    if command in UNHOOKED:
+        _preload_build()
+        return
     import encodings.ascii  # noqa: F401 -- zipfile decodes names as cp437, sockets hosts as idna
     import encodings.cp437  # noqa: F401
     import encodings.idna  # noqa: F401
@@ -300,20 +356,92 @@ def _preload() -> None:
                      target=resolve_target(target))
 
 
-def _import(request: dict, _facts: dict) -> dict:
-    from compiler.target import resolve_target
-    from compiler.workloads.model import import_model
+def _preload_build() -> None:
+    """Runs the whole build on a model of its own (x @ w + x, through `build_served_from`), so that every module a
+    build imports on first use (zipfile's codecs, the linker's driver, statistics, tarfile) is loaded while the
+    interpreter's files are readable."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from compiler.workloads.model.exchange import save_graph
+    from compiler.workloads.model.importer import ModelGraph
+    from compiler.workloads.operators import TensorSpec
+    from service.model_build import SCHEDULES, build_served_from
+
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w], attrs={"num_input": 1}):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(relax.op.matmul(x, w), x)))
+        bb.emit_func_output(out)
+    eye = np.eye(4, dtype="float32")
+    graph = ModelGraph(bb.get(), [eye], ["w"], [TensorSpec("x", (4, 4), "float32")],
+                       [TensorSpec("output0", (4, 4), "float32")], {"w": "w"})
+    request = {"target": "host", "layout": "none", "fusion": "none", "blocks": None, "max_tensor_elements": 1 << 20,
+               "max_total_bytes": 1 << 30, "seed": 0, "pipeline": "licm", "report": {}, "tasks": {}, "spec": {},
+               "torch_ms": None}
+    from compiler.arrays import random_inputs
+
+    inputs = random_inputs([((4, 4), "float32")], 0)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_graph(graph, tmp, expected=[inputs[0] @ eye + inputs[0]])
+        Path(tmp, SCHEDULES).write_text("{}")
+        assert build_served_from(Path(tmp), request)["error"] is None
+        tvm.ir.load_json(tvm.ir.save_json(graph.mod))
+
+
+def _load(request: dict) -> Any:
+    """The upload on stdin, loaded by the checking loader, its dynamic dimensions fixed."""
     from compiler.workloads.pt2 import load_exported_program, static_shapes
 
     with os.fdopen(0, "rb", closefd=False) as f:
         ep = load_exported_program(f, max_bytes=request["max_bytes"], max_unpacked_bytes=request["max_unpacked_bytes"],
                                    max_ratio=request["max_ratio"])
-    ep = static_shapes(ep, request["input_shapes"], max_tensor_elements=request["max_tensor_elements"])
+    return static_shapes(ep, request["input_shapes"], max_tensor_elements=request["max_tensor_elements"])
+
+
+def _import(request: dict, _facts: dict) -> dict:
+    from compiler.target import resolve_target
+    from compiler.workloads.model import import_model
+
+    ep = _load(request)
     model = import_model(ep, request["input_shapes"], layout=request["layout"],
                          target=resolve_target(request["target"]),
                          max_tensor_elements=request["max_tensor_elements"], fusion=request.get("fusion", "none"))
     return {"inputs": [[s.name, list(s.shape), s.dtype] for s in model.inputs],
             "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight} for t in model.tasks]}
+
+
+def _prepare(request: dict, _facts: dict) -> dict:
+    """Everything a model job needs of torch: the translated graph, the reference outputs on the job's random
+    inputs (`ep.module()`), torch eager's latency; written as data (`exchange.save_graph`) into `graph/`."""
+    from compiler.arrays import random_inputs
+    from compiler.workloads.model import reference_outputs, time_torch
+    from compiler.workloads.model.exchange import save_graph
+    from compiler.workloads.model.importer import translate_model
+
+    ep = _load(request)
+    graph = translate_model(ep, request["input_shapes"], max_tensor_elements=request["max_tensor_elements"])
+    inputs = random_inputs([(tuple(x.shape), x.dtype) for x in graph.inputs], request["seed"])
+    module = ep.module()
+    expected = reference_outputs(ep, inputs)
+    torch_ms = None
+    if request.get("time_torch", True):
+        try:
+            torch_ms = time_torch(module, inputs)
+        except Exception:  # noqa: BLE001 - the reference ran; a timing failure is not the model's
+            traceback.print_exc()
+    save_graph(graph, Path(request["home"]) / PREPARED, expected=expected)
+    return {"torch_ms": torch_ms}
+
+
+def _build(request: dict, _facts: dict) -> dict:
+    """A model job's final build (`service.model_build.build_served`) on the files the parent put in the home."""
+    from service.model_build import build_served_from
+
+    return build_served_from(Path(request["home"]), request)
 
 
 def _probe(_request: dict, facts: dict) -> dict:
@@ -344,7 +472,28 @@ def _probe(_request: dict, facts: dict) -> dict:
     return answer
 
 
-COMMANDS = {"import": _import, "probe": _probe}
+def _zoo(request: dict, facts: dict) -> dict:
+    """Exports zoo model `request["model"]` (`compiler.workloads.zoo.export` with `request["seed"]`), saves it as
+    `request["file"]` in the home for the parent to collect (so the API process never imports torch), and
+    imports that file as `_import` imports an upload; the same summary."""
+    import torch
+
+    from compiler.workloads import zoo
+
+    name = request["file"]
+    assert os.sep not in name and name not in (".", ".."), f"{name=} is not a plain file name"
+    path = Path(request["home"]) / name
+    torch.export.save(zoo.export(request["model"], request["seed"]), path)
+    with open(path, "rb") as f:
+        os.dup2(f.fileno(), 0)  # `_load` reads the program on stdin
+    return _import(request, facts)
+
+
+PREPARED = "graph"  # the folder `prepare` writes its files into, in the child's home
+COMMANDS = {"import": _import, "prepare": _prepare, "probe": _probe, "build": _build, "zoo": _zoo}
+# commands that run no uploaded program (a build on data the worker checked): no audit hook, since the
+# build links a shared library with the system's compiler; the limits, the network and the user still apply
+UNHOOKED = frozenset({"build"})
 
 
 def _answer(command: str, request: dict, facts: dict, limits: Limits) -> dict:
@@ -356,11 +505,12 @@ def _answer(command: str, request: dict, facts: dict, limits: Limits) -> dict:
         answer = {"ok": False, "field": e.field, "message": e.message}
     except MemoryError:
         answer = {"ok": False, "field": "file",
-                  "message": f"loading the model needs more than {limits.memory_bytes} bytes of memory "
+                  "message": f"{_WHAT.get(command, command)} needs more than {limits.memory_bytes} bytes of memory "
                              "(the sandbox's limit); refused"}
     except Exception as e:  # an import error of TVM's, or one the hook caused
         traceback.print_exc()
-        answer = {"ok": False, "field": "model", "message": f"import failed: {type(e).__name__}: {str(e)[:300]}"}
+        what = "the build" if command in UNHOOKED else "import"
+        answer = {"ok": False, "field": "model", "message": f"{what} failed: {type(e).__name__}: {str(e)[:300]}"}
     if _refused:  # whatever torch made of the refusal, the file tried something: say what
         answer = {"ok": False, "field": "file", "message": f"loading the file tried {_refused[0]}; refused"}
     return answer
@@ -375,9 +525,10 @@ def main(argv: list[str] | None = None) -> None:
     limits = Limits(**request.pop("limits"))
     try:
         facts = confine(limits)
-        _preload()  # before dropping root: the interpreter's own files may be unreadable to nobody
+        _preload(command)  # before dropping root: the interpreter's own files may be unreadable to nobody
         facts |= drop_privileges()
-        install_audit_hook(request["home"])
+        if command not in UNHOOKED:
+            install_audit_hook(request["home"])
     except BaseException as e:  # the sandbox itself failed (limits too low for torch and TVM): not the file's fault
         traceback.print_exc()
         answer = {"ok": False, "setup": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -24,11 +24,11 @@ import time
 import traceback
 from collections.abc import Callable
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, text, update
 from sqlalchemy.orm import aliased
 
 from service.db import StorageError, session_scope, utcnow
@@ -44,6 +44,15 @@ T = TypeVar("T")
 
 class LeaseLost(RuntimeError):
     """Another worker owns the job now; stop without touching it."""
+
+
+def db_now(session: Any) -> datetime:
+    """The database's clock, as naive UTC (what every DateTime column stores): leases and deadlines are compared
+    on it, so workers whose clocks disagree still agree on whose lease has run out. SQLite is embedded: its clock
+    is this machine's."""
+    if session.get_bind().dialect.name == "postgresql":
+        return session.scalar(text("SELECT (now() AT TIME ZONE 'UTC')::timestamp"))
+    return utcnow()
 
 
 def _claimable(now):
@@ -78,8 +87,8 @@ class Worker:
 
     def claim(self) -> int | None:
         """Take the oldest claimable job; return its id, or None when there is none."""
-        now = utcnow()
         with session_scope(self.url) as s:
+            now = db_now(s)
             job_id = s.scalar(
                 select(Job.id)
                 .where(_claimable(now), _owner_may_start(now, self.settings.token_max_running))
@@ -109,7 +118,7 @@ class Worker:
                 s.execute(
                     update(Job)
                     .where(Job.id == job_id, Job.worker_id == self.worker_id, Job.status == "running")
-                    .values(lease_expires_at=utcnow() + timedelta(seconds=self.settings.lease_seconds))
+                    .values(lease_expires_at=db_now(s) + timedelta(seconds=self.settings.lease_seconds))
                 ).rowcount
                 == 1
             )
@@ -165,7 +174,7 @@ class Worker:
                 s.execute(
                     update(Job)
                     .where(Job.worker_id == self.worker_id, Job.status == "running")
-                    .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+                    .values(lease_expires_at=db_now(s) - timedelta(seconds=1))
                 )
         except Exception:  # shutting down: the lease runs out by itself if the database is not there
             log.exception("worker %s: could not release its job", self.worker_id)
@@ -214,7 +223,7 @@ class JobRun:
         self.url = worker.url
         self.job_id = job_id
         self.done = threading.Event()
-        self.stop_reason: str | None = None  # "cancel" | "lease"
+        self.stop_reason: str | None = None  # "cancel" | "lease" | "deadline"
         self.heartbeat = threading.Thread(target=self._beat, name=f"lease-{job_id}", daemon=True)
 
     def _beat(self) -> None:
@@ -225,13 +234,34 @@ class JobRun:
                     self.stop_reason = "lease"
                     return
                 with session_scope(self.url) as s:
-                    if s.scalar(select(Job.cancel_requested).where(Job.id == self.job_id)):
+                    cancel, started = s.execute(select(Job.cancel_requested, Job.started_at)
+                                                .where(Job.id == self.job_id)).one()
+                    if cancel:
                         self.stop_reason = self.stop_reason or "cancel"
+                    elif started is not None and (db_now(s) - started).total_seconds() > self.settings.job_deadline_seconds:
+                        self.stop_reason = self.stop_reason or "deadline"
             except Exception:  # a database hiccup: try again at the next beat, the lease has slack
                 log.exception("job %s: heartbeat failed", self.job_id)
 
     def should_stop(self) -> bool:
         return self.stop_reason is not None
+
+    def stop_check(self) -> str | None:
+        """Why the job must stop now ("cancel", "lease", "deadline"), or None: what a child process polls."""
+        return self.stop_reason
+
+    def deadline_error(self) -> str:
+        return (f"the job ran past its deadline of {self.settings.job_deadline_seconds:g} s from its first claim "
+                "(ALTUNE_JOB_DEADLINE_SECONDS) and was stopped; its measured trials are kept")
+
+    def write(self, what: str, change: Callable[[Any], object]) -> None:
+        """`change(session)` in one transaction, retried through a database outage (`Worker.retry_db`)."""
+
+        def once() -> None:
+            with session_scope(self.url) as s:
+                change(s)
+
+        self.worker.retry_db(f"job {self.job_id}: {what}", once)
 
     def finish(self, status: str, error: str | None = None) -> None:
         """Mark the job finished, only if this worker still owns it."""
@@ -284,6 +314,9 @@ class JobRun:
             measurer.close()
         if self.stop_reason == "lease":
             raise LeaseLost()
+        if self.stop_reason == "deadline":
+            self.finish("failed", error=self.deadline_error())
+            return
 
         # the job's best is what the artifact runs at: the re-measured pick (the search's best without one)
         best, best_ms = result.final, result.final_ms

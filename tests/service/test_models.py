@@ -242,7 +242,7 @@ def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch)
         *ins, out = [te.placeholder(a.shape, a.dtype) for a in M.func_args(task.prim_func)]
         return te.create_prim_func([*ins, te.compute(out.shape, lambda *_: te.const(0.5, out.dtype))])
 
-    monkeypatch.setattr(tuner, "apply_config", apply_config)
+    monkeypatch.setattr(model_worker, "apply_config", apply_config)
     monkeypatch.setattr(model_worker, "_measure_default", lambda *_: float("inf"))  # every tuned schedule is kept
     r = api.post("/api/v1/models/zoo", json={"model": "fpn", "budget": 2})
     assert r.status_code == 201, r.text
