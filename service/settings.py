@@ -60,6 +60,26 @@ class Settings(BaseSettings):
     token_max_upload_bytes_per_day: int = Field(
         8 << 30, ge=0, description="default per token: bytes of model files it uploads per UTC day")
 
+    # the API under hostile clients (issue 59)
+    max_json_body_bytes: int = Field(
+        1 << 20, ge=0, description="largest request body of a JSON route (bytes): a larger one is refused with 413 "
+                                   "from its Content-Length before it is read, or at the first byte over")
+    upload_queue: int = Field(
+        2, ge=0, description="model submissions (uploads and zoo jobs) that may wait for one of the "
+                             "`sandbox_processes`; more at once are refused with 503 and Retry-After")
+    worker_restart_max_seconds: float = Field(
+        60.0, gt=0, description="`altune serve` restarts a worker that died after 1 s, doubling the wait for each "
+                                "death in a row up to this many seconds (a worker that ran a minute starts over)")
+
+    # bounded jobs (issue 59)
+    job_deadline_seconds: float = Field(
+        86_400.0, gt=0, description="wall-clock seconds a job may run from its first claim (on the database's "
+                                    "clock) before it is stopped and failed, saying so; its trials are kept")
+    build_timeout_seconds: float = Field(
+        1_800.0, gt=0, description="wall-clock seconds a model job's final build, check and timing may take (it "
+                                   "runs in a child process with `sandbox_memory_bytes` of address space)")
+    build_cpu_seconds: int = Field(3_600, gt=0, description="CPU seconds that build may use")
+
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'altune.db').resolve()}"
