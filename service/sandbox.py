@@ -509,8 +509,13 @@ def _answer(command: str, request: dict, facts: dict, limits: Limits) -> dict:
                              "(the sandbox's limit); refused"}
     except Exception as e:  # an import error of TVM's, or one the hook caused
         traceback.print_exc()
-        what = "the build" if command in UNHOOKED else "import"
-        answer = {"ok": False, "field": "model", "message": f"{what} failed: {type(e).__name__}: {str(e)[:300]}"}
+        if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # torch's allocator, not MemoryError
+            answer = {"ok": False, "field": "model",
+                      "message": f"{_WHAT.get(command, command)} needs more than {limits.memory_bytes} bytes of "
+                                 f"memory (the sandbox's limit, ALTUNE_SANDBOX_MEMORY_BYTES); refused"}
+        else:
+            what = "the build" if command in UNHOOKED else "import"
+            answer = {"ok": False, "field": "model", "message": f"{what} failed: {type(e).__name__}: {str(e)[:300]}"}
     if _refused:  # whatever torch made of the refusal, the file tried something: say what
         answer = {"ok": False, "field": "file", "message": f"loading the file tried {_refused[0]}; refused"}
     return answer

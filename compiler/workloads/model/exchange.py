@@ -222,7 +222,7 @@ def _check_module(mod: Any, inputs: list[TensorSpec], param_names: list[str], pa
                 int(d) for d in sinfo.shape) != shape or str(sinfo.dtype) != str(spec.dtype):
             raise _bad(f"main's argument {var.name} is not a tensor of {shape} {spec.dtype}")
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    sizes: list[tuple[str, int, int]] = []
+    tensors: list[tuple[str, int, int]] = []
 
     def visit(expr: Any) -> None:
         if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
@@ -231,21 +231,59 @@ def _check_module(mod: Any, inputs: list[TensorSpec], param_names: list[str], pa
                 raise _bad("a call_tir that calls no PrimFunc of the module")
         elif isinstance(expr, relax.Call) and not isinstance(expr.op, tvm.ir.Op | tvm.ir.GlobalVar):
             raise _bad("a call of something other than an operator or a function of the module")
-        sinfo = getattr(expr, "ty", None) if isinstance(expr, relax.Var | relax.Call) else None
-        if isinstance(sinfo, relax.TensorType) and sinfo.shape is not None:
-            if all(isinstance(d, tvm.tirx.IntImm) for d in sinfo.shape):
-                elements = math.prod(int(d) for d in sinfo.shape)
-                sizes.append((getattr(expr, "name", "a tensor"), elements,
-                              elements * max(tvm.DataType(str(sinfo.dtype)).bits // 8, 1)))
+        size = _tensor_size(expr)
+        if size is not None:
+            tensors.append((getattr(expr, "name", "a tensor"), *size))
 
     for func in funcs.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
-    for name, elements, _ in sizes:
+    for name, elements, _ in tensors:
         if elements > max_tensor_elements:
             raise ModelError("model", f"tensor {name} has {elements} elements, more than the limit "
                                       f"{max_tensor_elements}")
-    total = sum(b for *_, b in sizes)
+    # what the import folds into constants while this process lowers the graph (`FoldConstant`): tensors made
+    # from no input and no weight (zeros, full, arange and what is computed from them alone); a graph of a few
+    # bytes may ask for many of them, each under the tensor limit. What the model allocates when it runs is
+    # bounded by the build's child (`service.model_build`)
+    sizes = [size for _, _, size in _constant_tensors(main)]
+    total = sum(sizes)
     if total > max_total_bytes:
-        raise ModelError("model", f"the model's tensors take {total} bytes in all, more than the limit "
-                                  f"{max_total_bytes} (ALTUNE_SANDBOX_MEMORY_BYTES)")
+        raise ModelError("model", f"the model's constant tensors (computed from no input or weight) take {total} "
+                                  f"bytes in all, more than the limit {max_total_bytes} (ALTUNE_SANDBOX_MEMORY_BYTES)")
+
+
+def _tensor_size(expr: Any) -> tuple[int, int] | None:
+    """(elements, bytes) of a Var's or a Call's static tensor type, None for anything else."""
+    import tvm
+    from tvm import relax
+
+    sinfo = getattr(expr, "ty", None) if isinstance(expr, relax.Var | relax.Call) else None
+    if not isinstance(sinfo, relax.TensorType) or sinfo.shape is None or not all(
+            isinstance(d, tvm.tirx.IntImm) for d in sinfo.shape):
+        return None
+    elements = math.prod(int(d) for d in sinfo.shape)
+    return elements, elements * max(tvm.DataType(str(sinfo.dtype)).bits // 8, 1)
+
+
+def _constant_tensors(main: Any) -> list[tuple[str, int, int]]:
+    """The tensors "main" binds from no input and no weight: (name, elements, bytes)."""
+    from tvm import relax
+
+    constant: set[Any] = set()
+    found = []
+
+    def from_constants(value: Any) -> bool:
+        leaves: list[Any] = []
+        relax.analysis.post_order_visit(value, lambda e: leaves.append(e) if isinstance(e, relax.Var) else None)
+        return all(v in constant for v in leaves)
+
+    body = main.body
+    for block in body.blocks if isinstance(body, relax.SeqExpr) else ():
+        for binding in block.bindings:
+            if isinstance(binding, relax.VarBinding) and from_constants(binding.value):
+                constant.add(binding.var)
+                size = _tensor_size(binding.var)
+                if size is not None:
+                    found.append((binding.var.name, *size))
+    return found

@@ -1,0 +1,167 @@
+"""Bounded jobs in real worker processes: a model that needs too much memory or time fails as a job and the worker
+lives on; a cancel stops a model job mid-build within seconds; a job past its deadline is stopped, saying so;
+leases are compared on the database's clock; the worker process never loads an upload with torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_faults import DENSE, _add_job, _env, _finished, _job, _process, _wait  # noqa: E402
+
+from service.db import session_scope  # noqa: E402
+from service.models import Job  # noqa: E402
+
+
+def _save(module: torch.nn.Module, args: tuple, path: Path) -> Path:
+    torch.export.save(torch.export.export(module.eval(), args), path)
+    return path
+
+
+def _add_model_job(url: str, path: Path, shapes: list[list[int]], budget: int = 2, **spec) -> int:
+    record = {"kind": "model", "name": path.stem, "model_file": str(path), "input_shapes": shapes, "target": "host",
+              "layout": "blocked", "fusion": "none", "budget": budget, "seed": 0, "licm": True} | spec
+    with session_scope(url) as s:
+        job = Job(kind="model", name=path.stem, spec=record, target="host", budget=budget)
+        s.add(job)
+        s.flush()
+        return job.id
+
+
+class Hungry(torch.nn.Module):
+    """A few bytes of graph whose 48 outputs of 64 MiB each (every one under the tensor limit) need 3 GiB at once."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(x.expand(1 << 24) * float(i) for i in range(48))
+
+
+class Slow(torch.nn.Module):
+    """A chain of 400 matmuls of 2048 x 2048 (7 TFLOP): minutes of torch, where the limit is seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(2048, 2048) / 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(400):
+            x = x @ self.w
+        return x
+
+
+def _sandbox_children() -> list[str]:
+    """Command lines of the running `service.sandbox` children."""
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "-m service.sandbox" in line]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the storage paths are the operator jobs'
+def test_a_model_over_the_memory_or_time_limit_fails_its_job_and_the_worker_lives_on(db_url, tmp_path):
+    hungry = _add_model_job(db_url, _save(Hungry(), (torch.ones(1),), tmp_path / "hungry.pt2"), [[1]])
+    slow = _add_model_job(db_url, _save(Slow(), (torch.ones(2048, 2048),), tmp_path / "slow.pt2"), [[2048, 2048]])
+    dense = _add_job(db_url)
+    env = _env(db_url, tmp_path, ALTUNE_SANDBOX_MEMORY_BYTES=str(3 << 30), ALTUNE_SANDBOX_TIMEOUT_SECONDS="40")
+    log = tmp_path / "worker.log"
+    with _process(["worker"], env, log) as worker:
+        _wait("the three jobs", lambda: all(_finished(db_url, j)() for j in (hungry, slow, dense)), timeout=400,
+              procs=(worker,), logs=(log,))
+        assert worker.poll() is None, "the worker died"
+    assert (job := _job(db_url, hungry)).status == "failed" and "memory" in job.error, job.error
+    assert str(3 << 30) in job.error, job.error
+    assert (job := _job(db_url, slow)).status == "failed" and "took more than 40 s" in job.error, job.error
+    assert (job := _job(db_url, dense)).status == "succeeded", job.error  # the same worker, after both
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_cancel_stops_a_model_job_mid_build_within_seconds(db_url, tmp_path):
+    from compiler.workloads import zoo
+
+    path = tmp_path / "resnet18.pt2"
+    torch.export.save(zoo.export("resnet18"), path)
+    job_id = _add_model_job(db_url, path, [list(s) for s in zoo.MODELS["resnet18"].input_shapes], budget=1)
+    log = tmp_path / "worker.log"
+    with _process(["worker"], _env(db_url, tmp_path), log) as worker:
+        _wait("the build's child", lambda: any(" build " in c for c in _sandbox_children()), timeout=400,
+              procs=(worker,), logs=(log,))
+        with session_scope(db_url) as s:
+            s.get(Job, job_id).cancel_requested = True
+        asked = time.monotonic()
+        _wait("the cancel", _finished(db_url, job_id), timeout=30, procs=(worker,), logs=(log,))
+        stopped = time.monotonic() - asked
+        assert worker.poll() is None
+        assert not any(" build " in c for c in _sandbox_children()), "the build's child still runs"
+    job = _job(db_url, job_id)
+    assert job.status == "cancelled", (job.status, job.error)
+    assert stopped < 15, stopped  # the heartbeat sees the cancel within a lease/3, the child is killed at once
+    assert not (tmp_path / "artifacts" / f"job-{job_id}.tar.gz").exists()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_job_past_its_deadline_is_stopped_and_says_so(db_url, tmp_path):
+    from compiler.workloads import zoo
+
+    path = tmp_path / "small_cnn.pt2"
+    torch.export.save(zoo.export("small_cnn"), path)
+    job_id = _add_model_job(db_url, path, [list(s) for s in zoo.MODELS["small_cnn"].input_shapes], budget=5000)
+    log = tmp_path / "worker.log"
+    with _process(["worker"], _env(db_url, tmp_path, ALTUNE_JOB_DEADLINE_SECONDS="30"), log) as worker:
+        _wait("the deadline", _finished(db_url, job_id), timeout=120, procs=(worker,), logs=(log,))
+    job = _job(db_url, job_id)
+    assert job.status == "failed" and "deadline of 30 s" in job.error, (job.status, job.error)
+    assert 0 < job.trials_done < 5000  # stopped while tuning; its trials are kept
+
+
+def test_leases_are_compared_on_the_database_clock(db_url, monkeypatch):
+    """A worker whose clock runs an hour ahead does not take over a job whose lease still runs on the database's
+    clock (PostgreSQL: the server's `now()`; SQLite is embedded: its clock is this machine's)."""
+    import service.worker as worker_module
+    from service.settings import Settings
+
+    if not db_url.startswith("postgresql"):
+        pytest.skip("an embedded SQLite database has no clock of its own")
+    settings = Settings(database_url=db_url, lease_seconds=60)
+    job_id = _add_job(db_url)
+    assert worker_module.Worker(settings, "on-time").claim() == job_id
+    real = worker_module.utcnow
+    monkeypatch.setattr(worker_module, "utcnow", lambda: real() + timedelta(hours=1))
+    assert worker_module.Worker(settings, "an-hour-ahead").claim() is None
+    with session_scope(db_url) as s:
+        job = s.get(Job, job_id)
+        assert job.worker_id == "on-time" and abs((job.lease_expires_at - real()).total_seconds() - 60) < 30
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_worker_never_loads_an_upload_itself(db_url, tmp_path, monkeypatch):
+    """torch's loader, `ep.module()` and the checking loader are never called in the worker's process: the job
+    still succeeds (they ran in the sandbox) and its artifact matches the reference the sandbox computed."""
+    import compiler.workloads.pt2 as pt2
+    from service.settings import Settings
+    from service.worker import Worker
+
+    called = []
+
+    def refuse(name):
+        def call(*args, **kwargs):
+            called.append(name)
+            raise AssertionError(f"{name} called in the worker's process")
+
+        return call
+
+    path = _save(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()), (torch.ones(1, 3, 8, 8),),
+                 tmp_path / "net.pt2")
+    job_id = _add_model_job(db_url, path, [[1, 3, 8, 8]], budget=2)
+    monkeypatch.setattr(torch.export, "load", refuse("torch.export.load"))
+    monkeypatch.setattr(torch.export.ExportedProgram, "module", refuse("ExportedProgram.module"))
+    monkeypatch.setattr(pt2, "load_exported_program", refuse("load_exported_program"))
+    settings = Settings(database_url=db_url, data_dir=tmp_path)
+    assert Worker(settings).run_once() == job_id
+    job = _job(db_url, job_id)
+    assert job.status == "succeeded", job.error
+    assert job.spec["report"]["check"]["passed"] and called == []
+    assert os.path.getsize(tmp_path / "artifacts" / f"job-{job_id}.tar.gz") > 0
