@@ -2,33 +2,61 @@
 
     ep = load_exported_program(path_bytes_or_file, max_bytes=..., max_unpacked_bytes=..., max_ratio=...)
 
-`torch.export.load` trusts its file. Reading torch 2.13's loader (`torch/export/pt2_archive/_package.py`,
-`torch/_export/serde/serialize.py`, `torch/utils/_pytree.py`, `torch/export/_unlift.py`), these strings and
-bytes from the file reach an evaluator, an unpickler or an import, each closed here before torch sees the file:
+`torch.export.load` trusts its file. This loader is a second line behind the confined child process it runs in
+(docs/DESIGN.md, "Untrusted input"): every string of `models/model.json` belongs to a class, each class is an
+allowlist of what is safe by construction where torch puts it, and anything else is refused, naming the string
+and where it is. Reading torch 2.13's loader (`torch/export/pt2_archive/_package.py`,
+`torch/_export/serde/serialize.py`, `torch/utils/_pytree.py`, `torch/export/_unlift.py`, `torch/fx/graph.py`),
+the strings go to these places:
 
+- Python names (an ASCII identifier not starting with "__"): node names (the deserializer sets `node.name`
+  unsanitized; FX writes each as a variable), tensor and symbol names (`as_tensor.name`, `as_name`, the keys of
+  `tensor_values` and `sym_*_values`), placeholder targets (written raw into `forward`), operator argument names,
+  metadata keys, schema field names, and every string not listed below. Argument names
+  (`forward_arg_names`: `def forward(self, <names>)`) and namedtuple field names must not be keywords either.
+- Attribute paths (`parameter_name`, `buffer_name`, `tensor_constant_name`, module `fqn`s, the keys of the
+  weights and constants configs): `_assign_attr` gives each dot-separated part to `setattr`, and FX writes a
+  part that is not an identifier as `getattr(m, "part")` (`_format_target`). Each part is printable ASCII
+  without quotes, backslashes or braces and does not start with "__": regnet's `block4-11` is accepted, a part
+  that could close the literal is not. Module paths elsewhere (`nn_module_stack`) are metadata text.
+- pytree specs (`in_spec`, `out_spec`; `treespec_loads`): only leaf, tuple, list, dict, OrderedDict and
+  namedtuple nodes (enum contexts and `defaultdict` factories import modules by name). Tuple and list contexts
+  are `null`; dict and OrderedDict contexts a list of one key per child, each a printable string, a number, a
+  bool or null: data only (`tree_flatten_spec`, `tree_unflatten`), except the keys of the keyword-argument dict
+  of an input spec `(args, kwargs)`, which FX pastes into the source of `ep.module()` (`'{key}':{arg}` in
+  `_PyTreeCodeGen.gen_var_bindings`, and as parameter names in `_get_codegen`): those must be Python names and
+  not keywords. A namedtuple context is its registered type name (a dotted name); torch looks it up among the
+  types registered in the loading process, so the loader renames it to a stand-in registered with the field
+  names of `treespec_namedtuple_fields` (Python names, not keywords; `collections.namedtuple` validates them).
+- floats (`as_float`, `as_floats`, `as_float_lists`, `real`, `imag`): JSON numbers, or exactly `Infinity`,
+  `-Infinity` and `NaN`, which torch's serializer writes for inf, -inf and nan (`_dataclass_to_dict`) and
+  `float()` reads back: a causal mask's `masked_fill(mask, float('-inf'))`. Nowhere else.
+- string arguments (`as_string`, `as_strings`): values of the operator call (`reduce="mean"`), which FX writes
+  with `repr`: any string up to 64 KiB.
 - every `expr_str` (tensor sizes, strides and offsets, symbolic ints, floats and bools) goes to
   `sympy.sympify`, which `eval`s it: each must parse (`ast`, never evaluated) as a sympy `srepr` or infix
   expression of shape symbols (`s77`, `u0`), bounded integer literals, arithmetic and the integer functions
   torch prints (`Add`, `Mul`, `FloorDiv`, `Mod`, `Max`, `Eq`, ...; exponents and shifts by a literal <= 64);
-- `guards_code` is compiled with `exec` when the program is unlifted (`run_decompositions`, `module()`):
-  each entry must be a comparison of `L['input'].size()[i]`, `.stride()[i]`, integers and arithmetic;
+- `guards_code` is compiled with `exec` when the program is unlifted with example inputs: each entry must be a
+  comparison of `L['input'].size()[i]`, `.stride()[i]`, integers and arithmetic (subscript keys printable
+  ASCII without quotes, backslashes or braces);
 - `range_constraints` keys (symbol names, `int()`-parsed for unbacked symbols) follow the expression rule,
   with symbol numbers of at most 6 digits, and their bounds are 64-bit integers;
 - node `target`s and `as_operator` arguments are resolved with `getattr` chains on `torch`, `operator` and
   `math` (`torch.os.system` resolves): each must be an `aten` overload (`torch.ops.aten.<op>.<overload>`) or
   one of torch's own symbolic-int operators; higher-order operators (subgraphs) and `#extension` operators
   are refused, and after loading every call must really be an `aten` `OpOverload` or one of those;
-- the pytree specs (`in_spec`, `out_spec`) can name an enum (`importlib.import_module` + `getattr`) or a
-  `defaultdict` factory (`import_module` of any module): only tuple, list, dict, OrderedDict and namedtuple
-  nodes are accepted, with contexts that hold no JSON objects;
+- node metadata is text (`stack_trace` becomes comments of FX's source: no carriage return or NUL);
+  `source_fn_stack` targets are resolved with `getattr` on `torch` (dotted names); `custom` and `from_node`
+  are JSON; device types are cpu, cuda or meta; verifiers ATEN or TRAINING;
 - custom objects (torchbind `_pickle_load_obj`, opaque objects `pickle.loads`) and payloads marked
   `use_pickle` (`torch.load(weights_only=False)`) are refused, as are the legacy `.pt` weight files, AOTInductor
   folders (shared libraries) and anything else not written by `torch.export.save`;
 - the sample inputs (`torch.load`, falling back to `weights_only=False`) are scanned with `pickletools`
-  (opcodes only) and refused unless they rebuild plain tensors, and are then left out: torch gets none;
-- every other string -- node, tensor and parameter names (FX generates Python source from them), verifier
-  names, device types -- must be a dotted identifier; node metadata (stack traces become comments of that
-  source) may not hold a carriage return or NUL.
+  (opcodes only) and refused unless they rebuild plain tensors, and are then left out: torch gets none.
+
+After loading, `check_graph` checks what torch built: aten calls only, plain tensors, Python-name node names
+and placeholder targets, and keyword-argument keys of the input spec that are Python names.
 
 Sizes: the file, the unpacked total (declared in the central directory, before inflating; `zipfile` never
 inflates more than a member's declared size and checks its CRC) and the compression ratio of every member
@@ -45,6 +73,7 @@ import ast
 import contextlib
 import io
 import json
+import keyword
 import math
 import os
 import pickletools
@@ -130,9 +159,9 @@ def load_exported_program(
         f.seek(0)
         if size > max_bytes:
             raise ModelError("file", f"the file has {size} bytes, more than the limit {max_bytes}")
-        canonical = _checked_archive(f, max_unpacked_bytes if max_unpacked_bytes is not None else max_bytes,
-                                     max_ratio)
-    ep = _torch_load(canonical)
+        canonical, namedtuples = _checked_archive(
+            f, max_unpacked_bytes if max_unpacked_bytes is not None else max_bytes, max_ratio)
+    ep = _torch_load(canonical, namedtuples)
     check_graph(ep)
     return ep
 
@@ -149,8 +178,9 @@ def _open(source: str | os.PathLike | bytes | IO[bytes]) -> Iterator[IO[bytes]]:
         yield source
 
 
-def _checked_archive(f: IO[bytes], max_unpacked: int, max_ratio: float) -> bytes:
-    """The archive checked member by member, rebuilt from the members torch needs (see the module docstring)."""
+def _checked_archive(f: IO[bytes], max_unpacked: int, max_ratio: float) -> tuple[bytes, dict[str, list[str]]]:
+    """The archive checked member by member, rebuilt from the members torch needs (see the module docstring),
+    and the namedtuple types its specs name (`_namedtuple_stand_ins`)."""
     try:
         archive = zipfile.ZipFile(f)
         infos = archive.infolist()
@@ -182,6 +212,7 @@ def _checked_archive(f: IO[bytes], max_unpacked: int, max_ratio: float) -> bytes
             raise _refuse(members[rest].filename, "unexpected content")
     model = _json(read(_MODEL), members[_MODEL].filename)
     check_program(model, where=members[_MODEL].filename)
+    namedtuples = _namedtuple_stand_ins(model, where=members[_MODEL].filename)
     configs = {}
     for rest, folder in ((_WEIGHTS_CONFIG, "data/weights/"), (_CONSTANTS_CONFIG, "data/constants/")):
         configs[rest] = _json(read(rest), members[rest].filename)
@@ -204,7 +235,7 @@ def _checked_archive(f: IO[bytes], max_unpacked: int, max_ratio: float) -> bytes
             for path_name in sorted({meta["path_name"] for meta in config["config"].values()}):
                 put(f"{folder}/{path_name}", read(f"{folder}/{path_name}"))
         put(_SAMPLE_INPUTS, b"")  # torch then keeps no example inputs: nothing is unpickled
-    return out.getvalue()
+    return out.getvalue(), namedtuples
 
 
 def _check_members(infos: list[zipfile.ZipInfo], max_unpacked: int, max_ratio: float) -> dict[str, zipfile.ZipInfo]:
@@ -245,7 +276,64 @@ def _json(data: bytes, where: str) -> Any:
         raise _refuse(where, f"not JSON ({short_error(e, 100)})") from e
 
 
-def _torch_load(canonical: bytes) -> torch.export.ExportedProgram:
+def _namedtuple_stand_ins(model: dict, where: str) -> dict[str, list[str]]:
+    """Renames the namedtuple types of the program's pytree specs to stand-ins: serialized name -> field names.
+
+    torch reads a namedtuple node by looking its type name up among the types registered in the loading
+    process (`_namedtuple_deserialize`), so a model returning the user's own namedtuple loads nowhere but where
+    it was exported. Each (name, fields) gets a stand-in name from a hash of both, written into the specs and
+    `treespec_namedtuple_fields`, for which `_torch_load` registers a plain namedtuple of those fields: the
+    leaves and their order are the program's. Both were checked (`check_program`): dotted names, identifiers.
+
+    Raises:
+        ModelError: field "file": a namedtuple of the specs whose fields the program does not list.
+    """
+    import hashlib
+
+    graph_module = model["graph_module"]
+    fields_by_name = graph_module.get("treespec_namedtuple_fields") or {}
+    stand_ins: dict[str, list[str]] = {}
+    renamed: dict[str, str] = {}
+
+    def rename(node: dict) -> None:
+        if node.get("type") == "collections.namedtuple":
+            name = node["context"]
+            if name not in fields_by_name:
+                raise _refuse(where, f"namedtuple {short_error(repr(name), 80)} of a pytree spec has no entry in "
+                                     "treespec_namedtuple_fields")
+            fields = list(fields_by_name[name]["field_names"])
+            digest = hashlib.sha256(json.dumps([name, fields]).encode()).hexdigest()[:16]
+            node["context"] = renamed[name] = f"altune.namedtuple.T{digest}"
+            stand_ins[node["context"]] = fields
+        for child in node.get("children_spec", []):
+            rename(child)
+
+    for entry in graph_module.get("module_call_graph") or []:
+        signature = entry.get("signature")
+        for key in ("in_spec", "out_spec"):
+            if signature and isinstance(signature.get(key), str) and "collections.namedtuple" in signature[key]:
+                spec = json.loads(signature[key])
+                rename(spec[1])
+                signature[key] = json.dumps(spec)
+    if renamed:
+        graph_module["treespec_namedtuple_fields"] = {
+            renamed.get(name, name): fields for name, fields in fields_by_name.items()}
+    return stand_ins
+
+
+def _register_namedtuples(stand_ins: dict[str, list[str]]) -> None:
+    """Registers a plain namedtuple for each stand-in name not registered yet (see `_namedtuple_stand_ins`)."""
+    import collections
+
+    from torch.utils import _pytree as pytree
+
+    for name, fields in stand_ins.items():
+        if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            cls = collections.namedtuple(name.rsplit(".", 1)[-1], fields, rename=True, module="altune.namedtuple")
+            pytree._register_namedtuple(cls, serialized_type_name=name)
+
+
+def _torch_load(canonical: bytes, namedtuples: dict[str, list[str]]) -> torch.export.ExportedProgram:
     """`torch.export.load` of the checked archive, `torch.load` forced to `weights_only` and `pickle.loads` refused."""
     import pickle
 
@@ -262,6 +350,7 @@ def _torch_load(canonical: bytes) -> torch.export.ExportedProgram:
         raise ModelError("file", "the file holds a pickled Python object; refused")
 
     with _load_lock:  # the patches are process-wide: one load at a time
+        _register_namedtuples(namedtuples)
         torch.load, pickle.loads = weights_only_load, refuse
         try:
             return torch.export.load(io.BytesIO(canonical))
@@ -274,13 +363,26 @@ def _torch_load(canonical: bytes) -> torch.export.ExportedProgram:
 
 
 # ---------------------------------------------------------------------------
-# The program's JSON
+# The program's JSON: every string by its class
 
 
-# a name torch may turn into Python source or an attribute path: identifiers joined by dots, none dunder
-_NAME = re.compile(r"(?!__)[A-Za-z_]\w*(?:\.(?!__)\w+)*|", re.ASCII)
+# A Python name: an ASCII identifier not starting with "__". Node and tensor names (FX sets `node.name` to them
+# unsanitized and writes them as variables), placeholder targets, forward's argument names and keyword-argument
+# keys are written into the source FX generates as they are.
+_IDENT = re.compile(r"(?!__)[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+# Printable ASCII that cannot close or escape a quoted Python literal, nor open an f-string field: no quote,
+# backslash or brace ("\x20"-"\x7e" less " ' \ { }).
+_SAFE = r" !#-&(-\[\]-z|~"
+# An attribute path (a parameter, buffer or constant name, a module path): parts joined by dots, each made of
+# `_SAFE` characters but the dot and not starting with "__". FX writes a part that is not an identifier as
+# `getattr(m, "part")` (`torch.fx.graph._format_target`); `_assign_attr` gives each part to `setattr`.
+_PART = r"(?!__)[ !#-&(-\-/-\[\]-z|~]+"
+_FQN = re.compile(rf"{_PART}(?:\.{_PART})*", re.ASCII)
+_DOTTED = re.compile(r"(?!__)[A-Za-z_]\w*(?:\.(?!__)[A-Za-z_]\w*)*", re.ASCII)  # module.qualname, torch.nn.X
 _SYMBOL = re.compile(r"[a-z]{1,8}\d{1,6}", re.ASCII)  # s77, u0: torch's shape symbols
 _ATEN = re.compile(r"torch\.ops\.aten\.(?!__)[A-Za-z_]\w*\.(?!__)[A-Za-z_]\w*", re.ASCII)
+# how torch's serializer writes a float that JSON has no number for (`_dataclass_to_dict`); `float()` reads them
+_FLOAT_WORDS = frozenset({"Infinity", "-Infinity", "NaN"})
 _DENIED_OPS = frozenset({"from_file"})  # aten operators that reach outside the tensors they are given
 # the (de)quantization operators of a PT2E-quantized program (`torchao`'s `convert_pt2e`): pure arithmetic on the
 # tensors they are given, registered by `torch.ao.quantization.fx._decomposed` (imported before the load)
@@ -292,10 +394,20 @@ _VERIFIERS = frozenset({"", "ATEN", "TRAINING"})
 _TREESPEC_TYPES = frozenset({"builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
                              "collections.namedtuple"})
 _MAX_INT = 1 << 64
+_MAX_NAME = 1024
+_GUARD_KEY = re.compile(rf"[{_SAFE}]{{1,{_MAX_NAME}}}", re.ASCII)  # L['x'], L['batch']['aux-input']
+# dicts of the schema whose keys are data, with the class of their keys (all other keys are field names)
+_KEYED = {
+    "tensor_values": "name", "sym_int_values": "name", "sym_bool_values": "name", "sym_float_values": "name",
+    "opset_version": "name", "as_string_to_argument": "name",
+}
 
 
 def check_program(model: Any, where: str = _MODEL) -> None:
-    """Refuses a `models/<name>.json` that holds a string torch would evaluate, import or run (module docstring).
+    """Refuses a `models/<name>.json` with a string outside its class (module docstring: which string is what).
+
+    Schema field names and every string not listed are Python names; attribute paths, floats, string
+    arguments, metadata, expressions, guards, targets and pytree specs have their own rules (`_FIELDS`).
 
     Raises:
         ModelError: field "file", naming the string and where it is.
@@ -313,11 +425,8 @@ def check_program(model: Any, where: str = _MODEL) -> None:
                     check_sym_expr(key, at)
                     _check_range(item, f"{where} at {_path((*path, key))}")
                     continue
-                if parent == "treespec_namedtuple_fields":  # type names, kept as metadata
-                    _check_text(key, at, 256)
-                else:
-                    _check_name(key, at)
-                handler = _FIELDS.get(key)
+                _check_ident(key, at, "a name" if parent in _KEYED else "a field name")
+                handler = _FIELDS.get(key) if parent not in _KEYED else None
                 if handler is not None:
                     handler(item, f"{where} at {_path((*path, key))}")
                 else:
@@ -325,7 +434,7 @@ def check_program(model: Any, where: str = _MODEL) -> None:
         elif isinstance(value, list):
             stack.extend((item, (*path, i)) for i, item in enumerate(value))
         elif isinstance(value, str):
-            _check_name(value, at)
+            _check_ident(value, at)
         elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_INT:
             raise _refuse(at, f"an integer of {len(str(value))} digits")
 
@@ -334,9 +443,38 @@ def _path(path: tuple) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "the top"
 
 
-def _check_name(value: str, at: str) -> None:
-    if not isinstance(value, str) or len(value) > 1024 or not _NAME.fullmatch(value):
-        raise _refuse(at, f"{short_error(repr(value), 120)} is not a dotted identifier (names become Python source)")
+def _check_ident(value: Any, at: str, what: str = "a name") -> None:
+    if not isinstance(value, str) or len(value) > _MAX_NAME or not _IDENT.fullmatch(value):
+        raise _refuse(at, f"{short_error(repr(value), 120)} as {what}: not a Python identifier (names become "
+                          "Python source)")
+
+
+def _check_python_names(value: Any, at: str, what: str) -> None:
+    """Names FX writes as parameters of the `forward` it generates: identifiers that are not keywords."""
+    for name in value if isinstance(value, list) else [value]:
+        _check_ident(name, at, what)
+        if keyword.iskeyword(name):
+            raise _refuse(at, f"{name!r} as {what}: a Python keyword")
+
+
+def _check_fqn(value: Any, at: str, *, root: bool = False) -> None:
+    if root and value == "":
+        return
+    if not isinstance(value, str) or len(value) > _MAX_NAME or not _FQN.fullmatch(value):
+        raise _refuse(at, f"{short_error(repr(value), 120)} is not an attribute path (parts joined by dots, each "
+                          "printable ASCII without quotes, backslashes or braces, none starting with '__'; "
+                          "FX writes them into Python source)")
+
+
+def _check_floats(value: Any, at: str) -> None:
+    """`as_float(s)`, `as_float_lists`, `real`, `imag`: numbers, or how torch writes inf, -inf and nan."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        elif not (type(v) in (int, float) or (isinstance(v, str) and v in _FLOAT_WORDS)):
+            raise _refuse(at, f"float {short_error(repr(v), 60)} is not a number, 'Infinity', '-Infinity' or 'NaN'")
 
 
 def _check_range(value: Any, at: str) -> None:
@@ -370,15 +508,33 @@ def _check_metadata(value: Any, at: str) -> None:
     if not isinstance(value, dict):
         raise _refuse(at, "metadata is not a mapping")
     for key, text in value.items():
-        _check_name(key, at)
+        _check_ident(key, at, "a metadata key")
         _check_text(text, f"{at}.{key}")
         if key in ("custom", "from_node"):
             _json(text.encode(), f"{at}.{key}")
         elif key == "source_fn_stack":  # "name,target;...": the targets are resolved with getattr on torch
             for item in text.split(";"):
                 name, _, target = item.partition(",")
-                _check_name(name, f"{at}.{key}")
-                _check_name(target, f"{at}.{key}")
+                _check_ident(name, f"{at}.{key}")
+                if not _DOTTED.fullmatch(target):
+                    raise _refuse(f"{at}.{key}", f"{short_error(repr(target), 80)} is not a dotted name")
+
+
+def _check_namedtuple_fields(value: Any, at: str) -> None:
+    """`treespec_namedtuple_fields`: {type name: {field_names: [...]}}, kept as metadata."""
+    if not isinstance(value, dict):
+        raise _refuse(at, "treespec_namedtuple_fields is not a mapping")
+    for name, fields in value.items():
+        _check_namedtuple_name(name, at)
+        if not isinstance(fields, dict) or set(fields) != {"field_names"} or not isinstance(
+                fields["field_names"], list):
+            raise _refuse(f"{at}.{name}", "not {field_names: [...]}")
+        _check_python_names(fields["field_names"], f"{at}.{name}", "a namedtuple field")
+
+
+def _check_namedtuple_name(value: Any, at: str) -> None:
+    if not isinstance(value, str) or len(value) > 256 or not _DOTTED.fullmatch(value):
+        raise _refuse(at, f"namedtuple type {short_error(repr(value), 80)} is not a dotted name")
 
 
 def _check_device(value: Any, at: str) -> None:
@@ -409,9 +565,20 @@ _FIELDS = {
     "guards_code": _check_guards,
     "target": lambda v, at: check_target(v, at),
     "as_operator": lambda v, at: check_target(v, at),
-    "in_spec": lambda v, at: check_treespec(v, at),
+    "in_spec": lambda v, at: check_treespec(v, at, inputs=True),
     "out_spec": lambda v, at: check_treespec(v, at),
+    "forward_arg_names": lambda v, at: _check_python_names(v or [], at, "an argument name"),
+    "parameter_name": _check_fqn,
+    "buffer_name": _check_fqn,
+    "tensor_constant_name": _check_fqn,
+    "fqn": lambda v, at: _check_fqn(v, at, root=True),
+    "as_float": _check_floats,
+    "as_floats": _check_floats,
+    "as_float_lists": _check_floats,
+    "real": _check_floats,
+    "imag": _check_floats,
     "metadata": _check_metadata,
+    "treespec_namedtuple_fields": _check_namedtuple_fields,
     "as_string": _check_strings,
     "as_strings": _check_strings,
     "device": _check_device,
@@ -550,7 +717,7 @@ def _is_input(node: ast.expr) -> bool:
     while isinstance(node, ast.Subscript):
         key = node.slice
         if not isinstance(key, ast.Constant) or not (
-                (isinstance(key.value, str) and _NAME.fullmatch(key.value) and key.value)
+                (isinstance(key.value, str) and _GUARD_KEY.fullmatch(key.value))
                 or (type(key.value) is int and 0 <= key.value < 1 << 16)):
             return False
         if isinstance(node.value, ast.Name):
@@ -627,28 +794,42 @@ def check_target(target: Any, at: str = "target") -> None:
                       "quantized_decomposed (de)quantization operators are accepted)")
 
 
-def check_treespec(text: Any, at: str = "in_spec") -> None:
-    """Refuses a pytree spec that names anything but tuple, list, dict, OrderedDict or namedtuple nodes.
+def check_treespec(text: Any, at: str = "in_spec", *, inputs: bool = False) -> None:
+    """Refuses a pytree spec with a node type or a context outside the allowlist.
 
-    torch's `treespec_loads` imports modules by name for enums in a context and `defaultdict` factories.
+    torch's `treespec_loads` imports modules by name for enums in a context (`enum_object_hook`) and for
+    `defaultdict` factories; FX pastes the keys of the keyword-argument dict of an input spec into the source of
+    `ep.module()` (`'{key}':{arg}` in `_PyTreeCodeGen.gen_var_bindings`, and as `forward`'s parameter names
+    when the program names none). Accepted, per node: a leaf (no type, context or children); a tuple or list
+    (context `null`); a dict or OrderedDict (context: a list of one key per child, each a string of printable
+    characters up to 1024, an integer, a finite float, a bool or null: torch uses them as data only); a
+    namedtuple (context: its registered type name, a dotted name). In an input spec `(args, kwargs)` the
+    kwargs dict's keys must be Python names that are not keywords: they are the only keys written into source.
+
+    Args:
+        text: the spec as serialized (`[1, {type, context, children_spec}]`).
+        at: where it is, for the message.
+        inputs: an input spec (`in_spec`): its keyword-argument keys must be Python names.
 
     Raises:
-        ModelError: field "file", naming the type.
+        ModelError: field "file", naming the type or the key.
     """
     if not isinstance(text, str) or len(text) > 1 << 20:
         raise _refuse(at, "a pytree spec that is not a string or too long")
     spec = _json(text.encode(), at)
     if not (isinstance(spec, list) and len(spec) == 2 and spec[0] == 1):
         raise _refuse(at, "a pytree spec that is not [1, {...}] (protocol 1)")
+    if inputs:
+        _check_kwargs_keys(spec[1], at)
     stack = [(spec[1], 0)]
     while stack:
         node, depth = stack.pop()
         if depth > 64 or not isinstance(node, dict) or set(node) != {"type", "context", "children_spec"} or (
                 not isinstance(node["children_spec"], list)):
             raise _refuse(at, "a pytree spec node that is not {type, context, children_spec} (or too deep)")
-        typ, context = node["type"], node["context"]
+        typ, context, children = node["type"], node["context"], node["children_spec"]
         if typ is None:
-            if context is not None or node["children_spec"]:
+            if context is not None or children:
                 raise _refuse(at, "a pytree leaf with a context or children")
             continue
         if typ not in _TREESPEC_TYPES:
@@ -657,21 +838,44 @@ def check_treespec(text: Any, at: str = "in_spec") -> None:
         if not isinstance(context, str):
             raise _refuse(at, f"a {typ} context that is not a string")
         if typ == "collections.namedtuple":
-            _check_text(context, at, 256)
-        elif any(isinstance(v, dict) for v in _json_values(_json(context.encode(), at))):
-            raise _refuse(at, "a pytree context that holds a JSON object (torch would import an enum by name)")
-        stack.extend((child, depth + 1) for child in node["children_spec"])
+            _check_namedtuple_name(context, at)
+        elif typ in ("builtins.tuple", "builtins.list"):
+            if _json(context.encode(), at) is not None:
+                raise _refuse(at, f"a {typ} context that is not null")
+        else:
+            keys = _json(context.encode(), at)
+            for key in keys if isinstance(keys, list) else [keys]:
+                _check_dict_key(key, at)
+            if not isinstance(keys, list) or len(keys) != len(children):
+                raise _refuse(at, f"a {typ} context that is not a list of one key per child")
+        stack.extend((child, depth + 1) for child in children)
 
 
-def _json_values(value: Any) -> Iterator[Any]:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        yield v
-        if isinstance(v, list):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
+def _check_kwargs_keys(root: Any, at: str) -> None:
+    """The keys of the kwargs dict of an input spec `(args, kwargs)` (the shape `gen_var_bindings` pastes)."""
+    children = root.get("children_spec") if isinstance(root, dict) else None
+    if not (root.get("type") == "builtins.tuple" and isinstance(children, list) and len(children) == 2
+            and all(isinstance(c, dict) for c in children)
+            and [c.get("type") for c in children] == ["builtins.tuple", "builtins.dict"]):
+        return
+    keys = _json(children[1]["context"].encode(), at) if isinstance(children[1].get("context"), str) else None
+    for key in keys if isinstance(keys, list) else []:
+        if not isinstance(key, str) or not _IDENT.fullmatch(key) or keyword.iskeyword(key):
+            raise _refuse(at, f"keyword argument {short_error(repr(key), 120)} is not a Python identifier "
+                              "(FX writes the keyword arguments' names into Python source)")
+
+
+def _check_dict_key(key: Any, at: str) -> None:
+    if isinstance(key, str):
+        if len(key) > _MAX_NAME or not key.isprintable():
+            raise _refuse(at, f"dict key {short_error(repr(key), 120)} is longer than {_MAX_NAME} characters or "
+                              "not printable")
+    elif isinstance(key, dict | list):
+        raise _refuse(at, "a pytree context that holds a JSON object or list (torch would import an enum by name)")
+    elif not (key is None or isinstance(key, bool) or (isinstance(key, int) and abs(key) <= _MAX_INT)
+              or (isinstance(key, float) and math.isfinite(key))):
+        raise _refuse(at, f"dict key {short_error(repr(key), 60)} is not a string, number, bool or null")
+
 
 
 # ---------------------------------------------------------------------------
@@ -695,7 +899,7 @@ def check_payload_config(config: Any, record_sizes: dict[str, int], where: str) 
         raise _refuse(where, "not a payload config {config: {...}}")
     for fqn, meta in config["config"].items():
         at = f"{where} at {fqn}"
-        _check_name(fqn, at)
+        _check_fqn(fqn, at)
         if not isinstance(meta, dict) or set(meta) - {"path_name", "is_param", "use_pickle", "tensor_meta"}:
             raise _refuse(at, "not a payload entry")
         path_name = meta.get("path_name")
@@ -774,9 +978,10 @@ def check_sample_inputs(data: bytes, where: str = _SAMPLE_INPUTS) -> None:
 
 
 def check_graph(ep: torch.export.ExportedProgram) -> None:
-    """Refuses a loaded program whose graphs call anything but `aten` operators and torch's symbolic-int ones.
+    """Refuses a loaded program whose graphs call anything but `aten` operators and torch's symbolic-int ones,
+    hold anything but plain tensors, or name a node or a keyword argument with more than a Python name.
 
-    The JSON was checked already; this checks what torch actually resolved, before anything traces it.
+    The JSON was checked already; this checks what torch actually built, before anything traces it.
 
     Raises:
         ModelError: field "file", naming the node.
@@ -790,6 +995,11 @@ def check_graph(ep: torch.export.ExportedProgram) -> None:
     for module in ep.graph_module.modules():
         graph = getattr(module, "graph", None)
         for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+            # FX writes node names and placeholder targets into the source it generates as they are
+            for name in (node.name, node.target) if node.op == "placeholder" else (node.name,):
+                if not isinstance(name, str) or not _IDENT.fullmatch(name):
+                    raise _refuse("the loaded graph", f"node name {short_error(repr(name), 80)} is not a Python "
+                                                      "identifier")
             if node.op in ("placeholder", "output"):
                 continue
             target = node.target
@@ -804,6 +1014,13 @@ def check_graph(ep: torch.export.ExportedProgram) -> None:
     for name, value in (*ep.state_dict.items(), *ep.constants.items()):
         if not isinstance(value, torch.Tensor) or type(value) not in (torch.Tensor, torch.nn.Parameter):
             raise _refuse("the loaded program", f"{name!r} is a {type(value).__name__}, not a plain tensor")
+    in_spec = ep.call_spec.in_spec
+    if in_spec is not None and in_spec.type is tuple and in_spec.num_children == 2 and (
+            in_spec.child(1).type is dict):
+        for key in in_spec.child(1).context:
+            if not isinstance(key, str) or not _IDENT.fullmatch(key) or keyword.iskeyword(key):
+                raise _refuse("the loaded program", f"keyword argument {short_error(repr(key), 80)} is not a "
+                                                    "Python identifier")
 
 
 def static_shapes(ep: torch.export.ExportedProgram, input_shapes: list[list[int]] | None = None, *,

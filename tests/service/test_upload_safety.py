@@ -128,9 +128,11 @@ DOORS = {
         target="torch.os.system", inputs=[{"name": "", "arg": {"as_string": f"touch {mark}"}, "kind": 1}]),
         "'torch.os.system' is not an aten operator", None),
     "node name": (lambda m, mark: _node(m, "torch.ops.aten.relu.default").update(name=f"relu; {_touch(mark)}"),
-                  "is not a dotted identifier", None),
+                  "not a Python identifier", None),
     "parameter name": (lambda m, mark: m["graph_module"]["signature"]["input_specs"][0]["parameter"].update(
-        parameter_name=f"linear.weight\r{_touch(mark)}"), "is not a dotted identifier", None),
+        parameter_name=f"linear.weight\r{_touch(mark)}"), "is not an attribute path", None),
+    "parameter name quote": (lambda m, mark: m["graph_module"]["signature"]["input_specs"][0]["parameter"].update(
+        parameter_name=f'linear.a"); {_touch(mark)}; ("'), "is not an attribute path", None),
     "stack trace": (lambda m, mark: _node(m, "torch.ops.aten.relu.default")["metadata"].update(
         stack_trace=f'File "a.py", line 1, in f\n    x\r{_touch(mark)}'), "carriage return", None),
     # torch counts up to an unbacked symbol's number, and sympy computes the power: both hang the old loader
@@ -203,6 +205,73 @@ def test_worker_loader_refuses_every_door(door_file, tmp_path, door):
         pt2.load_exported_program(path)
     assert info.value.field == "file" and DOORS[door][1] in info.value.message, info.value.message
     assert not marker.exists()
+
+
+class KwargsNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, *, k: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * k
+
+
+@pytest.fixture(scope="module")
+def kwargs_program() -> bytes:
+    """A genuine program of `forward(self, x, *, k)`: its in_spec's kwargs dict has the key "k"."""
+    return _save(torch.export.export(KwargsNet(), (torch.randn(2, 4),), {"k": torch.randn(2, 3)}))
+
+
+def _kwargs_key_door(data: bytes, statement: str) -> bytes:
+    """The kwargs key edited so that FX's source for `ep.module()` runs `statement` at module level."""
+    key = f"q':k}}), self._in_spec)\n{statement}\ndef _u(self=None,x=None,k=None):\n    _=(([x],{{'q"
+
+    def edit(m: dict) -> None:
+        spec = json.loads(_spec(m)["in_spec"])
+        spec[1]["children_spec"][1]["context"] = json.dumps([key])
+        _spec(m)["in_spec"] = json.dumps(spec)
+
+    return _rewrite(data, edit)
+
+
+KWARGS_PAYLOADS = {
+    # the sandbox's audit hook sees os.system at once; this one waits for a process outside the sandbox
+    "quiet": lambda mark: f"if 'sandbox' not in __import__('os').environ.get('HOME', ''): "
+                          f"__import__('os').system('touch {mark}')",
+    "loud": lambda mark: _touch(mark),
+}
+
+
+@pytest.mark.parametrize("payload", sorted(KWARGS_PAYLOADS))
+def test_loader_refuses_kwargs_key_payloads(kwargs_program, tmp_path, payload):
+    """The worker's loader, given the stored file: refused, naming the key, and nothing ran."""
+    marker, path = tmp_path / "pwned", tmp_path / "door.pt2"
+    path.write_bytes(_kwargs_key_door(kwargs_program, KWARGS_PAYLOADS[payload](marker)))
+    with pytest.raises(pt2.ModelError) as info:
+        pt2.load_exported_program(path)
+    assert info.value.field == "file" and "keyword argument \"q':k})" in info.value.message, info.value.message
+    assert not marker.exists()
+
+
+def test_loader_loads_genuine_kwargs_program(kwargs_program, tmp_path):
+    path = tmp_path / "kw.pt2"
+    path.write_bytes(kwargs_program)
+    ep = pt2.load_exported_program(path)
+    assert ep.module()(torch.ones(2, 4), k=torch.ones(2, 3)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("name", ["regnet_x_400mf", "gpt_block", "transformer_decoder", "dict_out"])
+def test_loader_accepts_real_models_names_and_constants(tmp_path, name):
+    """regnet's module paths have hyphens (`block4-11`), causal masks write `-Infinity`, dict outputs keys such
+    as "aux-features": each a file as `torch.export.save` writes it, loaded from disk."""
+    corpus = pytest.importorskip("bench.corpus")
+    path = tmp_path / f"{name}.pt2"
+    ep = corpus.export(name)
+    torch.export.save(ep, path)
+    loaded = pt2.load_exported_program(path)
+    assert set(loaded.state_dict) == set(ep.state_dict)
+    if name == "regnet_x_400mf":
+        assert any("-" in fqn for fqn in loaded.state_dict), sorted(loaded.state_dict)[:5]
 
 
 def test_worker_refuses_a_stored_file_that_was_swapped(client, settings, static_program, door_file, tmp_path):

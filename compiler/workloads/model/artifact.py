@@ -193,17 +193,30 @@ def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike)
 
 
 def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
-    """A torch module's outputs on numpy or torch inputs, flattened, as numpy (the reference)."""
-    import numpy as np
+    """A torch module's outputs on numpy or torch inputs, flattened, as numpy (the reference).
+
+    `inputs` are the model's tensors in the order the Relax import takes them: the leaves of its arguments
+    (`pytree` order: positional arguments, then keyword arguments, nested tuples, lists and dicts flattened).
+    An exported program's module (`ep.module()`, which keeps the program's `_in_spec`) gets them rebuilt
+    into its arguments' pytrees; any other module gets them positionally (pytrees of arrays converted leaf by
+    leaf). The outputs are the leaves of
+    whatever pytree the module returns (tuples, lists, dicts, namedtuples, nested), in `tree_leaves` order:
+    the order of the exported graph's outputs, which is the order of the Relax import's flattened outputs.
+    """
     import torch
+    from torch.utils import _pytree as pytree
 
     from compiler.arrays import to_numpy, to_torch
 
-    def flatten(out: Any) -> list[np.ndarray]:
-        if isinstance(out, torch.Tensor):
-            return [to_numpy(out)]
-        return [a for o in out for a in flatten(o)]
-
-    tensors = [to_torch(a) for a in inputs]
+    tensors = [pytree.tree_map(to_torch, a) for a in inputs]
+    in_spec = getattr(module, "_in_spec", None)
+    if isinstance(in_spec, pytree.TreeSpec) and in_spec.num_leaves == len(tensors):
+        args, kwargs = pytree.tree_unflatten(tensors, in_spec)
+    else:
+        args, kwargs = tuple(tensors), {}
     with torch.no_grad():
-        return flatten(module(*tensors))
+        out = module(*args, **kwargs)
+    leaves = pytree.tree_leaves(out)
+    assert all(isinstance(t, torch.Tensor) for t in leaves), (
+        f"non-tensor outputs: {[type(t).__name__ for t in leaves if not isinstance(t, torch.Tensor)]}")
+    return [to_numpy(t) for t in leaves]
