@@ -25,7 +25,7 @@ the strings go to these places:
   bool or null: data only (`tree_flatten_spec`, `tree_unflatten`), except the keys of the keyword-argument dict
   of an input spec `(args, kwargs)`, which FX pastes into the source of `ep.module()` (`'{key}':{arg}` in
   `_PyTreeCodeGen.gen_var_bindings`, and as parameter names in `_get_codegen`): those must be Python names and
-  not keywords. A namedtuple context is its registered type name (a dotted name); torch looks it up among the
+  not keywords. A namedtuple context is its registered type name (printable); torch looks it up among the
   types registered in the loading process, so the loader renames it to a stand-in registered with the field
   names of `treespec_namedtuple_fields` (Python names, not keywords; `collections.namedtuple` validates them).
 - floats (`as_float`, `as_floats`, `as_float_lists`, `real`, `imag`): JSON numbers, or exactly `Infinity`,
@@ -533,8 +533,11 @@ def _check_namedtuple_fields(value: Any, at: str) -> None:
 
 
 def _check_namedtuple_name(value: Any, at: str) -> None:
-    if not isinstance(value, str) or len(value) > 256 or not _DOTTED.fullmatch(value):
-        raise _refuse(at, f"namedtuple type {short_error(repr(value), 80)} is not a dotted name")
+    """A namedtuple's serialized type name: a key torch looks up (`_namedtuple_deserialize`), and the loader
+    replaces it with a stand-in's before torch sees it (`_namedtuple_stand_ins`)."""
+    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
+        raise _refuse(at, f"namedtuple type {short_error(repr(value), 80)} is not a printable name up to 256 "
+                          "characters")
 
 
 def _check_device(value: Any, at: str) -> None:
@@ -803,7 +806,7 @@ def check_treespec(text: Any, at: str = "in_spec", *, inputs: bool = False) -> N
     when the program names none). Accepted, per node: a leaf (no type, context or children); a tuple or list
     (context `null`); a dict or OrderedDict (context: a list of one key per child, each a string of printable
     characters up to 1024, an integer, a finite float, a bool or null: torch uses them as data only); a
-    namedtuple (context: its registered type name, a dotted name). In an input spec `(args, kwargs)` the
+    namedtuple (context: its registered type name, printable). In an input spec `(args, kwargs)` the
     kwargs dict's keys must be Python names that are not keywords: they are the only keys written into source.
 
     Args:

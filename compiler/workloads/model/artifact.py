@@ -192,28 +192,39 @@ def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike)
     return extract_artifact(path, dest_dir, MODEL_ARTIFACT_FILES)
 
 
-def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
-    """A torch module's outputs on numpy or torch inputs, flattened, as numpy (the reference).
+def torch_arguments(module: Any, inputs: Sequence[Any]) -> tuple[tuple, dict]:
+    """The positional and keyword arguments to call `module` with, from the model's flat inputs.
 
-    `inputs` are the model's tensors in the order the Relax import takes them: the leaves of its arguments
-    (`pytree` order: positional arguments, then keyword arguments, nested tuples, lists and dicts flattened).
-    An exported program's module (`ep.module()`, which keeps the program's `_in_spec`) gets them rebuilt
-    into its arguments' pytrees; any other module gets them positionally (pytrees of arrays converted leaf by
-    leaf). The outputs are the leaves of
-    whatever pytree the module returns (tuples, lists, dicts, namedtuples, nested), in `tree_leaves` order:
-    the order of the exported graph's outputs, which is the order of the Relax import's flattened outputs.
+    `inputs` (numpy or torch) are the model's tensors in the order the Relax import takes them: the leaves of
+    its arguments in `pytree` order (positional arguments, then keyword arguments; nested tuples, lists and
+    dicts flattened). An exported program's module (`ep.module()`, which keeps the program's `_in_spec`) gets
+    them rebuilt into its arguments' pytrees; any other module gets them positionally (pytrees of arrays
+    converted leaf by leaf).
     """
-    import torch
     from torch.utils import _pytree as pytree
 
-    from compiler.arrays import to_numpy, to_torch
+    from compiler.arrays import to_torch
 
     tensors = [pytree.tree_map(to_torch, a) for a in inputs]
     in_spec = getattr(module, "_in_spec", None)
     if isinstance(in_spec, pytree.TreeSpec) and in_spec.num_leaves == len(tensors):
-        args, kwargs = pytree.tree_unflatten(tensors, in_spec)
-    else:
-        args, kwargs = tuple(tensors), {}
+        return pytree.tree_unflatten(tensors, in_spec)
+    return tuple(tensors), {}
+
+
+def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
+    """A torch module's outputs on numpy or torch inputs (`torch_arguments`), flattened, as numpy (the reference).
+
+    The outputs are the leaves of whatever pytree the module returns (tuples, lists, dicts, namedtuples,
+    nested), in `tree_leaves` order: the order of the exported graph's outputs, which is the order of the
+    Relax import's flattened outputs.
+    """
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from compiler.arrays import to_numpy
+
+    args, kwargs = torch_arguments(module, inputs)
     with torch.no_grad():
         out = module(*args, **kwargs)
     leaves = pytree.tree_leaves(out)
