@@ -1,4 +1,4 @@
-"""ORM models: jobs, tasks, trials, schedules, artifacts, API tokens.
+"""ORM models: jobs, tasks, trials, schedules, artifacts, API tokens, and the usage ledger the quotas count.
 
 Query helpers live on the classes with fixed verbs: `find_by_*` returns None,
 `find_or_raise_by_*` raises KeyError, `where_*` returns a list. They take the
@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, func,
-    select,
+    JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
+    func, select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, selectinload
 
@@ -141,6 +141,42 @@ class Token(Base):
     @classmethod
     def any_exists(cls, session: Session) -> bool:
         return session.scalar(select(cls.id).limit(1)) is not None
+
+
+class Usage(Base):
+    """What a submission counted against its token's daily quotas: one row per job, written in the job's
+    transaction and never deleted with it (deleting a job must not give its trials or bytes back)."""
+
+    __tablename__ = "usage_ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tokens.id", ondelete="CASCADE", name="fk_usage_ledger_token_id_tokens"))
+    job_id: Mapped[int | None]  # no foreign key: the row outlives its job
+    trials: Mapped[int]
+    upload_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    @classmethod
+    def record(cls, session: Session, job: Job) -> Usage:
+        """The ledger row of a new (flushed) job: its owner, budget and uploaded bytes."""
+        row = cls(token_id=job.owner_id, job_id=job.id, trials=job.budget, upload_bytes=job.upload_bytes or 0)
+        session.add(row)
+        session.flush()
+        return row
+
+    @classmethod
+    def totals_since(cls, session: Session, token_id: int | None, since: datetime) -> tuple[int, int]:
+        """Trials and upload bytes a token (None: anonymous requests) submitted from `since` on."""
+        who = cls.token_id.is_(None) if token_id is None else cls.token_id == token_id
+        trials, uploaded = session.execute(
+            select(func.coalesce(func.sum(cls.trials), 0), func.coalesce(func.sum(cls.upload_bytes), 0))
+            .where(who, cls.created_at >= since)
+        ).one()
+        return int(trials), int(uploaded)
+
+
+Index("ix_usage_ledger_token_id_created_at", Usage.token_id, Usage.created_at)
 
 
 class TuningTask(Base):

@@ -3,10 +3,18 @@
 A token's own limit wins; where it has none (None), the server's default (`ALTUNE_TOKEN_MAX_*`) applies.
 Anonymous requests (`ALTUNE_ANONYMOUS`) share one allowance with the defaults.
 
-Submissions are checked after the new job is written, in its transaction, with the token's row locked
-(`SELECT ... FOR UPDATE` on PostgreSQL; SQLite has one writer at a time already): two submissions of one
-token at once cannot both pass on the last free place. The running limit is the workers' (`Worker.claim`
-skips a queued job whose owner runs as many as it may); it is not a refusal.
+The daily limits count the usage ledger (`models.Usage`: a row per submitted job, written with it and kept
+when it is deleted), so deleting jobs gives nothing back. Two checks:
+
+- `check_submission`, before any work: a model submission is checked from what its request says (the
+  declared size, the spec's budget) before its body is read and again before the import, so an over-quota
+  token costs no import;
+- `check_new_job`, authoritative, after the new job is written, in its transaction, with the token's row
+  locked (`SELECT ... FOR UPDATE` on PostgreSQL; SQLite has one writer at a time already): two submissions
+  of one token at once cannot both pass on the last free place.
+
+The running limit is the workers' (`Worker.claim` skips a queued job whose owner runs as many as it may);
+it is not a refusal.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.db import utcnow
-from service.models import Job, Token
+from service.models import Job, Token, Usage
 from service.settings import Settings
 from service.tokens import Caller
 
@@ -58,48 +66,50 @@ def _daily(caller: Caller, limit: str, used: int, cap: int, unit: str, now: date
                f"make {used}; it resets at {reset.isoformat()}Z", max(1, int((reset - now).total_seconds()) + 1))
 
 
-def uploaded_today(session: Session, token_id: int | None, now: datetime) -> int:
-    start, _ = day_bounds(now)
-    return session.scalar(select(func.coalesce(func.sum(Job.upload_bytes), 0))
-                          .where(Job.owned_by(token_id), Job.created_at >= start)) or 0
+def _queued(session: Session, caller: Caller) -> int:
+    return session.scalar(select(func.count()).select_from(Job)
+                          .where(Job.owned_by(caller.token_id), Job.status == "queued")) or 0
 
 
-def check_upload(session: Session, caller: Caller, settings: Settings, incoming: int) -> None:
-    """Before an upload is received: refuse it when `incoming` more bytes would pass the daily upload limit.
-
-    Raises:
-        QuotaExceeded: naming `max_upload_bytes_per_day` and when it resets.
-    """
-    now = utcnow()
-    cap = limit_of(caller, "max_upload_bytes_per_day", settings)
-    used = uploaded_today(session, caller.token_id, now) + incoming
-    if used > cap:
-        raise _daily(caller, "max_upload_bytes_per_day", used, cap, "bytes of uploads", now)
-
-
-def check_new_job(session: Session, caller: Caller, settings: Settings) -> None:
-    """After the caller's new job is flushed (its `owner_id`, `budget`, `upload_bytes` set): is it within quota?
-
-    Raises:
-        QuotaExceeded: the first limit passed (queued jobs, trials per day, upload bytes per day); the
-            caller's transaction must roll back (the session scope does).
-    """
-    if caller.token_id is not None:  # one submission of this token at a time from here to its commit
-        session.execute(select(Token.id).where(Token.id == caller.token_id).with_for_update())
-    now = utcnow()
-    mine = Job.owned_by(caller.token_id)
+def _check(caller: Caller, settings: Settings, *, queued: int, trials: int, uploaded: int, now: datetime) -> None:
+    """Raise the first limit that the counts, the new submission included, pass."""
     cap = limit_of(caller, "max_queued", settings)
-    queued = session.scalar(select(func.count()).select_from(Job).where(mine, Job.status == "queued")) or 0
     if queued > cap:
         raise QuotaExceeded("max_queued", f"quota exceeded: {_who(caller)} may have {cap} jobs queued at once "
                                           f"(max_queued) and has {queued - 1}; a place frees when one of them starts "
                                           f"or is cancelled", QUEUE_RETRY_SECONDS)
-    start, _ = day_bounds(now)
     cap = limit_of(caller, "max_trials_per_day", settings)
-    trials = session.scalar(select(func.coalesce(func.sum(Job.budget), 0)).where(mine, Job.created_at >= start)) or 0
     if trials > cap:
         raise _daily(caller, "max_trials_per_day", trials, cap, "trials (job budgets)", now)
     cap = limit_of(caller, "max_upload_bytes_per_day", settings)
-    uploaded = uploaded_today(session, caller.token_id, now)
     if uploaded > cap:
         raise _daily(caller, "max_upload_bytes_per_day", uploaded, cap, "bytes of uploads", now)
+
+
+def check_submission(session: Session, caller: Caller, settings: Settings, *, trials: int = 0,
+                     upload_bytes: int = 0) -> None:
+    """Before a submission is received or imported: would one more job of `trials` trials and `upload_bytes`
+    bytes pass a limit? (No lock: `check_new_job` decides; this spares the work of a refusal.)
+
+    Raises:
+        QuotaExceeded: the first limit passed (queued jobs, trials per day, upload bytes per day).
+    """
+    now = utcnow()
+    used_trials, used_bytes = Usage.totals_since(session, caller.token_id, day_bounds(now)[0])
+    _check(caller, settings, queued=_queued(session, caller) + 1, trials=used_trials + trials,
+           uploaded=used_bytes + upload_bytes, now=now)
+
+
+def check_new_job(session: Session, caller: Caller, settings: Settings, job: Job) -> None:
+    """Record the caller's new, flushed `job` in the usage ledger, then check that it is within quota.
+
+    Raises:
+        QuotaExceeded: the first limit passed (queued jobs, trials per day, upload bytes per day); the
+            caller's transaction must roll back (the session scope does), the ledger row with it.
+    """
+    if caller.token_id is not None:  # one submission of this token at a time from here to its commit
+        session.execute(select(Token.id).where(Token.id == caller.token_id).with_for_update())
+    now = utcnow()
+    Usage.record(session, job)
+    trials, uploaded = Usage.totals_since(session, caller.token_id, day_bounds(now)[0])
+    _check(caller, settings, queued=_queued(session, caller), trials=trials, uploaded=uploaded, now=now)

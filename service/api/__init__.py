@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from service.api import deps, devices, events, jobs, metrics, models, operators, schedules, web
 from service.api.auth import require_read
-from service.api.common import SameOriginWrites, errors, http_error, validation_error
+from service.api.common import BodyLimit, SameOriginWrites, errors, http_error, validation_error
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
 from service.schemas import Health
@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings or get_settings()
 
     # every route under /api/v1 needs a read token (or ALTUNE_ANONYMOUS); writes ask for more themselves
-    api = APIRouter(prefix="/api/v1", responses=errors(401, 503), dependencies=[Depends(require_read)])
+    api = APIRouter(prefix="/api/v1", responses=errors(401, 413, 503), dependencies=[Depends(require_read)])
     api.include_router(jobs.router)
     api.include_router(schedules.router)
     api.include_router(models.router)
@@ -42,6 +42,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     web.mount_static(app)
 
     app.add_middleware(SameOriginWrites, allowed_origins=app.state.settings.allowed_origins)
+    # outermost: FastAPI parses a JSON body before it checks the token; the upload streams under its own limit
+    app.add_middleware(BodyLimit, max_bytes=app.state.settings.max_json_body_bytes,
+                       exempt=[("POST", "/api/v1/models")])
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
 

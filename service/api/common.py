@@ -1,5 +1,5 @@
 """What every router shares: bounded ids and offsets, the error responses the OpenAPI schema describes, the
-422 handler, and the check that refuses writes from another origin.
+422 handler, the check that refuses writes from another origin, and the body limit (`BodyLimit`).
 
 Bounds: a path or query integer outside what its column holds never reaches the database (SQLite's driver raised
 `OverflowError`, a 500; PostgreSQL a 503); it is a 422 naming the parameter.
@@ -30,8 +30,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from compiler.target import TARGET_NAMES, check_available
 from service.schemas import MAX_INT32, MAX_INT64, ErrorPublic
 
 # ids are `integer` columns (32 bits on PostgreSQL); offsets go to SQL's 64-bit OFFSET
@@ -45,11 +46,23 @@ _ERROR_DOCS: dict[int, str] = {
          "origin (see `ALTUNE_ALLOWED_ORIGINS`)",
     404: "no such job, or it has nothing of the kind asked for",
     409: "the job has already finished",
-    413: "the upload is larger than the server takes (`ALTUNE_MAX_UPLOAD_BYTES`)",
+    413: "the body is larger than the server takes: a JSON body over `ALTUNE_MAX_JSON_BODY_BYTES`, an upload "
+         "over `ALTUNE_MAX_UPLOAD_BYTES`",
     429: "over the token's quota (jobs queued, trials or upload bytes per UTC day): the message names the limit "
          "and when it frees, `Retry-After` the seconds until then",
     503: "the database cannot be reached or refused the request",
 }
+
+
+def check_target(name: str) -> None:
+    """`compiler.target.check_available`, asking TVM only about "cuda": the CPU targets are always served, and
+    importing TVM imports torch (tvm_ffi does), which the API process has no other reason to load.
+
+    Raises:
+        TargetError: an unknown target, or "cuda" on a server without a GPU.
+    """
+    if name == "cuda" or name not in TARGET_NAMES:
+        check_available(name)
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -119,3 +132,63 @@ class SameOriginWrites:
             return None
         return (f"cross-origin writes are refused: the request's Origin {origin!r} is not this server ({own!r}); "
                 "list it in ALTUNE_ALLOWED_ORIGINS to allow it")
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """413: a request body over the limit (raised from `receive`; FastAPI passes HTTP exceptions on unchanged)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than {limit} bytes (ALTUNE_MAX_JSON_BODY_BYTES)")
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is refused with 413 before the route parses it.
+
+    FastAPI reads and parses a JSON body before it runs any dependency, the token check included, so the
+    limit has to come first: a `Content-Length` over it is answered at once, before a byte is read; a body
+    without one (chunked) is counted as it arrives and refused at the first byte over. `exempt` lists
+    (method, path) of routes that bound their bodies themselves (the multipart upload, `uploads.py`).
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, exempt: Iterable[tuple[str, str]] = ()) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.exempt = frozenset(exempt)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"], scope["path"].rstrip("/")) in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except BodyTooLarge:  # read outside FastAPI's handling (a middleware, a stream): answered here
+            if started:
+                raise
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        detail = BodyTooLarge(self.max_bytes).detail
+        # Connection: close: the rest of the body is never read, so the connection cannot carry another request
+        await JSONResponse(status_code=413, content={"detail": detail},
+                           headers={"Connection": "close"})(scope, receive, send)

@@ -7,10 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse
-from sqlalchemy import delete, update
+from sqlalchemy import delete, func, select, update
 
 from service.api.auth import ReadCaller, WriteCaller, too_many, visible_owner
-from service.api.common import JobId, Offset, errors
+from service.api.common import JobId, Offset, check_target, errors
 from service.api.deps import SessionDep, SettingsDep, invalid
 from service.db import utcnow
 from service.models import FINISHED, Artifact, Job, TrialRow
@@ -67,7 +67,7 @@ def add_job(session: SessionDep, caller: Caller, settings: Settings, job: Job) -
     session.add(job)
     session.flush()
     try:
-        check_new_job(session, caller, settings)
+        check_new_job(session, caller, settings, job)
     except QuotaExceeded as e:
         raise too_many(e) from None
     return job
@@ -79,13 +79,13 @@ def validate_operator_job(body: OperatorJobCreate, settings: SettingsDep) -> dic
     Raises:
         RequestValidationError: naming the offending field.
     """
-    from compiler.target import TargetError, check_available
+    from compiler.target import TargetError
     from compiler.workloads import WorkloadError, validate
 
     if body.budget > settings.max_budget:
         raise invalid(("body", "budget"), f"budget must be at most {settings.max_budget}, got {body.budget}")
     try:
-        check_available(body.target)
+        check_target(body.target)
     except TargetError as e:
         raise invalid(("body", "target"), str(e)) from None
     try:
@@ -183,10 +183,11 @@ def read_artifact(job_id: JobId, session: SessionDep, settings: SettingsDep, cal
 
 @router.delete("/{job_id}", status_code=204, responses=errors(403, 404, 409))
 def delete_job(job_id: JobId, session: SessionDep, settings: SettingsDep, caller: WriteCaller) -> None:
-    """Delete a finished job with its tasks, trials and artifact (its best schedules stay known).
+    """Delete a finished job with its tasks, trials, artifact and uploaded model (its best schedules stay known).
 
     Only the token that submitted the job, or an admin token, may delete it; a job still queued or running is
-    cancelled first.
+    cancelled first. The model file goes when no other job uses the same bytes; what the job counted against
+    its token's daily quotas stays counted.
     """
     job = job_or_404(session, job_id, caller, settings)
     if not caller.may_change(job.owner_id):
@@ -195,8 +196,19 @@ def delete_job(job_id: JobId, session: SessionDep, settings: SettingsDep, caller
     if job.status not in FINISHED:
         raise HTTPException(409, f"job {job_id} is {job.status}: cancel it first")
     artifact = Artifact.find_by_job(session, job_id)
-    path = Path(artifact.path) if artifact is not None else None
+    files = [Path(artifact.path)] if artifact is not None else []
+    model_file = job.spec.get("model_file") if job.kind == "model" else None
     # tasks, trials and the artifact's row go with it (ON DELETE CASCADE); schedules keep their configuration
     session.execute(delete(Job).where(Job.id == job_id, Job.status.in_(FINISHED)))
-    if path is not None:
+    models = settings.resolved_artifact_dir / "models"
+    if model_file is not None and Path(model_file).parent == models and not _model_file_used(session, model_file):
+        files.append(Path(model_file))
+    for path in files:
         path.unlink(missing_ok=True)
+
+
+def _model_file_used(session: SessionDep, model_file: str) -> bool:
+    """Whether a job (besides those deleted in this session) still refers to the stored model file."""
+    used = select(func.count()).select_from(Job).where(Job.kind == "model",
+                                                       Job.spec["model_file"].as_string() == model_file)
+    return (session.scalar(used) or 0) > 0

@@ -9,12 +9,18 @@ under `<artifact dir>/models/<sha256>.pt2` and becomes a queued job of kind
 "model" with one task per distinct fused subgraph, created in the same
 transaction. A worker runs it with `service.model_worker.run_model_job`.
 
+Both routes are async and take a place (`slots.SubmissionSlot`, 503 with Retry-After when every one is
+taken) before they use a request thread; both check the token's quotas from what the request says (the
+declared size, the spec's budget) before the import (`quotas.check_submission`), and again, authoritatively,
+in the transaction that writes the job.
+
 An upload is untrusted: it is streamed to a temporary file in the models folder under
 `max_upload_bytes` (`service.api.uploads`: 413 before the body is read when `Content-Length` says so,
 else at the first byte over), then loaded and imported in a confined child process
 (`service.sandbox`) by the loader that evaluates nothing from the file
-(`compiler.workloads.pt2`); only then is it moved into the store. Zoo models are built by our own
-code and imported in-process.
+(`compiler.workloads.pt2`); only then is it moved into the store. A zoo model is exported by a
+confined child too (the sandbox's `zoo` command: the API process never imports torch), which saves the
+file in its home for this process to store and imports it as an upload.
 """
 
 from __future__ import annotations
@@ -30,15 +36,22 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from compiler.target import TargetError
+from compiler.workloads import zoo
+from compiler.workloads.operators import TensorSpec
+from compiler.workloads.pt2 import ModelError
+from service import sandbox
 from service.api.auth import WriteCaller, in_auth_thread, too_many
-from service.api.common import errors
+from service.api.common import check_target, errors
 from service.api.deps import SettingsDep, invalid
-from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
+from service.api.slots import RETRY_SECONDS, SubmissionSlot
 from service.api.uploads import Upload, receive_upload
+from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
 from service.models import Job, TuningTask
-from service.quotas import QuotaExceeded, check_new_job, check_upload
+from service.quotas import QuotaExceeded, check_new_job, check_submission
+from service.schemas import MAX_INT32, ErrorPublic, JobPublic, ZooModelPublic, ZooModelsPublic
+from service.settings import Settings
 from service.tokens import Caller
-from service.schemas import MAX_INT32, JobPublic, ZooModelPublic, ZooModelsPublic
 from tuner import MAX_SEED
 
 router = APIRouter(prefix="/models", tags=["models"])
@@ -87,50 +100,22 @@ class ZooJobCreate(ModelJobSpec):
     model: str = Field(max_length=64, description="zoo model name")
 
 
-def _check_spec(spec: ModelJobSpec, settings: Any, loc: str) -> None:
-    from compiler.target import TargetError, check_available
-
+def _check_spec(spec: ModelJobSpec, settings: Settings, loc: str) -> None:
     if spec.budget > settings.max_budget:
         raise invalid(("body", loc, "budget"), f"budget must be at most {settings.max_budget}, got {spec.budget}")
     try:
-        check_available(spec.target)
+        check_target(spec.target)
     except TargetError as e:
         raise invalid(("body", loc, "target"), str(e)) from None
 
 
-def _import(data: bytes, spec: ModelJobSpec, settings: Any, loc: tuple[str, ...]) -> Any:
-    """The imported model (in-process: for zoo models, built by our own code), or a 422 naming the field."""
-    from compiler.target import resolve_target
-    from compiler.workloads.model import ModelError, import_model, load_exported_program
-
-    try:
-        ep = load_exported_program(data, max_bytes=settings.max_upload_bytes)
-        return import_model(ep, spec.input_shapes, layout=spec.layout, target=resolve_target(spec.target),
-                            fusion=spec.fusion,
-                            max_tensor_elements=settings.max_tensor_elements)
-    except ModelError as e:
-        raise _model_error(e, loc) from None
-
-
-def _model_error(e: Any, loc: tuple[str, ...]) -> Exception:
+def _model_error(e: ModelError, loc: tuple[str, ...]) -> Exception:
     """A ModelError as a 422: "file" and "model" blame the upload, "input_shapes" the spec field."""
     where = ("body", "spec", "input_shapes") if e.field == "input_shapes" else loc
     return invalid(where, e.message)
 
 
-def _store_upload(data: bytes, settings: Any) -> tuple[Path, str]:
-    digest = hashlib.sha256(data).hexdigest()
-    folder = settings.resolved_artifact_dir / "models"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{digest}.pt2"
-    if not path.exists():
-        partial = folder / f".{digest}.{os.getpid()}.partial"
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    return path, digest
-
-
-def _create(session: Any, name: str, spec: ModelJobSpec, imported: Any, path: Path, digest: str,
+def _create(session: Any, name: str, spec: ModelJobSpec, imported: sandbox.ModelSummary, path: Path, digest: str,
             extra: dict, caller: Caller, upload_bytes: int) -> Job:
     record = spec.model_dump() | extra | {
         "kind": "model", "name": name, "model_file": str(path), "sha256": digest,
@@ -149,7 +134,7 @@ def _create(session: Any, name: str, spec: ModelJobSpec, imported: Any, path: Pa
 
 
 def _public(session: Any, job: Job) -> JobPublic:
-    from service.api.jobs import job_public
+    from service.api.jobs import job_public  # jobs imports this module's neighbours; a cycle at import time
 
     return job_public(session, job)
 
@@ -166,60 +151,74 @@ _UPLOAD_BODY = {
         },
     }}},
 }
-_UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = errors(400, 403, 413, 429) | {
+_BUSY: dict[int | str, dict[str, Any]] = {503: {
+    "model": ErrorPublic,
+    "description": f"every place for a model submission is taken (`ALTUNE_SANDBOX_PROCESSES` + `ALTUNE_UPLOAD_QUEUE`: "
+                   f"`Retry-After`, {RETRY_SECONDS} s), the sandbox could not start, or the database cannot be "
+                   "reached"}}
+_UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = errors(400, 403, 413, 429) | _BUSY | {
     422: {"description": "Validation Error: the spec, or the file (not a plain torch.export program, "
                          "a string torch would evaluate, a zip bomb, an unsupported operator), named in `loc`",
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}},
 }
 
 
-@router.post("", status_code=201, response_model=JobPublic, responses=_UPLOAD_ERRORS,
-             openapi_extra={"requestBody": _UPLOAD_BODY})
-async def create_model_job(request: Request, settings: SettingsDep, caller: WriteCaller) -> JobPublic:
-    """Upload a torch.export program to tune end to end; answers at once, a worker runs it."""
-    declared = request.headers.get("content-length", "")
-    try:  # over the daily upload quota by the declared size: refused before a byte of the body is read
-        await in_auth_thread(_check_upload, settings, caller, int(declared) if declared.isdigit() else 0)
+async def _within_quota(settings: Settings, caller: Caller, *, trials: int = 0, upload_bytes: int = 0) -> None:
+    """429 now, before any import, when one more job of `trials` and `upload_bytes` would pass a quota."""
+    try:
+        await in_auth_thread(_check_submission, settings, caller, trials, upload_bytes)
     except QuotaExceeded as e:
         raise too_many(e) from None
+
+
+def _check_submission(settings: Settings, caller: Caller, trials: int, upload_bytes: int) -> None:
+    with session_scope(settings.resolved_database_url, API_CONNECTIONS) as session:
+        check_submission(session, caller, settings, trials=trials, upload_bytes=upload_bytes)
+
+
+@router.post("", status_code=201, response_model=JobPublic, responses=_UPLOAD_ERRORS,
+             openapi_extra={"requestBody": _UPLOAD_BODY})
+async def create_model_job(request: Request, settings: SettingsDep, caller: WriteCaller,
+                           _slot: SubmissionSlot) -> JobPublic:
+    """Upload a torch.export program to tune end to end; answers once it is imported, a worker runs it."""
+    declared = request.headers.get("content-length", "")
+    # over a quota by the declared size (or a full queue): refused before a byte of the body is read
+    await _within_quota(settings, caller, upload_bytes=int(declared) if declared.isdigit() else 0)
     folder = settings.resolved_artifact_dir / "models"
     upload = await receive_upload(request, folder, max_file_bytes=settings.max_upload_bytes)
     try:
-        return await run_in_threadpool(_create_from_upload, settings, upload, caller)
+        spec = _parse_spec(upload)
+        await run_in_threadpool(_check_spec, spec, settings, "spec")
+        await _within_quota(settings, caller, trials=spec.budget, upload_bytes=upload.size)
+        return await run_in_threadpool(_create_from_upload, settings, upload, spec, caller)
     finally:
         upload.path.unlink(missing_ok=True)  # refused, or already moved into the store
 
 
-def _check_upload(settings: Any, caller: Caller, incoming: int) -> None:
-    with session_scope(settings.resolved_database_url, API_CONNECTIONS) as session:
-        check_upload(session, caller, settings, incoming)
-
-
-def _create_from_upload(settings: Any, upload: Upload, caller: Caller) -> JobPublic:
-    from compiler.workloads.model import ModelError
-    from service.sandbox import SandboxError, import_upload
-
+def _parse_spec(upload: Upload) -> ModelJobSpec:
     try:
-        parsed = ModelJobSpec.model_validate(json.loads(upload.fields.get("spec", "{}")))
+        return ModelJobSpec.model_validate(json.loads(upload.fields.get("spec", "{}")))
     except json.JSONDecodeError as e:
         raise invalid(("body", "spec"), f"not JSON: {e}") from None
     except ValidationError as e:
         first = e.errors()[0]
         raise invalid(("body", "spec", *first["loc"]), first["msg"]) from None
-    _check_spec(parsed, settings, "spec")
+
+
+def _create_from_upload(settings: Settings, upload: Upload, spec: ModelJobSpec, caller: Caller) -> JobPublic:
     try:
-        imported = import_upload(upload.path, settings, input_shapes=parsed.input_shapes, layout=parsed.layout,
-                                 target=parsed.target, fusion=parsed.fusion)
+        imported = sandbox.import_upload(upload.path, settings, input_shapes=spec.input_shapes, layout=spec.layout,
+                                         target=spec.target, fusion=spec.fusion)
     except ModelError as e:
         raise _model_error(e, ("body", "file")) from None
-    except SandboxError as e:  # the server's fault (limits too low for torch and TVM): try later
+    except sandbox.SandboxError as e:  # the server's fault (limits too low for torch and TVM): try later
         raise HTTPException(503, str(e)) from e
     path = upload.path.parent / f"{upload.sha256}.pt2"
     stored = path.exists()
     os.replace(upload.path, path)  # content-addressed: the same bytes again replace themselves
-    name = parsed.name or Path(upload.filename or "model.pt2").stem or "model"
+    name = spec.name or Path(upload.filename or "model.pt2").stem or "model"
     try:
-        return _store_job(settings, name, parsed, imported, path, upload.sha256, {"source": "upload"}, caller,
+        return _store_job(settings, name, spec, imported, path, upload.sha256, {"source": "upload"}, caller,
                           upload.size)
     except BaseException:  # over quota, or the database failed: a refused upload leaves nothing behind
         if not stored:
@@ -232,26 +231,27 @@ def _create_from_upload(settings: Any, upload: Upload, caller: Caller) -> JobPub
 _model_sessions = threading.BoundedSemaphore(MODEL_SESSIONS)
 
 
-def _store_job(settings: Any, name: str, spec: ModelJobSpec, imported: Any, path: Path, digest: str,
-               extra: dict, caller: Caller, upload_bytes: int = 0) -> JobPublic:
+def _store_job(settings: Settings, name: str, spec: ModelJobSpec, imported: sandbox.ModelSummary, path: Path,
+               digest: str, extra: dict, caller: Caller, upload_bytes: int = 0) -> JobPublic:
     """Write the job and its tasks, within the caller's quota (else 429, and nothing is written)."""
     with _model_sessions, session_scope(settings.resolved_database_url, API_CONNECTIONS) as session:
         job = _create(session, name, spec, imported, path, digest, extra, caller, upload_bytes)
         try:
-            check_new_job(session, caller, settings)
+            check_new_job(session, caller, settings, job)
         except QuotaExceeded as e:
             raise too_many(e) from None
         return _public(session, job)
 
 
+ZOO_FILE = "zoo.pt2"  # where in its home the sandbox's `zoo` command saves the export (`request["file"]`)
+
+
 @router.get("/zoo", response_model=ZooModelsPublic)
-def read_zoo_models() -> ZooModelsPublic:
+async def read_zoo_models() -> ZooModelsPublic:
     """List the built-in models: the names `POST /api/v1/models/zoo` takes, with example input shapes.
 
     Read from the zoo's table (`compiler.workloads.zoo.MODELS`): nothing is built or exported.
     """
-    from compiler.workloads import zoo
-
     data = [
         ZooModelPublic(name=m.name, description=m.description, input_shapes=[list(s) for s in m.input_shapes],
                        input_dtypes=list(m.input_dtypes))
@@ -260,23 +260,49 @@ def read_zoo_models() -> ZooModelsPublic:
     return ZooModelsPublic(data=data, count=len(data))
 
 
-@router.post("/zoo", status_code=201, response_model=JobPublic, responses=errors(400, 403, 429))
-def create_zoo_job(body: ZooJobCreate, settings: SettingsDep, caller: WriteCaller) -> JobPublic:
-    """Tune a built-in model (random weights, nothing downloaded)."""
-    import io
-
-    import torch
-
-    from compiler.workloads import zoo
-
+@router.post("/zoo", status_code=201, response_model=JobPublic, responses=errors(400, 403, 429) | _BUSY)
+async def create_zoo_job(body: ZooJobCreate, settings: SettingsDep, caller: WriteCaller,
+                         _slot: SubmissionSlot) -> JobPublic:
+    """Tune a built-in model (random weights, nothing downloaded); exported and imported in a confined process."""
     if body.model not in zoo.MODELS:
         raise invalid(("body", "model"), f"unknown model {body.model!r}; known: {', '.join(zoo.MODELS)}")
-    _check_spec(body, settings, "spec")
-    buf = io.BytesIO()
-    torch.export.save(zoo.export(body.model, body.seed), buf)
-    data = buf.getvalue()
-    imported = _import(data, body, settings, ("body", "model"))
-    path, digest = _store_upload(data, settings)
+    await run_in_threadpool(_check_spec, body, settings, "spec")
+    await _within_quota(settings, caller, trials=body.budget)
+    return await run_in_threadpool(_create_zoo_job, body, settings, caller)
+
+
+def _create_zoo_job(body: ZooJobCreate, settings: Settings, caller: Caller) -> JobPublic:
+    folder = settings.resolved_artifact_dir / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    request = {
+        "model": body.model, "seed": body.seed, "file": ZOO_FILE,
+        "input_shapes": body.input_shapes, "layout": body.layout, "target": body.target, "fusion": body.fusion,
+        "max_tensor_elements": settings.max_tensor_elements, "max_bytes": settings.max_upload_bytes,
+        "max_unpacked_bytes": settings.max_unpacked_bytes, "max_ratio": settings.max_zip_ratio,
+    }
+    try:
+        result, (path, digest) = sandbox.run("zoo", request, limits=sandbox.limits_from(settings),
+                                             collect=lambda home: _store_file(home / ZOO_FILE, folder))
+    except ModelError as e:
+        raise _model_error(e, ("body", "model")) from None
+    except sandbox.SandboxError as e:
+        raise HTTPException(503, str(e)) from e
+    imported = sandbox.ModelSummary(
+        inputs=[TensorSpec(name, tuple(shape), dtype) for name, shape, dtype in result["inputs"]],
+        tasks=[sandbox.TaskSummary(**t) for t in result["tasks"]])
     spec = ModelJobSpec.model_validate(body.model_dump(exclude={"model"}))
     return _store_job(settings, body.name or body.model, spec, imported, path, digest,
                       {"source": "zoo", "model": body.model}, caller)
+
+
+def _store_file(source: Path, folder: Path) -> tuple[Path, str]:
+    """Copy `source` into the content-addressed store in `folder`: its path there and its SHA-256."""
+    digest = hashlib.sha256()
+    partial = folder / f".zoo-{os.getpid()}-{threading.get_ident()}.partial"
+    with open(source, "rb") as src, open(partial, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
+            dst.write(chunk)
+    path = folder / f"{digest.hexdigest()}.pt2"
+    os.replace(partial, path)
+    return path, digest.hexdigest()

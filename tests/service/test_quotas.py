@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from service.db import session_scope, utcnow
-from service.models import Job, Token
+from service.models import Job, Token, Usage
 
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "target": "host",
          "budget": 40}
@@ -64,10 +64,10 @@ def test_trials_per_day_over_the_limit_are_429_until_the_utc_day_ends(app, setti
     tomorrow = (utcnow() + timedelta(days=1)).date().isoformat()
     assert "max_trials_per_day" in detail and "100 trials" in detail and f"resets at {tomorrow}T00:00:00Z" in detail
     assert 0 < int(r.headers["retry-after"]) <= 86_401
-    # yesterday's jobs do not count
+    # yesterday's submissions do not count (the ledger's rows, whatever became of the jobs)
     with session_scope(url) as s:
-        for job in s.scalars(select(Job)):
-            job.created_at -= timedelta(days=1)
+        for usage in s.scalars(select(Usage)):
+            usage.created_at -= timedelta(days=1)
     assert app.post("/api/v1/jobs", json=DENSE, headers=bearer(token)).status_code == 201
 
 
