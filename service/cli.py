@@ -7,14 +7,18 @@ Heavy modules (TVM, torch, uvicorn) are imported inside the commands so that
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from urllib.parse import unquote_plus
 
 from compiler.workloads import EPILOGUES
 from service.settings import Settings
@@ -124,6 +128,81 @@ def _stop_workers(workers: list[subprocess.Popen], grace: float = 10.0) -> None:
         w.wait()
 
 
+log = logging.getLogger("altune.serve")
+STABLE_SECONDS = 60.0  # a worker that ran this long before it died is restarted after the first wait again
+
+
+class Workers:
+    """The worker processes of `altune serve`, each restarted when it dies.
+
+    A thread watches them; a worker that exited (killed by the kernel for memory, a crash in a native
+    library) is logged, its process group killed (measurement processes it left), and a new one started after
+    1 s, twice as long for each death in a row of that place, at most `restart_max_seconds`. The new one
+    finds the job the dead one held by its lease. Linux sends a worker SIGTERM when the thread that started
+    it ends (`_die_with_parent`); the watching thread ends only in `stop`, which stops the workers anyway.
+    """
+
+    def __init__(self, count: int, env: dict[str, str], restart_max_seconds: float) -> None:
+        self.env = env
+        self.restart_max_seconds = restart_max_seconds
+        self.procs: list[subprocess.Popen] = [self._start() for _ in range(count)]
+        self._started = [time.monotonic()] * count
+        self._deaths = [0] * count
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # `procs` is replaced by the watcher and read by `stop`
+        self._watcher = threading.Thread(target=self._watch, name="altune-workers", daemon=True)
+        if count:
+            self._watcher.start()
+
+    def _start(self) -> subprocess.Popen:
+        parent = os.getpid()
+        return subprocess.Popen([sys.executable, "-m", "service.cli", "worker"], env=self.env,
+                                preexec_fn=lambda: _die_with_parent(parent))
+
+    def _watch(self) -> None:
+        restart_at: dict[int, float] = {}
+        while not self._stopping.wait(0.5):
+            for place, proc in enumerate(self.procs):
+                code = proc.poll()
+                if code is None:
+                    continue
+                now = time.monotonic()
+                if place not in restart_at:
+                    _signal_group(proc, signal.SIGKILL)  # what it left running (its measurement processes)
+                    ran = now - self._started[place]
+                    self._deaths[place] = 1 if ran >= STABLE_SECONDS else self._deaths[place] + 1
+                    wait = min(2.0 ** (self._deaths[place] - 1), self.restart_max_seconds)
+                    restart_at[place] = now + wait
+                    log.warning("worker %d (pid %d) exited with %s after %.0f s; restarting it in %.0f s",
+                                place, proc.pid, _exit_status(code), ran, wait)
+                elif now >= restart_at[place]:
+                    del restart_at[place]
+                    try:
+                        new = self._start()
+                    except OSError as e:  # out of processes or memory: try again after the next wait
+                        log.error("could not restart worker %d: %s", place, e)
+                        self._started[place] = now
+                        continue
+                    with self._lock:
+                        if self._stopping.is_set():  # `stop` began meanwhile: it no longer sees this one
+                            _stop_workers([new])
+                            return
+                        self.procs[place] = new
+                    self._started[place] = now
+                    log.warning("worker %d restarted (pid %d)", place, new.pid)
+
+    def stop(self) -> None:
+        """Stop watching, then stop every worker (`_stop_workers`)."""
+        with self._lock:
+            self._stopping.set()
+            procs = list(self.procs)
+        _stop_workers(procs)
+
+
+def _exit_status(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -170,6 +249,41 @@ def _access_line(settings: Settings, base: str, token: str | None) -> str:
     return f"altune: tokens required (make one: altune token create --scope write){anonymous}"
 
 
+_TOKEN_PARAM = re.compile(r"([?&])([^=&#\s]*)=([^&#\s]*)")
+_TOKEN_VALUE = re.compile(r"alt_[\w-]{8,}")
+REDACTED = "<redacted>"
+
+
+def redact_tokens(text: str) -> str:
+    """`text` with the value of every `token` query parameter, and anything shaped like a token, redacted."""
+    def param(m: re.Match) -> str:
+        return f"{m[1]}{m[2]}={REDACTED}" if unquote_plus(m[2]).lower() == "token" else m[0]
+
+    return _TOKEN_VALUE.sub(REDACTED, _TOKEN_PARAM.sub(param, text))
+
+
+class RedactTokens(logging.Filter):
+    """On `uvicorn.access`: a GET takes its token as `?token=` (links, event streams, the first admin URL), and
+    the access log would keep it; the request line's arguments are rewritten before any handler sees them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_tokens(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.msg, str):
+            record.msg = redact_tokens(record.msg)
+        return True
+
+
+def serve_log_config() -> dict:
+    """uvicorn's logging configuration with `RedactTokens` on its access log."""
+    import uvicorn.config
+
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact_tokens"] = {"()": RedactTokens}
+    config["loggers"]["uvicorn.access"]["filters"] = ["redact_tokens"]
+    return config
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -181,20 +295,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
     # uvicorn handles SIGTERM itself, then re-raises it once it has shut down: without a handler of ours the
     # default action would end this process before the `finally` below stops the workers
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    env = os.environ | {"ALTUNE_DATABASE_URL": url}
-    parent = os.getpid()
-    workers = [
-        subprocess.Popen([sys.executable, "-m", "service.cli", "worker"], env=env,
-                         preexec_fn=lambda: _die_with_parent(parent))
-        for _ in range(args.workers)
-    ]
+    workers = Workers(args.workers, os.environ | {"ALTUNE_DATABASE_URL": url}, settings.worker_restart_max_seconds)
     base = f"http://{settings.host}:{settings.port}/"
     print(f"altune: API on {base} (docs at /docs), {args.workers} worker(s), database {url}", flush=True)
     print(_access_line(settings, base, token), flush=True)
     try:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                    log_config=serve_log_config())
     finally:
-        _stop_workers(workers)
+        workers.stop()
 
 
 def cmd_token_create(args: argparse.Namespace) -> None:

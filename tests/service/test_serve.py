@@ -218,3 +218,50 @@ def test_serve_resumes_a_job_its_previous_run_was_stopped_in(serve):
     assert job["trials_done"] == 6 and job["attempts"] == 2 and before >= 2
     trials = httpx.get(f"{url}/api/v1/jobs/{job_id}/trials", params={"limit": 100}, timeout=HTTP_TIMEOUT).json()
     assert sorted(t["index"] for t in trials["data"]) == list(range(6))  # nothing lost, nothing measured twice
+
+
+def _workers_of(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The worker processes running under the server now (ones that end meanwhile left out)."""
+    workers = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if _running(p) and p.cmdline()[-2:] == ["service.cli", "worker"]:
+                workers.append(p)
+        except psutil.Error:
+            pass
+    return workers
+
+
+@pytest.mark.slow
+def test_serve_restarts_a_worker_that_died(tmp_path):
+    """SIGKILL the only worker (as the kernel's OOM killer would): `altune serve` logs it, starts another, and
+    that one runs the next job (nothing restarted it: the job stayed queued)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(VENV / "bin" / "altune"), "serve", "--workers", "1"], cwd=tmp_path,
+                                env=_env(port, ALTUNE_DATA_DIR=str(tmp_path / "data"), ALTUNE_ANONYMOUS="all"),
+                                stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait_up(url, proc)
+        _server_tree(proc, workers=1)
+        [first] = _workers_of(proc)
+        first.kill()
+        first.wait(30)
+        deadline = time.monotonic() + 120
+        while not (workers := [p for p in _workers_of(proc) if p.pid != first.pid]):
+            assert time.monotonic() < deadline, f"no new worker in 120 s: {log.read_text()[-3000:]}"
+            time.sleep(0.3)
+        r = httpx.post(f"{url}/api/v1/jobs", json=DENSE, timeout=HTTP_TIMEOUT)
+        assert r.status_code == 201, r.text
+        job = _wait_job(url, r.json()["id"], ("succeeded", "failed", "cancelled"))
+        assert job["status"] == "succeeded", job["error"]
+        text = log.read_text()
+        assert f"worker 0 (pid {first.pid}) exited with signal SIGKILL" in text, text[-3000:]
+        assert f"worker 0 restarted (pid {workers[0].pid})" in text, text[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        _assert_all_gone([psutil.Process(proc.pid), *workers])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
