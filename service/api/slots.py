@@ -17,6 +17,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from service.db import API_THREADS
+
 RETRY_SECONDS = 5  # Retry-After when every place is taken: an import takes seconds
 
 
@@ -40,10 +42,12 @@ class Places:
 
 
 def submission_places(request: Request) -> Places:
-    """The app's places: `sandbox_processes` + `upload_queue` of its settings, made on first use."""
+    """The app's places: `sandbox_processes` + `upload_queue` of its settings, made on first use, at most half the
+    request threads (whatever the settings say, reads keep the other half)."""
     state = request.app.state
     if not hasattr(state, "submission_places"):
-        state.submission_places = Places(state.settings.sandbox_processes + state.settings.upload_queue)
+        wanted = state.settings.sandbox_processes + state.settings.upload_queue
+        state.submission_places = Places(max(1, min(wanted, API_THREADS // 2)))
     return state.submission_places
 
 
