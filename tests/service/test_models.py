@@ -154,7 +154,7 @@ def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path, mo
     task's pick is re-measured (forced here for tasks with few trials: one finalist)."""
     if settings.resolved_database_url.startswith("postgresql"):
         pytest.skip("the search is the same on both backends; the storage paths are covered by the other tests")
-    monkeypatch.setattr(importlib.import_module("tuner.tune"), "remeasure_count", lambda n: 1 if n else 0)
+    monkeypatch.setattr(importlib.import_module("service.model_worker"), "remeasure_count", lambda n: 1 if n else 0)
     r = _upload(api, _pt2("small_cnn"), budget=32, target="host", layout="search")
     assert r.status_code == 201, r.text
     job = _run_and_compare(api, settings, r.json()["id"], tmp_path, "small_cnn")
