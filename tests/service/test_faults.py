@@ -395,3 +395,35 @@ def test_workers_api_and_streams_ride_out_a_database_outage(outage, tmp_path):
     if backend == "postgres":
         assert stream.connects == 1, "the stream stayed open through the outage"
         assert any("database unavailable" in c for c in stream.comments)
+
+
+def test_a_model_job_rides_out_a_database_outage(outage, tmp_path):
+    """A model job's writes (its trials, the model's estimate, each task's baseline, the report, the artifact's
+    row) wait through an outage longer than the lease, and the same worker ends the job."""
+    import torch
+
+    url, database_down, _ = outage
+    path = tmp_path / "net.pt2"
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 1))
+    torch.export.save(torch.export.export(net.eval(), (torch.ones(1, 3, 16, 16),)), path)
+    spec = {"kind": "model", "name": "net", "model_file": str(path), "input_shapes": [[1, 3, 16, 16]],
+            "target": "host", "layout": "blocked", "fusion": "none", "budget": 24, "seed": 0}
+    with session_scope(url) as s:
+        job = Job(kind="model", name="net", spec=spec, target="host", budget=24)
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    log = tmp_path / "worker.log"
+    with _process(["worker"], _env(url, tmp_path), log) as worker:
+        _wait("the first trials", lambda: len(_trials(url, job_id)) >= 3, procs=(worker,), logs=(log,))
+        before = _trials(url, job_id)
+        with database_down():
+            time.sleep(OUTAGE_S)
+            assert worker.poll() is None, "the worker lives through the outage"
+        _wait("the job to finish after the outage", _finished(url, job_id), procs=(worker,), logs=(log,))
+    job = _job(url, job_id)
+    assert job.status == "succeeded", job.error
+    assert job.attempts == 1 and f":{worker.pid}:" in job.worker_id, "the same worker ended it, without a restart"
+    after = _trials(url, job_id)
+    assert set(before) <= set(after) and len(after) == job.trials_done
+    assert job.spec["report"]["check"]["passed"]
