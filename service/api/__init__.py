@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sqlalchemy import text
 
 from service.api import deps, devices, events, jobs, metrics, models, operators, schedules, web
-from service.api.auth import require_read
+from service.api.auth import WritesNeedAToken, require_read
 from service.api.common import BodyLimit, SameOriginWrites, errors, http_error, validation_error
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(web.router)
     web.mount_static(app)
 
+    app.add_middleware(WritesNeedAToken, settings=app.state.settings)  # before FastAPI parses the body
     app.add_middleware(SameOriginWrites, allowed_origins=app.state.settings.allowed_origins)
     # outermost: FastAPI parses a JSON body before it checks the token; the upload streams under its own limit
     app.add_middleware(BodyLimit, max_bytes=app.state.settings.max_json_body_bytes,

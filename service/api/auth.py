@@ -10,7 +10,8 @@ leaks: logs and history). All three are security schemes in the OpenAPI document
 `ReadCaller`, `WriteCaller` and `AdminCaller` are the dependencies routes take; `/api/v1` requires
 `ReadCaller` on every route. No token: 401 unless `ALTUNE_ANONYMOUS` admits the scope; an unknown or revoked
 token: 401 (even where anonymous requests would pass: a token sent is a token checked); a token whose scope
-is too low: 403. Each answer says what is missing and how to get it.
+is too low: 403. Each answer says what is missing and how to get it. A write without `Authorization` is refused by
+`WritesNeedAToken` before its body is read (FastAPI parses a body before it runs the dependencies).
 
 The lookup is one indexed query on `AUTH_SESSIONS` threads and connections of its own (`db.py`), so checking
 a token never waits for a request's thread or connection, nor they for it.
@@ -24,7 +25,11 @@ from typing import Annotated, Any, TypeVar
 import anyio
 from anyio.lowlevel import RunVar
 from fastapi import Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyCookie, APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.datastructures import Headers, QueryParams
+from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Scope as ASGIScope
 
 from service.api.deps import SettingsDep
 from service.db import API_CONNECTIONS, AUTH_SESSIONS, session_scope
@@ -36,6 +41,9 @@ from service.tokens import Caller, Scope, covers, hash_token
 COOKIE = "altune_token"
 QUERY = "token"
 _GETS = frozenset({"GET", "HEAD"})
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+_QUERY_ON_WRITE = ("a token in `?token=` is taken on GET only (links, event streams); send it as "
+                   "`Authorization: Bearer <token>`")
 _HOW = "create one with `altune token create --scope {scope}` on the server (the first `altune serve` printed an " \
        "admin token in its dashboard URL)"
 
@@ -83,8 +91,7 @@ async def get_caller(
         token = query or cookie
     if token is None:
         if query and request.method not in _GETS:
-            raise unauthorized("a token in `?token=` is taken on GET only (links, event streams); send it as "
-                               "`Authorization: Bearer <token>`")
+            raise unauthorized(_QUERY_ON_WRITE)
         return None
     caller = await in_auth_thread(_lookup, settings.resolved_database_url, hash_token(token))
     if caller is None:
@@ -99,6 +106,11 @@ def _anonymous_scope(settings: Settings) -> Scope | None:
 _WHAT = {"read": "reading", "write": "submitting, cancelling, uploading or deleting", "admin": "this"}
 
 
+def _no_token(wanted: Scope) -> str:
+    return f"{_WHAT[wanted]} needs a token of scope {wanted}: send `Authorization: Bearer <token>`; " \
+           f"{_HOW.format(scope=wanted)}"
+
+
 def _requirement(needed: Scope) -> Callable[..., Any]:
     what = _WHAT[needed]
 
@@ -110,8 +122,7 @@ def _requirement(needed: Scope) -> Callable[..., Any]:
                 return Caller.anonymous(anonymous)
             # the router's read check runs first on every route: a write without a token hears what it needs
             wanted = "write" if needed == "read" and request.method not in _GETS else needed
-            raise unauthorized(f"{_WHAT[wanted]} needs a token of scope {wanted}: send `Authorization: Bearer "
-                               f"<token>`; {_HOW.format(scope=wanted)}")
+            raise unauthorized(_no_token(wanted))
         if not covers(caller.scope, needed):
             raise HTTPException(403, f"token {caller.name!r} has scope {caller.scope}; {what} needs scope {needed}: "
                                      f"{_HOW.format(scope=needed)}")
@@ -139,3 +150,28 @@ def visible_owner(caller: Caller, settings: Settings) -> Owner | None:
 def too_many(e: QuotaExceeded) -> HTTPException:
     """A 429 for a request over quota: the message names the limit and when it frees; Retry-After in seconds."""
     return HTTPException(429, e.message, headers={"Retry-After": str(e.retry_after)})
+
+
+class WritesNeedAToken:
+    """ASGI middleware: a write to `/api/v1` without `Authorization` is answered 401 before its body is read.
+
+    FastAPI reads and parses a route's body before it runs any dependency, `require_write` included, so without
+    this an anonymous client had its body parsed (and a malformed one answered 422) before it heard that it
+    needs a token. A write takes its token only from the header, so a write without one is refused whatever
+    the body, unless `ALTUNE_ANONYMOUS=all`; the dependencies stay the rule for everything else (a token sent is
+    checked there).
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.open = _anonymous_scope(settings) == "write"
+
+    async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
+        if (not self.open and scope["type"] == "http" and scope["method"] not in _SAFE
+                and scope["path"].startswith("/api/v1/") and "authorization" not in Headers(scope=scope)):
+            query = QueryParams(scope.get("query_string", b"").decode("latin-1"))
+            error = unauthorized(_QUERY_ON_WRITE if query.get(QUERY) else _no_token("write"))
+            await JSONResponse(status_code=401, content={"detail": error.detail},
+                               headers=error.headers)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

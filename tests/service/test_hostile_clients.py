@@ -154,6 +154,14 @@ def test_a_chunked_body_is_refused_at_the_first_byte_over_the_limit(server):
     assert sent < total, "the server read the whole body"
 
 
+def test_a_write_without_a_token_is_401_before_its_body_is_parsed(app):
+    """FastAPI parses a body before the token check: a malformed one was answered 422 to anyone."""
+    for path in ("/api/v1/jobs", "/api/v1/models/zoo"):
+        r = app.post(path, content=b"[" * 500_000, headers={"content-type": "application/json"})
+        assert r.status_code == 401, r.text
+        assert "needs a token of scope write" in r.json()["detail"] and r.headers["www-authenticate"] == "Bearer"
+
+
 def test_the_json_body_limit_is_configurable_and_spares_uploads(settings, make_token, fake_import):
     from fastapi.testclient import TestClient
 
@@ -213,7 +221,7 @@ def test_forty_uploads_at_once_leave_health_and_reads_answering(sqlite_url, tmp_
     assert {r.status_code for r in answers} <= {422, 503}
 
 
-def test_the_zoo_route_waits_on_no_thread_and_imports_no_torch(tmp_path):
+def test_a_zoo_job_is_exported_outside_the_api_process(tmp_path):
     """A zoo job through the real sandbox: the export runs in the confined child; the API process never
     imports torch (it did: `torch.export` inside a request thread)."""
     script = f"""
