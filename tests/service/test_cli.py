@@ -53,3 +53,16 @@ def test_altune_tune_runs_the_same_search_as_a_job(sqlite_url, tmp_path):
         queued = [(r.config, r.stage) for r in rows]
     assert [(t["config"], t["stage"]) for t in local] == queued
     assert local[0]["stage"] == "joint", "ALT's joint stage: the task carries its workload (loop-only says 'loop')"
+
+
+@pytest.mark.parametrize(("line", "redacted"), [
+    ("GET /?token=alt_abcdefghijkl HTTP/1.1", "GET /?token=<redacted> HTTP/1.1"),
+    ("/api/v1/jobs?limit=5&token=alt_abcdefghijkl&offset=0", "/api/v1/jobs?limit=5&token=<redacted>&offset=0"),
+    ("/api/v1/jobs?%74oken=secret", "/api/v1/jobs?%74oken=<redacted>"),  # what Starlette decodes to `token`
+    ("/api/v1/jobs?access=alt_abcdefghijkl", "/api/v1/jobs?access=<redacted>"),  # shaped like a token
+    ("/api/v1/jobs?tokens=1&limit=2", "/api/v1/jobs?tokens=1&limit=2"),
+])
+def test_access_log_lines_lose_their_tokens(line, redacted):
+    from service.cli import redact_tokens
+
+    assert redact_tokens(line) == redacted
