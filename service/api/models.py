@@ -214,16 +214,27 @@ def _create_from_upload(settings: Settings, upload: Upload, spec: ModelJobSpec, 
     except sandbox.SandboxError as e:  # the server's fault (limits too low for torch and TVM): try later
         raise HTTPException(503, str(e)) from e
     path = upload.path.parent / f"{upload.sha256}.pt2"
-    stored = path.exists()
-    os.replace(upload.path, path)  # content-addressed: the same bytes again replace themselves
+    created = _link(upload.path, path)  # content-addressed: the same bytes again are the same file
     name = spec.name or Path(upload.filename or "model.pt2").stem or "model"
     try:
-        return _store_job(settings, name, spec, imported, path, upload.sha256, {"source": "upload"}, caller,
-                          upload.size)
+        job = _store_job(settings, name, spec, imported, path, upload.sha256, {"source": "upload"}, caller,
+                         upload.size)
     except BaseException:  # over quota, or the database failed: a refused upload leaves nothing behind
-        if not stored:
+        if created:
             path.unlink(missing_ok=True)
         raise
+    # deleting the last other job of these bytes, while this one was not committed yet, removed the file
+    _link(upload.path, path)
+    return job
+
+
+def _link(received: Path, path: Path) -> bool:
+    """Store the received file as `path` (a hard link: the caller removes `received`); False if it was there."""
+    try:
+        os.link(received, path)
+    except FileExistsError:
+        return False
+    return True
 
 
 # the import takes seconds: a model submission opens its session only once it has a job to write (not as a
