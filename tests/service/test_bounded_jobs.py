@@ -34,6 +34,14 @@ def _add_model_job(url: str, path: Path, shapes: list[list[int]], budget: int = 
         return job.id
 
 
+def _add_zoo_job(url: str, folder: Path, name: str, budget: int) -> int:
+    from compiler.workloads import zoo
+
+    path = folder / f"{name}.pt2"
+    torch.export.save(zoo.export(name), path)
+    return _add_model_job(url, path, [list(s) for s in zoo.MODELS[name].input_shapes], budget=budget)
+
+
 class Hungry(torch.nn.Module):
     """A few bytes of graph whose 48 outputs of 64 MiB each (every one under the tensor limit) need 3 GiB at once."""
 
@@ -86,11 +94,7 @@ def test_a_model_over_the_memory_or_time_limit_fails_its_job_and_the_worker_live
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_cancel_stops_a_model_job_mid_build_within_seconds(db_url, tmp_path):
-    from compiler.workloads import zoo
-
-    path = tmp_path / "resnet18.pt2"
-    torch.export.save(zoo.export("resnet18"), path)
-    job_id = _add_model_job(db_url, path, [list(s) for s in zoo.MODELS["resnet18"].input_shapes], budget=1)
+    job_id = _add_zoo_job(db_url, tmp_path, "resnet18", budget=1)
     log = tmp_path / "worker.log"
     with _process(["worker"], _env(db_url, tmp_path), log) as worker:
         _wait("the build's child", lambda: any(" build " in c for c in _sandbox_children()), timeout=400,
@@ -110,11 +114,7 @@ def test_a_cancel_stops_a_model_job_mid_build_within_seconds(db_url, tmp_path):
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_job_past_its_deadline_is_stopped_and_says_so(db_url, tmp_path):
-    from compiler.workloads import zoo
-
-    path = tmp_path / "small_cnn.pt2"
-    torch.export.save(zoo.export("small_cnn"), path)
-    job_id = _add_model_job(db_url, path, [list(s) for s in zoo.MODELS["small_cnn"].input_shapes], budget=5000)
+    job_id = _add_zoo_job(db_url, tmp_path, "small_cnn", budget=5000)
     log = tmp_path / "worker.log"
     with _process(["worker"], _env(db_url, tmp_path, ALTUNE_JOB_DEADLINE_SECONDS="30"), log) as worker:
         _wait("the deadline", _finished(db_url, job_id), timeout=120, procs=(worker,), logs=(log,))
