@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from compiler.arrays import check_close, to_torch
+from compiler.arrays import check_close
 
 from .build import BuiltModel, build_model, run_model
 from .importer import ImportedModel
@@ -165,16 +165,18 @@ def time_torch(module: Any, inputs: Sequence[Any], *, repeat: int = 5, min_repea
 
     from compiler.target import host_cores
 
-    tensors = [to_torch(a) for a in inputs]
+    from .artifact import torch_arguments
+
+    args, kwargs = torch_arguments(module, inputs)  # an exported program's pytree arguments rebuilt
     before = torch.get_num_threads()
     torch.set_num_threads(threads or host_cores())
     try:
-        return _time_torch_runs(module, tensors, repeat, min_repeat_ms, warmup_s)
+        return _time_torch_runs(lambda: module(*args, **kwargs), repeat, min_repeat_ms, warmup_s)
     finally:
         torch.set_num_threads(before)
 
 
-def _time_torch_runs(module: Any, tensors: list[Any], repeat: int, min_repeat_ms: float, warmup_s: float) -> float:
+def _time_torch_runs(call: Callable[[], Any], repeat: int, min_repeat_ms: float, warmup_s: float) -> float:
     import statistics
     import time
 
@@ -185,7 +187,7 @@ def _time_torch_runs(module: Any, tensors: list[Any], repeat: int, min_repeat_ms
         # 0.4 s after a TVM run (docs: "How we measure") and would take a core from torch's threads
         start, runs = time.perf_counter(), 0
         while runs < 2 or time.perf_counter() - start < warmup_s:
-            module(*tensors)
+            call()
             runs += 1
         once = max((time.perf_counter() - start) / runs, 1e-6)
         number = max(1, int(min_repeat_ms / 1e3 / once))
@@ -193,6 +195,6 @@ def _time_torch_runs(module: Any, tensors: list[Any], repeat: int, min_repeat_ms
         for _ in range(repeat):
             start = time.perf_counter()
             for _ in range(number):
-                module(*tensors)
+                call()
             results.append((time.perf_counter() - start) / number)
     return statistics.median(results) * 1e3
