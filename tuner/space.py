@@ -518,8 +518,9 @@ class LoopSpace(SearchSpace):
         reduction = [a for a in self.structure.axes if a.kind == "R" and a.extent > 1]
         if reduction:
             config[reduction[0].knob(1)] = max(d for d in divisors(reduction[0].extent) if d <= lanes)
-        if not column:  # the vector block's inner reduction: the channel tile by the whole kernel window
-            config.update({a.knob(1): a.extent for a in reduction[1:]})
+        if not column:  # the vector block's inner reduction: the channel tile by the whole kernel window (a long
+            # reduction, a mean over 112 rows, by the largest inner tile the space has)
+            config.update({a.knob(1): max(self._by_name[a.knob(1)].choices) for a in reduction[1:]})
         config.update(order=0, parallel=1, vectorize=int(not column), unroll=UNROLL_STEPS[-1], write_at=0, licm=1,
                       transpose=1)
         if column and 2 in self._by_name["write_at"].choices:

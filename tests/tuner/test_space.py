@@ -326,3 +326,21 @@ def test_tensorize_is_a_knob_that_marks_the_register_block():
     for dtype in ("int8", "bfloat16"):
         assert "tensorize" not in {k.name for k in LoopSpace(make_workload("dense", {"m": 8, "n": 16, "k": 8},
                                                                             dtype).prim_func).knobs}
+
+
+def test_blocked_nest_of_a_long_second_reduction_stays_in_the_space():
+    """efficientnet_b0's squeeze-excite mean reduces over 112 rows after its channels: the blocked nest's inner
+    reduction (the whole window for a conv) is the largest inner tile the space has, not the whole 112
+    (`InvalidConfig: tile.k3.1=112 not in [...]` failed the model's job)."""
+    from tvm import te
+
+    from tuner import LoopSpace
+
+    data = te.placeholder((32, 8, 112), name="data")
+    i, j = te.reduce_axis((0, 8), "i"), te.reduce_axis((0, 112), "j")
+    out = te.compute((32, 16), lambda c, w: te.sum(data[c, i, j] * 2.0, axis=[i, j]), name="out")
+    space = LoopSpace(te.create_prim_func([data, out]))
+    inner = {a.knob(1): a.extent for a in space.structure.axes if a.kind == "R"}
+    assert 112 in inner.values()
+    config = space.blocked_config()
+    assert config[next(k for k, e in inner.items() if e == 112)] == 56
