@@ -253,6 +253,28 @@ def test_loader_refuses_kwargs_key_payloads(kwargs_program, tmp_path, payload):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("payload", sorted(KWARGS_PAYLOADS))
+def test_kwargs_key_payloads_leave_no_marker_in_the_api_or_the_worker(client, settings, kwargs_program, tmp_path,
+                                                                     payload):
+    """The payload uploaded: 422 and nothing ran. The same payload put in place of a stored job's file: the job
+    fails in the worker's sandbox (the worker itself never loads it), and nothing ran."""
+    from service.worker import Worker
+
+    marker = tmp_path / "pwned"
+    door = _kwargs_key_door(kwargs_program, KWARGS_PAYLOADS[payload](marker))
+    _refused(_upload(client, door), "keyword argument")
+    assert not marker.exists() and _jobs(settings) == 0
+    r = _upload(client, kwargs_program)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    with open(job["spec"]["model_file"], "wb") as f:
+        f.write(door)
+    assert Worker(settings).run_once() == job["id"]
+    done = client.get(f"/api/v1/jobs/{job['id']}").json()
+    assert done["status"] == "failed" and "keyword argument" in done["error"], done["error"]
+    assert not marker.exists()
+
+
 def test_loader_loads_genuine_kwargs_program(kwargs_program, tmp_path):
     path = tmp_path / "kw.pt2"
     path.write_bytes(kwargs_program)
