@@ -1,12 +1,22 @@
-"""Work on an untrusted file in a confined child process: loading and importing an uploaded model.
+"""Work on an untrusted file in a confined child process: everything torch does with an uploaded model.
 
     summary = import_upload(path, settings, input_shapes=None, layout="blocked", target="host")
     summary.inputs, summary.tasks                      # what the API stores; ModelError -> 422
+    result, collected = run("prepare", request, stdin=f, limits=..., collect=copy_out, should_stop=run.stop_check)
+
+Commands: `import` (the API: load, import, the task list), `zoo` (the API: a built-in model exported and imported
+outside the API process), `prepare` (a model job's first step in the worker: load, translate to Relax, the
+reference outputs of `ep.module()` and torch eager's latency, written as data files for the worker to check,
+`compiler.workloads.model.exchange`), `build` (a model job's last step: `service.model_build` on files the
+worker checked; no audit hook, since the artifact is linked by the system's compiler, and nothing of the upload
+runs there) and `probe` (what the child may do, for tests). The API and the worker run the same child.
 
 The parent runs `python -m service.sandbox <command> <request JSON>` with the file as its stdin (an open
 descriptor: the child needs no permission on the models folder), in a new session, with a minimal
-environment and a private, empty home and temp folder; it kills the session after
-`sandbox_timeout_seconds`, and runs at most `sandbox_processes` children at once. Before it reads the
+environment and a private home and temp folder (holding only the files the caller gave it); it kills the
+session after `sandbox_timeout_seconds`, or as soon as the caller's `should_stop` gives a reason (a cancel, a
+lost lease, a job's deadline), and runs at most `sandbox_processes` children at once. What the child wrote in
+its home is the caller's to read (`collect`), as hostile data, before the folder goes. Before it reads the
 file, the child confines itself:
 
 1. `confine`, while it has one thread: rlimits on address space (`RLIMIT_AS`), CPU seconds, file size,
