@@ -62,17 +62,19 @@ class Slow(torch.nn.Module):
         return x
 
 
-def _sandbox_children() -> list[str]:
-    """Command lines of the running `service.sandbox` children (from /proc: no `ps` needed)."""
-    lines = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+def _builds_of(parent: int) -> list[int]:
+    """Pids of the running `service.sandbox build` children of process `parent` (from /proc: no `ps` needed; other
+    tests' builds, in another process of the run, are not its children)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # the process ended meanwhile
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # the process ended meanwhile
             continue
-        if "-m service.sandbox" in line:
-            lines.append(line)
-    return lines
+        if ppid == parent and b"service.sandbox" in cmdline and b"build" in cmdline:
+            pids.append(int(proc.name))
+    return pids
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the storage paths are the operator jobs'
@@ -97,7 +99,7 @@ def test_a_cancel_stops_a_model_job_mid_build_within_seconds(db_url, tmp_path):
     job_id = _add_zoo_job(db_url, tmp_path, "resnet18", budget=1)
     log = tmp_path / "worker.log"
     with _process(["worker"], _env(db_url, tmp_path), log) as worker:
-        _wait("the build's child", lambda: any(" build " in c for c in _sandbox_children()), timeout=400,
+        _wait("the build's child", lambda: _builds_of(worker.pid), timeout=400,
               procs=(worker,), logs=(log,))
         with session_scope(db_url) as s:
             s.get(Job, job_id).cancel_requested = True
@@ -105,7 +107,7 @@ def test_a_cancel_stops_a_model_job_mid_build_within_seconds(db_url, tmp_path):
         _wait("the cancel", _finished(db_url, job_id), timeout=30, procs=(worker,), logs=(log,))
         stopped = time.monotonic() - asked
         assert worker.poll() is None
-        assert not any(" build " in c for c in _sandbox_children()), "the build's child still runs"
+        assert not _builds_of(worker.pid), "the build's child still runs"
     job = _job(db_url, job_id)
     assert job.status == "cancelled", (job.status, job.error)
     assert stopped < 15, stopped  # the heartbeat sees the cancel within a lease/3, the child is killed at once
