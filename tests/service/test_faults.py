@@ -399,10 +399,13 @@ def test_workers_api_and_streams_ride_out_a_database_outage(outage, tmp_path):
 
 def test_a_model_job_rides_out_a_database_outage(outage, tmp_path):
     """A model job's writes (its trials, the model's estimate, each task's baseline, the report, the artifact's
-    row) wait through an outage longer than the lease, and the same worker ends the job."""
+    row) wait through an outage longer than the lease, and the same worker ends the job. (On SQLite: the retry
+    path is the backend-neutral `retry_db` that the operator job's outage test runs on both.)"""
     import torch
 
-    url, database_down, _ = outage
+    url, database_down, backend = outage
+    if backend == "postgres":
+        pytest.skip("the write retry is the same on both backends; the operator job's outage test covers PostgreSQL")
     path = tmp_path / "net.pt2"
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 1))
     torch.export.save(torch.export.export(net.eval(), (torch.ones(1, 3, 16, 16),)), path)
