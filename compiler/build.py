@@ -1,4 +1,7 @@
-"""Scheduled IRModule -> compiled module, and the deployable artifact (.tar.gz).
+"""The deployable artifact of an operator (.tar.gz): a scheduled IRModule built, with its manifest.
+
+Compiling itself is `compiler.pipeline`'s (`compile_module`, `build`, the TIR pipelines), re-exported
+here where callers have always found it.
 
 An artifact holds three files:
 
@@ -15,19 +18,24 @@ An artifact holds three files:
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+import tvm
+
+from .archive import add_bytes, extract_artifact
+from .pipeline import PIPELINES, Pipeline, build, compile_module, tir_pipeline
+from .target import resolve_target
 
 if TYPE_CHECKING:
-    import tvm
-
     from .workloads import Workload
+
+__all__ = ["ARTIFACT_FILES", "CALL_USAGE", "MANIFEST_FORMAT", "PACKED_CALL_USAGE", "PIPELINES", "Pipeline", "build",
+           "compile_module", "extract_artifact", "load_artifact", "make_manifest", "tir_pipeline", "write_artifact"]
 
 MANIFEST_FORMAT = 1
 ARTIFACT_FILES = ("lib.so", "manifest.json", "schedule.py")
@@ -38,99 +46,9 @@ PACKED_CALL_USAGE = (
 )
 
 
-Pipeline = Literal["licm", "default", "hoist-expression"]
-PIPELINES: tuple[Pipeline, ...] = ("licm", "default", "hoist-expression")
-
-
-def tir_pipeline(pipeline: Pipeline = "licm") -> str:
-    """The name TVM knows a TIR pipeline of ours by (registered in this process on first use).
-
-    - "licm": TVM's default pipeline, then our loop-invariant code motion (`compiler.passes.licm`);
-      what every build of ours uses unless a job turns it off;
-    - "default": TVM's default pipeline alone;
-    - "hoist-expression": TVM's default pipeline, then TVM's own `HoistExpression` with every kind of
-      conditional and let binding enabled (the comparison `python -m bench.licm` makes).
-    """
-    from tvm.tirx import compilation_pipeline
-
-    if pipeline == "default":
-        return "default"
-    if pipeline not in PIPELINES:
-        raise ValueError(f"unknown TIR pipeline: {pipeline!r} (one of {', '.join(PIPELINES)})")
-    name = f"altune-{pipeline}"
-    if name not in compilation_pipeline.PIPELINE_MAP:
-        compilation_pipeline.register_tir_pipeline(name, lambda: _then(_last_pass(pipeline)))
-    return name
-
-
-def _last_pass(pipeline: Pipeline) -> tvm.transform.Pass:
-    import tvm
-
-    if pipeline == "licm":
-        from .passes.licm import licm_pass
-
-        return licm_pass()
-    from tvm.s_tir import transform
-    from tvm.tirx.transform import HoistedConditionals, HoistedLetBindings
-
-    hoist = transform.HoistExpression()
-    config = {"s_tir.HoistExpression": {"hoisted_conditionals": HoistedConditionals.All.value,
-                                        "hoisted_let_bindings": HoistedLetBindings.All.value}}
-
-    @tvm.transform.module_pass(opt_level=0, name="altune.HoistExpressionAll")
-    def _hoist(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        with tvm.transform.PassContext(config=config):
-            return hoist(mod)
-
-    return _hoist
-
-
-def _then(last: tvm.transform.Pass) -> tuple:
-    """TVM's default TIR pipeline (its passes, its finalization), with `last` after its last pass.
-
-    In front of it runs our tensorize pass (`compiler.passes.tensorize`), which touches only functions
-    with a loop marked for a tensor instruction (`tensorize.mark`) and returns all others as they are; after
-    it, `compiler.passes.vector_math` (float32 `exp` as arithmetic that stays vectorized).
-    """
-    import tvm
-    from tvm.tirx import compilation_pipeline
-
-    from .passes.tensorize import tensorize_pass
-    from .passes.vector_math import vector_math_pass
-
-    default, finalize_host, finalize_device = compilation_pipeline.get_default_tir_pipeline(tvm.target.Target("llvm"))
-    return (tvm.transform.Sequential([tensorize_pass(), default, vector_math_pass(), last]), finalize_host,
-            finalize_device)
-
-
-def compile_module(mod: tvm.IRModule, target: tvm.target.Target, pipeline: Pipeline = "licm") -> Any:
-    """`tvm.compile` through one of our TIR pipelines (`tir_pipeline`): every build of ours goes here."""
-    import tvm
-
-    return tvm.compile(mod, target=target, tir_pipeline=tir_pipeline(pipeline))
-
-
-def build(mod: tvm.IRModule, target: tvm.target.Target, pipeline: Pipeline = "licm") -> tvm.runtime.Module:
-    """Compiles a (scheduled) TIR module.
-
-    Args:
-        mod: an IRModule whose "main" is a PrimFunc.
-        target: the TVM target (see `compiler.target.resolve_target`).
-        pipeline: the TIR pipeline (`tir_pipeline`): with our LICM by default.
-
-    Returns:
-        A runnable runtime module: `lib["main"](*args)` and `lib.time_evaluator`.
-    """
-    return compile_module(mod, target, pipeline).jit()
-
-
 def _as_target(target: Any) -> tvm.target.Target:
-    import tvm
-
     if isinstance(target, tvm.target.Target):
         return target
-    from .target import resolve_target
-
     return resolve_target(target)
 
 
@@ -138,8 +56,6 @@ def make_manifest(
     workload: Workload, target: tvm.target.Target, latency_ms: float | None, spec: dict, layout: Any = None
 ) -> dict:
     """The manifest.json content of an artifact (see the module docstring)."""
-    import tvm
-
     args = [
         {"name": s.name, "shape": list(s.shape), "dtype": s.dtype, "role": "input"} for s in workload.inputs
     ]
@@ -243,41 +159,12 @@ def write_artifact(
         try:
             with tarfile.open(partial, "w:gz") as tar:
                 tar.add(lib_path, arcname="lib.so")
-                _add_bytes(tar, "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
-                _add_bytes(tar, "schedule.py", mod.script().encode())
+                add_bytes(tar, "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+                add_bytes(tar, "schedule.py", mod.script().encode())
             os.replace(partial, dest)
         finally:
             partial.unlink(missing_ok=True)
     return dest
-
-
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-def extract_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike,
-                     files: Sequence[str] = ARTIFACT_FILES) -> Path:
-    """Extracts the known artifact files of `path` into `dest_dir` and returns it.
-
-    Only regular files named in `files` (an operator artifact's by default; a model's are
-    `compiler.workloads.model.MODEL_ARTIFACT_FILES`) are extracted, so an archive from
-    elsewhere cannot write outside `dest_dir`.
-    """
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "r:gz") as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and m.name in files]
-        missing = set(files) - {m.name for m in members}
-        if missing:
-            raise ValueError(f"{path}: not an altune artifact, missing {sorted(missing)}")
-        for member in members:
-            source = tar.extractfile(member)
-            assert source is not None, f"{member.name} has no content"
-            (dest_dir / member.name).write_bytes(source.read())
-    return dest_dir
 
 
 def load_artifact(path: Path, extract_dir: Path | None = None) -> tuple[tvm.runtime.Module, dict]:
@@ -291,10 +178,8 @@ def load_artifact(path: Path, extract_dir: Path | None = None) -> tuple[tvm.runt
     Returns:
         (runtime module, manifest); call it as `lib["main"](*inputs, out)`.
     """
-    import tvm
-
     if extract_dir is not None:
-        folder = extract_artifact(path, extract_dir)
+        folder = extract_artifact(path, extract_dir, ARTIFACT_FILES)
         lib = tvm.runtime.load_module(str(folder / "lib.so"))
         return lib, json.loads((folder / "manifest.json").read_text())
     with tempfile.TemporaryDirectory(prefix="altune-load-") as tmp:

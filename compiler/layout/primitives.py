@@ -25,20 +25,55 @@ Layering: `compiler` never imports `tuner` or `service`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from compiler import tir_util
+
 if TYPE_CHECKING:
     import numpy as np
-
-    from .rewrite import AccessContext
 
 Shape = tuple[int, ...]
 
 
 class LayoutError(ValueError):
     """A primitive does not fit the tensor it is applied to, or an access it cannot remap."""
+
+
+def substitute(expr: Any, vmap: dict[int, Any], load: Callable[[Any, list, list], Any] | None = None) -> Any:
+    """`compiler.tir_util.substitute`, with what it cannot rewrite reported as a `LayoutError` (the layout
+    does not fit the program)."""
+    try:
+        return tir_util.substitute(expr, vmap, load)
+    except tir_util.UnsupportedExpr as e:
+        raise LayoutError(str(e)) from e
+
+
+@dataclass
+class AccessContext:
+    """What the index rewriting of one compute op knows: loop ranges and the reduction window."""
+
+    analyzer: Any
+    reduce_mins: dict[int, Any]
+
+    def simplify(self, e: Any) -> Any:
+        return self.analyzer.simplify(e)
+
+    def window_start(self, e: Any) -> Any:
+        """`e` with every reduction variable at its minimum: where the access window begins."""
+        return self.simplify(substitute(e, self.reduce_mins)) if self.reduce_mins else e
+
+    def can_prove(self, cond: Any) -> bool:
+        return bool(self.analyzer.can_prove(cond))
+
+    def require_within(self, e: Any, extent: int, what: str) -> None:
+        bound = self.analyzer.const_int_bound(self.simplify(e))
+        if bound.min_value < 0 or bound.max_value >= extent:
+            raise LayoutError(
+                f"{what}: offset {e} spans [{bound.min_value}, {bound.max_value}], outside the tile [0, {extent}): "
+                "the tile does not hold the whole access window (choose tile >= stride*(t-1) + window)"
+            )
 
 
 def _check_dim(name: str, dim: int, shape: Shape) -> None:

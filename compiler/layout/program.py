@@ -22,9 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from compiler.tir_util import key
+
 from .primitives import Layout, LayoutError
 from .propagate import Graph, Plan, propagate
-from .rewrite import conversion, key, rewrite
+from .rewrite import conversion, rewrite
 from .templates import GROUP_PARAM, OUTER_SUFFIX, LayoutTemplate, conv_template, gemm_template
 
 if TYPE_CHECKING:
@@ -247,7 +249,7 @@ class LayoutProgram:
         import numpy as np
         import tvm
 
-        from compiler.build import compile_module
+        from compiler.pipeline import compile_module
 
         lib = compile_module(tvm.IRModule({"main": self.prim_func}), tvm.target.Target(target))
         args = [tvm.runtime.tensor(a) for a in self.pack_inputs(inputs)]

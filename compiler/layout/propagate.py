@@ -28,8 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .primitives import Layout, LayoutError
-from .rewrite import key
+from compiler.tir_util import key
+
+from .primitives import Layout, LayoutError, substitute
 
 if TYPE_CHECKING:
     from tvm import te
@@ -87,8 +88,6 @@ class Graph:
             return False
         if self.shape(consumer) != self.shape(producer):
             return False
-        from .rewrite import substitute
-
         axes = list(consumer.axis)
         ok = [True]
 

@@ -23,7 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .primitives import Layout, LayoutError
+from compiler.tir_util import key
+
+from .primitives import AccessContext, Layout, substitute
 
 if TYPE_CHECKING:
     from tvm import te
@@ -31,49 +33,6 @@ if TYPE_CHECKING:
     from .propagate import Plan
 
 CONVERT_PREFIX = "layout_convert"
-
-
-def key(node: Any) -> int:
-    """Identity of a TVM object (te ops, vars): Python wrappers differ, handles do not."""
-    return node.__chandle__()
-
-
-def substitute(expr: Any, vmap: dict[int, Any], load: Callable[[Any, list, list], Any] | None = None) -> Any:
-    """Rebuilds a TE expression with variables replaced (`vmap`: var handle -> expr).
-
-    `load(tensor, new_indices, old_indices)` replaces every `te.tensor_load`; by
-    default the load is kept on the same tensor with substituted indices.
-    """
-    from tvm import ir, tirx
-    from tvm.ir import expr as ir_expr
-    from tvm.ir.prim import expr as prim
-
-    def go(e: Any) -> Any:
-        if isinstance(e, ir_expr.Var):
-            return vmap.get(key(e), e)
-        if isinstance(e, prim.IntImm | prim.FloatImm) or not isinstance(e, ir.Expr):
-            return e
-        if isinstance(e, ir_expr.Call):
-            if getattr(e.op, "name", "") == "te.tensor_load":
-                tensor, old = e.args[0], list(e.args[1:])
-                new = [go(i) for i in old]
-                return load(tensor, new, old) if load is not None else tensor(*new)
-            return ir_expr.Call(e.op, [go(a) for a in e.args], e.attrs, e.ty_args, ret_ty=e.ty)
-        if isinstance(e, prim.Select):
-            return prim.Select(go(e.condition), go(e.true_value), go(e.false_value))
-        if isinstance(e, prim.Cast):
-            return prim.Cast(e.ty, go(e.value))
-        if isinstance(e, prim.Not):
-            return prim.Not(go(e.a))
-        if isinstance(e, prim.Let):
-            return prim.Let(e.var, go(e.value), go(e.body))
-        if isinstance(e, tirx.Reduce):
-            raise LayoutError("nested reductions are not supported")
-        if hasattr(e, "a") and hasattr(e, "b"):
-            return type(e)(go(e.a), go(e.b))
-        raise LayoutError(f"cannot rewrite expression node {type(e).__name__}: {e}")
-
-    return go(expr)
 
 
 @dataclass(frozen=True)
@@ -86,32 +45,6 @@ class GroupedReduction:
     axis: int
     group: int
     zero_padded: tuple[int, ...] = ()
-
-
-@dataclass
-class AccessContext:
-    """What the index rewriting of one compute op knows: loop ranges and the reduction window."""
-
-    analyzer: Any
-    reduce_mins: dict[int, Any]
-
-    def simplify(self, e: Any) -> Any:
-        return self.analyzer.simplify(e)
-
-    def window_start(self, e: Any) -> Any:
-        """`e` with every reduction variable at its minimum: where the access window begins."""
-        return self.simplify(substitute(e, self.reduce_mins)) if self.reduce_mins else e
-
-    def can_prove(self, cond: Any) -> bool:
-        return bool(self.analyzer.can_prove(cond))
-
-    def require_within(self, e: Any, extent: int, what: str) -> None:
-        bound = self.analyzer.const_int_bound(self.simplify(e))
-        if bound.min_value < 0 or bound.max_value >= extent:
-            raise LayoutError(
-                f"{what}: offset {e} spans [{bound.min_value}, {bound.max_value}], outside the tile [0, {extent}): "
-                "the tile does not hold the whole access window (choose tile >= stride*(t-1) + window)"
-            )
 
 
 def _var_names(layout: Layout) -> list[str]:

@@ -34,9 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .primitives import Layout, LayoutError
+from compiler.tir_util import key
+
+from .primitives import Layout, LayoutError, substitute
 from .propagate import Graph
-from .rewrite import GroupedReduction, key, substitute
+from .rewrite import GroupedReduction
 
 _SPATIAL_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
 OUTER_SUFFIX = "2"  # a second-level factor's name: its first-level factor's and this ("ot2")

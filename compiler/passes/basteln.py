@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .tensorize._ir import key, loop_feeds
+from ..tir_util import key, loop_feeds
 
 if TYPE_CHECKING:
     import tvm
@@ -717,7 +717,7 @@ def _copy_nest(stmt: Any, buffers: dict[int, Any], suffix: str | None) -> Any:
     import tvm
     from tvm import s_tir, tirx
 
-    from .tensorize._ir import rewrite
+    from ..tir_util import rewrite
 
     fresh = suffix is not None
     variables: dict[int, Any] = {}

@@ -222,21 +222,3 @@ def group_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: 
     for gv, func in marked.items():
         fused[gv] = func
     return fused, chains
-
-
-def group_model(model: Any, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,
-                max_tensor_elements: int | None = None) -> list[Chain]:
-    """`group_chains` on an imported model (`compiler.workloads.model.ImportedModel`), in place: its module
-    gets the merged functions and its tasks are extracted again (a merged chain is one task).
-
-    Returns:
-        The chains merged (none: the model is left as it was).
-    """
-    from compiler.workloads.model.tasks import extract_tasks
-
-    mod, chains = group_chains(model.mod, min_bytes=min_bytes, max_bytes=max_bytes)
-    if chains:
-        limit = {} if max_tensor_elements is None else {"max_tensor_elements": max_tensor_elements}
-        model.mod = mod
-        model.tasks = extract_tasks(mod, **limit)
-    return chains

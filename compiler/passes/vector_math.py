@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from .tensorize import _ir
+from .. import tir_util
 
 if TYPE_CHECKING:
     import tvm
@@ -117,12 +117,12 @@ def from_topi(name: str, x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     def fn(e: Any) -> Any | None:
         if isinstance(e, tvm.ir.expr.Call) and e.op.name == "te.tensor_load":
             producer = e.args[0].op  # the placeholder, or a stage before (fast_tanh clamps its input first)
-            return x if isinstance(producer, te.PlaceholderOp) else _ir.rewrite(producer.body[0], fn)
+            return x if isinstance(producer, te.PlaceholderOp) else tir_util.rewrite(producer.body[0], fn)
         if lanes > 1 and isinstance(e, prim.IntImm | prim.FloatImm):
             return tirx.Broadcast(e, lanes)
         return None
 
-    return _keep_nan(x, _ir.rewrite(_topi_template(name), fn))
+    return _keep_nan(x, tir_util.rewrite(_topi_template(name), fn))
 
 
 def rewrite_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -140,10 +140,10 @@ def rewrite_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
             rule = next((r for op, r in ops if e.op.same_as(op)), None)
             if rule is not None:
                 found.append(e)
-                return rule(_ir.rewrite(e.args[0], fn))
+                return rule(tir_util.rewrite(e.args[0], fn))
         return None
 
-    body = _ir.map_stmt(func.body, lambda e: _ir.rewrite(e, fn))
+    body = tir_util.map_stmt(func.body, lambda e: tir_util.rewrite(e, fn))
     return func.with_body(body) if found else func
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .operators import OperatorDef, Param, TensorSpec, WorkloadError
+from .spec import OperatorDef, Param, TensorSpec, WorkloadError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 tvm = pytest.importorskip("tvm")
 
 from compiler.passes.basteln import basteln  # noqa: E402
-from compiler.passes.grouping import find_chains, group_chains, group_model  # noqa: E402
+from compiler.passes.grouping import find_chains, group_chains  # noqa: E402
+from compiler.workloads.model import group_model  # noqa: E402
 from compiler.target import resolve_target  # noqa: E402
 from compiler.workloads.model import build_model, import_model, run_model, torch_outputs  # noqa: E402
 

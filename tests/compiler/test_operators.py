@@ -171,7 +171,7 @@ def test_main_block_names_are_documented(operator):
 def test_transposed_conv_multiplies_no_zeros(kernel, stride):
     """A stride the kernel divides: ours runs stride**2 times fewer multiply-adds than topi's definition,
     which dilates the input with zeros (and both give torch's numbers: test_operator_matches_torch)."""
-    from tvm import s_tir, tirx
+    from tvm import s_tir
 
     def multiply_adds(func, block_name):
         sch = s_tir.Schedule(func)

@@ -22,7 +22,7 @@ from compiler.passes.tensorize import (
     tensorize_module,
     without_tensorize,
 )
-from compiler.passes.tensorize import _ir
+from compiler import tir_util
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -57,11 +57,11 @@ def memcpy(A: T.Buffer((56,), "float32"), AL: T.Buffer((16,), "float32")):
 
 
 def _ifs(s):
-    return [x for x in _ir.walk(s) if isinstance(x, tirx.IfThenElse)]
+    return [x for x in tir_util.walk(s) if isinstance(x, tirx.IfThenElse)]
 
 
 def _loops(s):
-    return {x.loop_var.name: (int(x.min), int(x.extent)) for x in _ir.walk(s) if isinstance(x, tirx.For)}
+    return {x.loop_var.name: (int(x.min), int(x.extent)) for x in tir_util.walk(s) if isinstance(x, tirx.For)}
 
 
 def test_memcpy_partitions_as_the_paper_shows():
@@ -74,7 +74,7 @@ def test_memcpy_partitions_as_the_paper_shows():
     assert _ifs(branch.then_case) == [] and _loops(branch.then_case) == {"i": (0, 4), "j": (0, 4)}
     # tid >= 3: j < 2 is true on [0, 2) and false on [2, 4): the loop shrinks to 2 and the branch is gone
     assert _ifs(branch.else_case) == [] and _loops(branch.else_case) == {"i": (0, 4), "j": (0, 2)}
-    marked = [x for x in _ir.walk(out) if isinstance(x, tirx.For) and ANNOTATION in x.annotations]
+    marked = [x for x in tir_util.walk(out) if isinstance(x, tirx.For) and ANNOTATION in x.annotations]
     assert len(marked) == 2, "each piece keeps the mark"
 
 
@@ -84,7 +84,7 @@ def test_eliminate_conditions_decides_by_ranges():
     body = tirx.For(j, 0, 4, tirx.ForKind.SERIAL, tirx.IfThenElse(j < 6, store, None))
     assert _ifs(eliminate_conditions(body, {})) == []
     never = tirx.For(j, 0, 4, tirx.ForKind.SERIAL, tirx.IfThenElse(j > 9, store, None))
-    assert _ir.is_noop(eliminate_conditions(never, {}))
+    assert tir_util.is_noop(eliminate_conditions(never, {}))
 
 
 def _gemm_mod(m, n, k, dtype, target, marked=True, exact=True):
@@ -97,13 +97,13 @@ def _gemm_mod(m, n, k, dtype, target, marked=True, exact=True):
 def test_partition_leaves_the_main_part_without_branches(host_target):
     mod, blk = _gemm_mod(55, 55, 64, "float32", host_target)
     func = partition(lower(mod)["main"])
-    marked = [x for x in _ir.walk(func.body) if isinstance(x, tirx.For) and ANNOTATION in x.annotations]
+    marked = [x for x in tir_util.walk(func.body) if isinstance(x, tirx.For) and ANNOTATION in x.annotations]
     # rows 55 = 4 x 12 + 7 on AVX-512 (11 x 5 on AVX2), columns 55 = 32 + 23 (48 + 7): a main part and a
     # remainder of the columns, of the rows where they do not divide; none with a branch inside
     assert len(marked) == 2 * (2 if 55 % blk.rows else 1), func.script()
     assert all(_ifs(x) == [] for x in marked)
-    lane = [x.loop_var.name for x in _ir.walk(marked[0]) if isinstance(x, tirx.For)][-1]
-    lane_extents = {int(x.extent) for m in marked for x in _ir.walk(m) if isinstance(x, tirx.For)
+    lane = [x.loop_var.name for x in tir_util.walk(marked[0]) if isinstance(x, tirx.For)][-1]
+    lane_extents = {int(x.extent) for m in marked for x in tir_util.walk(m) if isinstance(x, tirx.For)
                     and x.loop_var.name == lane}
     assert lane_extents == {blk.lanes, 55 % blk.lanes}, lane_extents
 
@@ -135,7 +135,7 @@ def test_align_expands_scratch_buffers_a_marked_nest_touches():
             B[i, j] = S[i, j]
 
     out = expand_allocations(lower(tvm.IRModule({"main": scratch}))["main"], 16)
-    allocs = [x for x in _ir.walk(out.body) if isinstance(x, tirx.AllocBuffer)]
+    allocs = [x for x in tir_util.walk(out.body) if isinstance(x, tirx.AllocBuffer)]
     assert [list(map(int, a.buffer.shape)) for a in allocs] == [[4, 16]], out.script()
     a = np.arange(52, dtype=np.float32).reshape(4, 13)
     got, _ = _run(tvm.IRModule({"main": out}), tvm.target.Target(HASWELL), [a], (4, 13), "float32")

@@ -21,7 +21,7 @@ Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 

@@ -50,7 +50,7 @@ def marked_kinds(func: tvm.tirx.PrimFunc) -> list[str]:
     """The kinds of the marked loops of a lowered function, in program order."""
     from tvm import tirx
 
-    from . import _ir
+    from ... import tir_util
 
-    return [str(s.annotations[ANNOTATION]) for s in _ir.walk(func.body)
+    return [str(s.annotations[ANNOTATION]) for s in tir_util.walk(func.body)
             if isinstance(s, tirx.For) and ANNOTATION in s.annotations]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _ir
+from ... import tir_util
 from .mark import ANNOTATION
 
 if TYPE_CHECKING:
@@ -75,35 +75,35 @@ def eliminate_conditions(stmt: Any, ranges: dict[int, tuple[Any, int, int]]) -> 
         analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, hi - lo + 1), allow_override=True)
 
     def decide(x: Any) -> Any | None:
-        if not _ir.is_if_then_else(x):
+        if not tir_util.is_if_then_else(x):
             return None
         cond = analyzer.simplify(x.args[0])
         if analyzer.can_prove(cond):
-            return _ir.rewrite(x.args[1], decide)
+            return tir_util.rewrite(x.args[1], decide)
         if analyzer.can_prove(tirx.Not(cond)):
-            return _ir.rewrite(x.args[2], decide)
+            return tir_util.rewrite(x.args[2], decide)
         return None
 
     def go(s: Any) -> Any:
         if isinstance(s, tirx.SeqStmt):
-            return _ir.seq([go(c) for c in s.seq])
+            return tir_util.seq([go(c) for c in s.seq])
         if isinstance(s, tirx.BufferStore):
-            value = _ir.rewrite(s.value, decide)
+            value = tir_util.rewrite(s.value, decide)
             return s if value.same_as(s.value) else tirx.BufferStore(s.buffer, value, s.indices)
         if isinstance(s, tirx.For):
-            lo, ext = _ir.const_int(s.min), _ir.const_int(s.extent)
+            lo, ext = tir_util.const_int(s.min), tir_util.const_int(s.extent)
             if lo is not None and ext is not None:
                 if ext <= 0:
-                    return _ir.noop()
+                    return tir_util.noop()
                 analyzer.bind(s.loop_var, tvm.ir.Range.from_min_extent(lo, ext), allow_override=True)
             body = go(s.body)
-            if _ir.is_noop(body):
-                return _ir.noop()
+            if tir_util.is_noop(body):
+                return tir_util.noop()
             return s if body.same_as(s.body) else tirx.For(s.loop_var, s.min, s.extent, s.kind, body,
                                                             s.thread_binding, s.annotations, s.step)
         if isinstance(s, tirx.AttrStmt):
-            if s.attr_key == "thread_extent" and _ir.const_int(s.value) is not None:
-                analyzer.bind(s.node.var, tvm.ir.Range.from_min_extent(0, _ir.const_int(s.value)),
+            if s.attr_key == "thread_extent" and tir_util.const_int(s.value) is not None:
+                analyzer.bind(s.node.var, tvm.ir.Range.from_min_extent(0, tir_util.const_int(s.value)),
                               allow_override=True)
             body = go(s.body)
             return s if body.same_as(s.body) else tirx.AttrStmt(s.node, s.attr_key, s.value, body)
@@ -112,13 +112,13 @@ def eliminate_conditions(stmt: Any, ranges: dict[int, tuple[Any, int, int]]) -> 
             if analyzer.can_prove(cond):
                 return go(s.then_case)
             if analyzer.can_prove(tirx.Not(cond)):
-                return _ir.noop() if s.else_case is None else go(s.else_case)
+                return tir_util.noop() if s.else_case is None else go(s.else_case)
             then = go(s.then_case)
             other = None if s.else_case is None else go(s.else_case)
-            if other is not None and _ir.is_noop(other):
+            if other is not None and tir_util.is_noop(other):
                 other = None
-            if _ir.is_noop(then) and other is None:
-                return _ir.noop()
+            if tir_util.is_noop(then) and other is None:
+                return tir_util.noop()
             return tirx.IfThenElse(s.condition, then, other)
         return s
 
@@ -134,23 +134,23 @@ def find_partition(body: Any, var: Any, lo: int, hi: int, ranges: dict[int, tupl
     import tvm
     from tvm import tirx
 
-    conditions = [s.condition for s in _ir.walk(body) if isinstance(s, tirx.IfThenElse)]
-    tiles = [body] if in_transpose else [s.body for s in _ir.walk(body) if _is_transpose(s)]
-    conditions += [c.args[0] for tile in tiles for s in _ir.walk(tile) if isinstance(s, tirx.BufferStore)
-                   for c in _ir.conditionals(s.value)]
-    atoms = [a for c in conditions for a in _atoms(c) if _ir.uses(a, var)]
+    conditions = [s.condition for s in tir_util.walk(body) if isinstance(s, tirx.IfThenElse)]
+    tiles = [body] if in_transpose else [s.body for s in tir_util.walk(body) if _is_transpose(s)]
+    conditions += [c.args[0] for tile in tiles for s in tir_util.walk(tile) if isinstance(s, tirx.BufferStore)
+                   for c in tir_util.conditionals(s.value)]
+    atoms = [a for c in conditions for a in _atoms(c) if tir_util.uses(a, var)]
     if not atoms:
         return []
     hint = {v: tvm.sym.IntervalSet(a, b) for v, a, b in ranges.values()}
-    relax = {s.loop_var: tvm.sym.IntervalSet(_ir.const_int(s.min), _ir.const_int(s.min) + _ir.const_int(s.extent) - 1)
-             for s in _ir.walk(body) if isinstance(s, tirx.For)
-             and _ir.const_int(s.min) is not None and _ir.const_int(s.extent) is not None}
+    relax = {s.loop_var: tvm.sym.IntervalSet(tir_util.const_int(s.min), tir_util.const_int(s.min) + tir_util.const_int(s.extent) - 1)
+             for s in tir_util.walk(body) if isinstance(s, tirx.For)
+             and tir_util.const_int(s.min) is not None and tir_util.const_int(s.extent) is not None}
     analyzer = tvm.sym.Analyzer()
     points = {k: tirx.const(a, str(v.ty.dtype)) for k, (v, a, b) in ranges.items() if a == b}
     cuts: set[int] = set()
     for atom in atoms:
         for cond in (atom, tirx.Not(atom)):
-            bound = tvm.sym.deduce_bound(var, analyzer.simplify(_ir.subst(cond, points)), hint, relax)
+            bound = tvm.sym.deduce_bound(var, analyzer.simplify(tir_util.subst(cond, points)), hint, relax)
             if bound.is_nothing():
                 continue
             a = _bound_value(analyzer, bound.min_value, lo)
@@ -169,7 +169,7 @@ def _bound_value(analyzer: Any, e: Any, default: int) -> int | None:
     text = str(e)
     if "pos_inf" in text or "neg_inf" in text:
         return default
-    return _ir.const_int(analyzer.simplify(e))
+    return tir_util.const_int(analyzer.simplify(e))
 
 
 def _atoms(cond: Any) -> list[Any]:
@@ -195,14 +195,14 @@ class _Partitioner:
 
         if isinstance(s, tirx.SeqStmt):
             parts = [self.stmt(c, inside) for c in s.seq]
-            return s if all(a.same_as(b) for a, b in zip(parts, s.seq)) else _ir.seq(parts)
+            return s if all(a.same_as(b) for a, b in zip(parts, s.seq)) else tir_util.seq(parts)
         if isinstance(s, tirx.For):
             marked = ANNOTATION in s.annotations
             if not (inside or marked or _holds_mark(s.body)):
                 return s
             return self.loop(s, inside or marked)
         if isinstance(s, tirx.AttrStmt):
-            if s.attr_key == "thread_extent" and _ir.const_int(s.value) is not None \
+            if s.attr_key == "thread_extent" and tir_util.const_int(s.value) is not None \
                     and (inside or _holds_mark(s.body)):
                 return self.thread(s, inside)
             body = self.stmt(s.body, inside)
@@ -216,30 +216,30 @@ class _Partitioner:
         return s
 
     def _pieces(self, body: Any, var: Any, lo: int, hi: int) -> list[tuple[int, int]]:
-        self.ranges[_ir.key(var)] = (var, lo, hi)
+        self.ranges[tir_util.key(var)] = (var, lo, hi)
         try:
-            cuts = find_partition(body, var, lo, hi, {k: v for k, v in self.ranges.items() if k != _ir.key(var)},
+            cuts = find_partition(body, var, lo, hi, {k: v for k, v in self.ranges.items() if k != tir_util.key(var)},
                                   self.in_transpose)
         finally:
-            del self.ranges[_ir.key(var)]
+            del self.ranges[tir_util.key(var)]
         if len(cuts) + 1 > MAX_PIECES:
             cuts = []
         starts = [lo, *cuts]
         return [(a, b - 1) for a, b in zip(starts, [*cuts, hi + 1])]
 
     def _piece_body(self, body: Any, var: Any, lo: int, hi: int, inside: bool) -> Any:
-        self.ranges[_ir.key(var)] = (var, lo, hi)
+        self.ranges[tir_util.key(var)] = (var, lo, hi)
         try:
             body = eliminate_conditions(body, self.ranges)
             return self.stmt(body, inside)
         finally:
-            del self.ranges[_ir.key(var)]
+            del self.ranges[tir_util.key(var)]
 
     def loop(self, s: Any, inside: bool) -> Any:
         from tvm import tirx
 
-        lo, ext = _ir.const_int(s.min), _ir.const_int(s.extent)
-        if lo is None or ext is None or ext <= 0 or (s.step is not None and _ir.const_int(s.step) not in (None, 1)):
+        lo, ext = tir_util.const_int(s.min), tir_util.const_int(s.extent)
+        if lo is None or ext is None or ext <= 0 or (s.step is not None and tir_util.const_int(s.step) not in (None, 1)):
             body = self.stmt(s.body, inside)
             return s if body.same_as(s.body) else tirx.For(s.loop_var, s.min, s.extent, s.kind, body,
                                                             s.thread_binding, s.annotations, s.step)
@@ -256,23 +256,23 @@ class _Partitioner:
         out = []
         for n, (a, b) in enumerate(pieces):
             var = s.loop_var if len(pieces) == 1 else tirx.Var(s.loop_var.name, str(s.loop_var.ty.dtype))
-            body = s.body if len(pieces) == 1 else _ir.subst_stmt(s.body, {_ir.key(s.loop_var): var})
-            if n and any(isinstance(x, tirx.AllocBuffer) for x in _ir.walk(body)):
+            body = s.body if len(pieces) == 1 else tir_util.subst_stmt(s.body, {tir_util.key(s.loop_var): var})
+            if n and any(isinstance(x, tirx.AllocBuffer) for x in tir_util.walk(body)):
                 body = _fresh_allocations(body)  # a copy may not define the first piece's buffers again
             body = self._piece_body(body, var, a, b, inside)
-            if _ir.is_noop(body):
+            if tir_util.is_noop(body):
                 continue
             dtype = str(s.loop_var.ty.dtype)
             out.append(tirx.For(var, tirx.const(a, dtype), tirx.const(b - a + 1, dtype), s.kind, body,
                                 s.thread_binding, s.annotations))
         if len(pieces) == 1 and out and out[0].body.same_as(s.body):
             return s
-        return _ir.seq(out)
+        return tir_util.seq(out)
 
     def thread(self, s: Any, inside: bool) -> Any:
         from tvm import tirx
 
-        var, ext = s.node.var, _ir.const_int(s.value)
+        var, ext = s.node.var, tir_util.const_int(s.value)
         pieces = self._pieces(s.body, var, 0, ext - 1)
         bodies = [(a, b, self._piece_body(s.body, var, a, b, inside)) for a, b in pieces]
         chain = None
@@ -281,7 +281,7 @@ class _Partitioner:
                 chain = body
             else:
                 chain = tirx.IfThenElse(var < tirx.const(b + 1, str(var.ty.dtype)), body,
-                                        None if _ir.is_noop(chain) else chain)
+                                        None if tir_util.is_noop(chain) else chain)
         if len(bodies) == 1 and chain.same_as(s.body):
             return s
         return tirx.AttrStmt(s.node, s.attr_key, s.value, chain)
@@ -304,4 +304,4 @@ def _is_transpose(s: Any) -> bool:
 def _holds_mark(s: Any) -> bool:
     from tvm import tirx
 
-    return any(isinstance(x, tirx.For) and ANNOTATION in x.annotations for x in _ir.walk(s))
+    return any(isinstance(x, tirx.For) and ANNOTATION in x.annotations for x in tir_util.walk(s))

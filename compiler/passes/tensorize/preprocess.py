@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _ir
+from ... import tir_util
 from .instructions import available
 from .mark import ANNOTATION
 
@@ -53,38 +53,38 @@ def expand_allocations(func: tvm.tirx.PrimFunc, align: int) -> tvm.tirx.PrimFunc
         return func
     stored: set[int] = set()
     loaded: set[int] = set()
-    for s in _ir.walk(func.body):
+    for s in tir_util.walk(func.body):
         if isinstance(s, tirx.For) and ANNOTATION in s.annotations:
-            for x in _ir.walk(s.body):
+            for x in tir_util.walk(s.body):
                 if isinstance(x, tirx.BufferStore):
-                    stored.add(_ir.key(x.buffer))
-            for e in _ir.exprs(s.body):
+                    stored.add(tir_util.key(x.buffer))
+            for e in tir_util.exprs(s.body):
                 _loaded(e, loaded)
     remap: dict[int, Any] = {}
 
     def realloc(s: Any) -> Any | None:
-        if isinstance(s, tirx.AllocBuffer) and _ir.key(s.buffer) in stored | loaded:
+        if isinstance(s, tirx.AllocBuffer) and tir_util.key(s.buffer) in stored | loaded:
             buf = s.buffer
-            extents = [_ir.const_int(n) for n in buf.shape]
+            extents = [tir_util.const_int(n) for n in buf.shape]
             if not extents or None in extents or buf.strides:
                 return s
             new_extents = list(extents)
             new_extents[-1] = (extents[-1] + align - 1) // align * align
-            if _ir.key(buf) in loaded:  # a slice more of the outermost dimension that is no unit
+            if tir_util.key(buf) in loaded:  # a slice more of the outermost dimension that is no unit
                 k = next((k for k, n in enumerate(extents) if n > 1), 0)
                 new_extents[k] += align if k == len(extents) - 1 else 1
             if new_extents == extents:
                 return s
             shape = [tirx.const(n, str(old.ty.dtype)) for n, old in zip(new_extents, buf.shape)]
             new = tirx.decl_buffer(shape, str(buf.dtype), buf.name, data=buf.data, scope=buf.scope())
-            remap[_ir.key(buf)] = new
+            remap[tir_util.key(buf)] = new
             return tirx.AllocBuffer(new, s.annotations) if s.annotations else tirx.AllocBuffer(new)
         return None
 
-    body = _ir.map_stmt(func.body, lambda e: e, realloc)
+    body = tir_util.map_stmt(func.body, lambda e: e, realloc)
     if not remap:
         return func
-    body = _ir.map_stmt(body, lambda e: _rebuffer(e, remap), lambda s: _restore(s, remap))
+    body = tir_util.map_stmt(body, lambda e: _rebuffer(e, remap), lambda s: _restore(s, remap))
     return func.with_body(body)
 
 
@@ -92,7 +92,7 @@ def _loaded(e: Any, used: set[int]) -> None:
     import tvm
 
     if isinstance(e, tvm.ir.TensorLoad):
-        used.add(_ir.key(e.source))
+        used.add(tir_util.key(e.source))
     for name in ("a", "b", "value", "condition", "true_value", "false_value"):
         child = getattr(e, name, None)
         if isinstance(child, tvm.ir.Expr):
@@ -108,18 +108,18 @@ def _rebuffer(e: Any, remap: dict[int, Any]) -> Any:
     from tvm import tirx
 
     def fn(x: Any) -> Any | None:
-        if isinstance(x, tvm.ir.TensorLoad) and _ir.key(x.source) in remap:
-            return tirx.BufferLoad(remap[_ir.key(x.source)], [_rebuffer(i, remap) for i in x.indices])
+        if isinstance(x, tvm.ir.TensorLoad) and tir_util.key(x.source) in remap:
+            return tirx.BufferLoad(remap[tir_util.key(x.source)], [_rebuffer(i, remap) for i in x.indices])
         return None
 
-    return _ir.rewrite(e, fn)
+    return tir_util.rewrite(e, fn)
 
 
 def _restore(s: Any, remap: dict[int, Any]) -> Any | None:
     from tvm import tirx
 
-    if isinstance(s, tirx.BufferStore) and _ir.key(s.buffer) in remap:
-        return tirx.BufferStore(remap[_ir.key(s.buffer)], _rebuffer(s.value, remap),
+    if isinstance(s, tirx.BufferStore) and tir_util.key(s.buffer) in remap:
+        return tirx.BufferStore(remap[tir_util.key(s.buffer)], _rebuffer(s.value, remap),
                                 [_rebuffer(i, remap) for i in s.indices])
     if isinstance(s, tirx.BufferStore):
         return tirx.BufferStore(s.buffer, _rebuffer(s.value, remap), [_rebuffer(i, remap) for i in s.indices])

@@ -14,7 +14,7 @@ outer product (a register-blocked micro-kernel; fp32 FMA with group 1, int8/bf16
               C[c] = C[c] + X(A[a]) * X(B[b])     X: nothing, or a cast to C's type
 
     a nest with no rows loop (a batch-1 linear) matches as one row (MR = 1);
-    parameters extracted (row-major element offsets of the indices, strides by `_ir.coefficient`):
+    parameters extracted (row-major element offsets of the indices, strides by `tir_util.coefficient`):
     C's offset has stride 1 in l and 0 in r, g; A's stride 0 in v, l and 1 in g; B's stride 0 in i,
     1 in l (G = 1) or G in l and 1 in g; the operand types pick the instruction (`instructions.choose`).
     Rewrite: MR * NV * NL / L vector accumulators (a local buffer of vector type, constant indices, which
@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _ir
+from ... import tir_util
 from .instructions import INSTRUCTIONS, Instruction, candidates_for, target_arch, target_features
 from .mark import ANNOTATION
 from .transpose import match_transpose, rewrite_transpose
@@ -133,16 +133,16 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
                 report.left.append(f"{s.loop_var.name}: {why}")
                 return _unmark(s)
             return out
-        if isinstance(s, tirx.For) and _ir.const_int(s.min) is not None and _ir.const_int(s.extent) is not None:
-            ranges[_ir.key(s.loop_var)] = (s.loop_var, _ir.const_int(s.min), _ir.const_int(s.extent))
+        if isinstance(s, tirx.For) and tir_util.const_int(s.min) is not None and tir_util.const_int(s.extent) is not None:
+            ranges[tir_util.key(s.loop_var)] = (s.loop_var, tir_util.const_int(s.min), tir_util.const_int(s.extent))
             try:
-                body = _ir.map_stmt(s.body, lambda e: e, visit)
+                body = tir_util.map_stmt(s.body, lambda e: e, visit)
             finally:
-                del ranges[_ir.key(s.loop_var)]
+                del ranges[tir_util.key(s.loop_var)]
             return tirx.For(s.loop_var, s.min, s.extent, s.kind, body, s.thread_binding, s.annotations, s.step)
         return None
 
-    body = _ir.map_stmt(func.body, lambda e: e, visit)
+    body = tir_util.map_stmt(func.body, lambda e: e, visit)
     for code in dict.fromkeys(ins.llvm_ir for ins in INSTRUCTIONS if ins.name in report.used and ins.llvm_ir):
         # the IR of an instruction's function, linked in by TVM's code generator (`Instruction.llvm_ir`)
         body = tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.StringImm(code), body)
@@ -157,7 +157,7 @@ def _unmark(s: Any) -> Any:
 
 
 def _extent(loop: Any) -> int:
-    return _ir.const_int(loop.extent)
+    return tir_util.const_int(loop.extent)
 
 
 def _column_kinds() -> tuple[Any, ...]:
@@ -173,7 +173,7 @@ def _chain(loop: Any) -> tuple[list[Any], Any]:
     from tvm import tirx
 
     loops, s = [], loop.body
-    while isinstance(s, tirx.For) and _ir.const_int(s.min) is not None and _ir.const_int(s.extent) is not None \
+    while isinstance(s, tirx.For) and tir_util.const_int(s.min) is not None and tir_util.const_int(s.extent) is not None \
             and s.kind in _column_kinds():
         loops.append(s)
         s = s.body
@@ -214,7 +214,7 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
     if not isinstance(i, tirx.For):
         return None, "no rows loop under the marked loop"
     m, why = None, "no rows loop under the marked loop"
-    if i.kind == tirx.ForKind.SERIAL and _ir.const_int(i.extent) is not None:
+    if i.kind == tirx.ForKind.SERIAL and tir_util.const_int(i.extent) is not None:
         m, why = _match_rows(r, i, target, exact, outer)
     if m is None:
         # one row (a linear on one vector, batch 1): the schedule has no rows loop left, the columns sit right
@@ -257,7 +257,7 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
     from tvm import tirx
     from tvm_ffi import structural_equal
 
-    if nest.kind not in _column_kinds() or _ir.const_int(nest.min) is None or _ir.const_int(nest.extent) is None:
+    if nest.kind not in _column_kinds() or tir_util.const_int(nest.min) is None or tir_util.const_int(nest.extent) is None:
         return None, ins, "a column loop is not serial (or vectorized) over a constant range"
     loops, store = _chain(nest)
     loops = [nest, *loops]
@@ -298,12 +298,12 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
         buf = load.source
         if buf.strides and len(buf.strides) > 0:
             return None, ins, f"{buf.name} has strides"
-        offsets[name] = (buf, analyzer.simplify(_ir.flat_offset(buf, list(load.indices))))
+        offsets[name] = (buf, analyzer.simplify(tir_util.flat_offset(buf, list(load.indices))))
 
     def stride(name: str, loop: Any | None) -> int | None:
         if loop is None:
             return 0
-        return _ir.coefficient(analyzer, offsets[name][1], loop.loop_var)
+        return tir_util.coefficient(analyzer, offsets[name][1], loop.loop_var)
 
     a_name, b_name = ("x", "y") if stride("x", l) == 0 else ("y", "x")
     a_buf, b_buf = offsets[a_name][0], offsets[b_name][0]
@@ -349,10 +349,10 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
         size = 1
         for n in b_buf.shape:
             size *= int(n)
-        start = {_ir.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes}
+        start = {tir_util.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes}
         if g is not None:
-            start[_ir.key(g.loop_var)] = g.min
-        last = analyzer.const_int_bound(analyzer.simplify(_ir.subst(b_off, start))).max_value \
+            start[tir_util.key(g.loop_var)] = g.min
+        last = analyzer.const_int_bound(analyzer.simplify(tir_util.subst(b_off, start))).max_value \
             + ins.lanes * ins.group - 1
         if last >= size:
             return None, ins, f"lane loop {_extent(l)}: a whole vector would read past {b_buf.name}"
@@ -370,14 +370,14 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
     decls = []
 
     def flat_view(buf: Any) -> Any:
-        if _ir.key(buf) not in flat:
+        if tir_util.key(buf) not in flat:
             size = 1
             for n in buf.shape:
                 size *= int(n)
             fb = tirx.decl_buffer((size,), str(buf.dtype), f"{buf.name}_flat", data=buf.data)
-            flat[_ir.key(buf)] = fb
+            flat[tir_util.key(buf)] = fb
             decls.append(tirx.DeclBuffer(fb, data=buf.data))
-        return flat[_ir.key(buf)]
+        return flat[tir_util.key(buf)]
 
     vec = f"{ins.c_dtype}x{ins.lanes}"
     accs = tirx.decl_buffer((m.accumulators,), vec, "acc", scope="local")
@@ -385,22 +385,22 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
                                   scope="local")
 
     def at(e: Any, binding: dict) -> Any:
-        return analyzer.simplify(_ir.subst(e, {_ir.key(loop.loop_var): tirx.const(val, str(loop.loop_var.ty.dtype))
+        return analyzer.simplify(tir_util.subst(e, {tir_util.key(loop.loop_var): tirx.const(val, str(loop.loop_var.ty.dtype))
                                                for loop, val in binding.items()}))
 
-    rows = range(_ir.const_int(m.i.min), _ir.const_int(m.i.min) + _extent(m.i))
+    rows = range(tir_util.const_int(m.i.min), tir_util.const_int(m.i.min) + _extent(m.i))
     # the partial vectors' lanes are stored after every whole vector: TVM's StorageRewrite types the accumulators'
     # buffer by its accesses in program order and fails on a vector access after a scalar one of the same buffer
     init, update, final, final_lanes = [], [], [], []
     for col in m.columns:
         (c_buf, c_off), (a_buf, a_off), (b_buf, b_off) = col.c, col.a, col.b
         cf, af, bf = flat_view(c_buf), flat_view(a_buf), flat_view(b_buf)
-        vs = [None] if col.v is None else list(range(_ir.const_int(col.v.min),
-                                                     _ir.const_int(col.v.min) + _extent(col.v)))
-        l0, n_lanes = _ir.const_int(col.l.min), _extent(col.l)
+        vs = [None] if col.v is None else list(range(tir_util.const_int(col.v.min),
+                                                     tir_util.const_int(col.v.min) + _extent(col.v)))
+        l0, n_lanes = tir_util.const_int(col.l.min), _extent(col.l)
         starts = [l0 + u * ins.lanes for u in range(-(-n_lanes // ins.lanes))]
         cols = [(vv, ll, min(ins.lanes, l0 + n_lanes - ll)) for vv in vs for ll in starts]
-        g0 = None if col.g is None else _ir.const_int(col.g.min)
+        g0 = None if col.g is None else tir_util.const_int(col.g.min)
 
         def with_v(binding: dict, vv: int | None, col: Columns = col) -> dict:
             return binding | ({col.v: vv} if col.v is not None else {})
@@ -430,7 +430,7 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
                     lane = tirx.BufferLoad(lanes_view, [tirx.const(int(k.value) * ins.lanes + t, "int32")])
                     final_lanes.append(tirx.BufferStore(cf, tirx.BufferLoad(cf, [at_c]) + lane, [at_c]))
     r = m.r
-    loop = tirx.For(r.loop_var, r.min, r.extent, tirx.ForKind.SERIAL, _ir.seq(update), None,
+    loop = tirx.For(r.loop_var, r.min, r.extent, tirx.ForKind.SERIAL, tir_util.seq(update), None,
                     {"altune.tensorized": ins.name})
     views = [tirx.DeclBuffer(lanes_view, data=accs.data)] if final_lanes else []
     return tirx.SeqStmt([*decls, tirx.AllocBuffer(accs), *views, *init, loop, *final, *final_lanes])
@@ -477,7 +477,7 @@ def rewrite_elementwise(j: Any, target: tvm.target.Target) -> tuple[Any | None, 
     if not ok(store.value):
         return None, "not an elementwise expression"
     for buf, indices in [(store.buffer, store.indices)] + [(x.source, x.indices) for x in loads]:
-        step = _ir.coefficient(analyzer, analyzer.simplify(_ir.flat_offset(buf, list(indices))), j.loop_var)
+        step = tir_util.coefficient(analyzer, analyzer.simplify(tir_util.flat_offset(buf, list(indices))), j.loop_var)
         if step not in ((1,) if buf.same_as(store.buffer) else (0, 1)):
             return None, f"{buf.name} is not contiguous in {j.loop_var.name}"
     bits = tvm.DataType(str(store.buffer.dtype)).bits
@@ -487,7 +487,7 @@ def rewrite_elementwise(j: Any, target: tvm.target.Target) -> tuple[Any | None, 
         return None, f"extent {extent} is no multiple of {lanes} lanes"
     dtype = str(j.loop_var.ty.dtype)
     outer, inner = tirx.Var(f"{j.loop_var.name}_v", dtype), tirx.Var(f"{j.loop_var.name}_l", dtype)
-    body = _ir.subst_stmt(store, {_ir.key(j.loop_var): j.min + outer * lanes + inner})
+    body = tir_util.subst_stmt(store, {tir_util.key(j.loop_var): j.min + outer * lanes + inner})
     vloop = tirx.For(inner, tirx.const(0, dtype), tirx.const(lanes, dtype), tirx.ForKind.VECTORIZED, body)
     if extent == lanes:
         return tirx.For(outer, tirx.const(0, dtype), tirx.const(1, dtype), tirx.ForKind.SERIAL, vloop), ""

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _ir
+from ... import tir_util
 from .mark import ANNOTATION
 
 if TYPE_CHECKING:
@@ -86,12 +86,12 @@ def match_transpose(a: Any, vector_bits: int, outer: list[tuple[Any, int, int]] 
     if not _elementwise_of_loads(store.value, loads, conditional=True) or len(loads) != 1:
         return None, "not an element-wise function of one load"
     load = loads[0]
-    conditions += [c.args[0] for c in _ir.conditionals(store.value)]
+    conditions += [c.args[0] for c in tir_util.conditionals(store.value)]
     bits = tvm.DataType(str(store.buffer.dtype)).bits
     if tvm.DataType(str(load.source.dtype)).bits != bits or vector_bits % bits:
         return None, "the load and the store differ in width"
     lanes = vector_bits // bits
-    ea, eb = _ir.const_int(a.extent), _ir.const_int(b.extent)
+    ea, eb = tir_util.const_int(a.extent), tir_util.const_int(b.extent)
     if ea is None or eb is None or not (2 <= ea <= lanes and 2 <= eb <= lanes):
         return None, f"extents {a.extent} x {b.extent}: not within 2 .. {lanes} each"
     analyzer = tvm.sym.Analyzer()
@@ -99,10 +99,10 @@ def match_transpose(a: Any, vector_bits: int, outer: list[tuple[Any, int, int]] 
         analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, extent))
     for loop in (a, b):
         analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
-    o = analyzer.simplify(_ir.flat_offset(store.buffer, list(store.indices)))
-    i = analyzer.simplify(_ir.flat_offset(load.source, list(load.indices)))
-    strides = [_ir.coefficient(analyzer, o, b.loop_var), _ir.coefficient(analyzer, i, a.loop_var),
-               _ir.coefficient(analyzer, o, a.loop_var), _ir.coefficient(analyzer, i, b.loop_var)]
+    o = analyzer.simplify(tir_util.flat_offset(store.buffer, list(store.indices)))
+    i = analyzer.simplify(tir_util.flat_offset(load.source, list(load.indices)))
+    strides = [tir_util.coefficient(analyzer, o, b.loop_var), tir_util.coefficient(analyzer, i, a.loop_var),
+               tir_util.coefficient(analyzer, o, a.loop_var), tir_util.coefficient(analyzer, i, b.loop_var)]
     if strides[:2] != [1, 1] or None in strides[2:] or 0 in strides[2:]:
         return None, f"strides {strides}: not a transpose (output along the inner loop, input along the marked one)"
     for cond in conditions:
@@ -121,7 +121,7 @@ def _convex(analyzer: Any, cond: Any, tile_vars: tuple[Any, Any]) -> bool:
     if not isinstance(cond, tirx.LT | tirx.LE | tirx.GT | tirx.GE | tirx.EQ):
         return False
     diff = analyzer.simplify(cond.b - cond.a)
-    return all(_ir.coefficient(analyzer, diff, v) is not None for v in tile_vars)
+    return all(tir_util.coefficient(analyzer, diff, v) is not None for v in tile_vars)
 
 
 def rewrite_transpose(m: Transpose) -> Any:
@@ -146,11 +146,11 @@ def rewrite_transpose(m: Transpose) -> Any:
         return tirx.decl_buffer((size,), str(buf.dtype), f"{buf.name}_flat", data=buf.data)
 
     src, dst = flat(m.load.source), flat(m.store.buffer)
-    i_off = _ir.flat_offset(m.load.source, list(m.load.indices))
-    o_off = _ir.flat_offset(m.store.buffer, list(m.store.indices))
+    i_off = tir_util.flat_offset(m.load.source, list(m.load.indices))
+    o_off = tir_util.flat_offset(m.store.buffer, list(m.store.indices))
 
     def at(e: Any, av: Any, bv: Any) -> Any:
-        return analyzer.simplify(_ir.subst(e, {_ir.key(a.loop_var): av, _ir.key(b.loop_var): bv}))
+        return analyzer.simplify(tir_util.subst(e, {tir_util.key(a.loop_var): av, tir_util.key(b.loop_var): bv}))
 
     # the offsets are affine in a and b (the match proved their strides constant): each row and column is the
     # tile's first offset plus a multiple of a stride, without simplifying an index per row
@@ -204,7 +204,7 @@ def rewrite_transpose(m: Transpose) -> Any:
     # a loop of one iteration holds the report's annotation, as the outer product's loop does
     one = tirx.Var(f"{a.loop_var.name}_t", str(a.loop_var.ty.dtype))
     loop = tirx.For(one, tirx.const(0, str(one.ty.dtype)), tirx.const(1, str(one.ty.dtype)), tirx.ForKind.SERIAL,
-                    _ir.seq(body), None, {"altune.tensorized": f"transpose{lanes}"})
+                    tir_util.seq(body), None, {"altune.tensorized": f"transpose{lanes}"})
     fast = tirx.SeqStmt([*decls, loop])
     if not m.conditions:
         return fast
@@ -228,7 +228,7 @@ def rewrite_transpose(m: Transpose) -> Any:
 
 def _taken(e: Any) -> Any:
     """`e` with each `if_then_else` replaced by its `then` value (where the condition holds)."""
-    return _ir.rewrite(e, lambda x: _taken(x.args[1]) if _ir.is_if_then_else(x) else None)
+    return tir_util.rewrite(e, lambda x: _taken(x.args[1]) if tir_util.is_if_then_else(x) else None)
 
 
 def _vectorized(e: Any, load: Any, column: Any, lanes: int) -> Any:
@@ -245,7 +245,7 @@ def _vectorized(e: Any, load: Any, column: Any, lanes: int) -> Any:
             return prim.Cast(f"{x.ty.dtype}x{lanes}", _vectorized(x.value, load, column, lanes))
         return None
 
-    return _ir.rewrite(e, fn)
+    return tir_util.rewrite(e, fn)
 
 
 def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], lanes: int) -> bool:
@@ -275,21 +275,21 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
     for iv in node.iter_vars:
         analyzer.bind(iv.var, iv.dom)
     variables = [iv.var for iv in node.iter_vars]
-    o = analyzer.simplify(_ir.flat_offset(store.buffer, list(store.indices)))
-    i = analyzer.simplify(_ir.flat_offset(load.source, list(load.indices)))
-    out_var = [v for v in variables if _ir.coefficient(analyzer, o, v) == 1]
-    in_var = [v for v in variables if _ir.coefficient(analyzer, i, v) == 1]
+    o = analyzer.simplify(tir_util.flat_offset(store.buffer, list(store.indices)))
+    i = analyzer.simplify(tir_util.flat_offset(load.source, list(load.indices)))
+    out_var = [v for v in variables if tir_util.coefficient(analyzer, o, v) == 1]
+    in_var = [v for v in variables if tir_util.coefficient(analyzer, i, v) == 1]
     if len(out_var) != 1 or len(in_var) != 1 or out_var[0].same_as(in_var[0]):
         return False
-    if _ir.coefficient(analyzer, o, in_var[0]) in (0, None) or _ir.coefficient(analyzer, i, out_var[0]) in (0, None):
+    if tir_util.coefficient(analyzer, o, in_var[0]) in (0, None) or tir_util.coefficient(analyzer, i, out_var[0]) in (0, None):
         return False  # not a transpose: one side does not move along the other's variable
-    feeds = list(zip(loops, _ir.loop_feeds(sch, block, loops)))
+    feeds = list(zip(loops, tir_util.loop_feeds(sch, block, loops)))
     # the innermost loop of each (a tile loop outside feeds the variable too)
     la = next((loop for loop, vs in reversed(feeds) if vs == {in_var[0].name}), None)
     lb = next((loop for loop, vs in reversed(feeds) if vs == {out_var[0].name}), None)
     if la is None or lb is None:
         return False
-    ext = [_ir.const_int(sch.get(loop).extent) for loop in (la, lb)]
+    ext = [tir_util.const_int(sch.get(loop).extent) for loop in (la, lb)]
     if None in ext or min(ext) < 2:
         return False
     # every other loop keeps its place, a split loop's outer part takes the loop's; the two tile loops go innermost
@@ -319,10 +319,10 @@ def _elementwise_of_loads(e: Any, loads: list[Any], conditional: bool = False) -
     if isinstance(e, tvm.ir.TensorLoad):
         loads.append(e)
         return True
-    if conditional and _ir.is_if_then_else(e):
+    if conditional and tir_util.is_if_then_else(e):
         cond, then, other = e.args
         in_cond: list[Any] = []
-        _ir.rewrite(cond, lambda x: in_cond.append(x) if isinstance(x, tvm.ir.TensorLoad) else None)
+        tir_util.rewrite(cond, lambda x: in_cond.append(x) if isinstance(x, tvm.ir.TensorLoad) else None)
         return not in_cond and type(other).__name__ in ("IntImm", "FloatImm") \
             and _elementwise_of_loads(then, loads, conditional)
     name = type(e).__name__

@@ -83,7 +83,7 @@ from .check import (
     tolerance,
 )
 from .converters import CONVERTERS, translate
-from .importer import ImportedModel, import_model
+from .importer import ImportedModel, group_model, import_model
 from .layouts import (
     MODEL_LAYOUTS,
     blocked_conv_layouts,
@@ -141,6 +141,7 @@ __all__ = [
     "flatten_outputs",
     "flatten_sinfo",
     "func_args",
+    "group_model",
     "import_model",
     "legalize_conv2d",
     "load_exported_program",

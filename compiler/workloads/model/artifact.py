@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from compiler.arrays import device
 
 from ..operators import TensorSpec
 
@@ -22,8 +21,6 @@ from .importer import ImportedModel
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
-    import tvm
 
 
 MODEL_ARTIFACT_FILES = ("lib.so", "params.npz", "manifest.json", "run.py")
@@ -187,7 +184,7 @@ def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: B
 
 def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
     """Extracts the known files of a model artifact (regular files only, no paths) into `dest_dir`."""
-    from compiler.build import extract_artifact
+    from compiler.archive import extract_artifact
 
     return extract_artifact(path, dest_dir, MODEL_ARTIFACT_FILES)
 

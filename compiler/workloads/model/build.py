@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from compiler.arrays import device
-from compiler.build import Pipeline, tir_pipeline
+from compiler.pipeline import Pipeline, tir_pipeline
 
 from .importer import ImportedModel
 from .layouts import vector_lanes
@@ -239,7 +239,7 @@ def build_model(
         schedules: workload key -> scheduled IRModule/PrimFunc (e.g. `tuner.apply_config`'s result).
         layouts: workload key -> the task in other buffer layouts; weights are transformed here,
             once, activations by conversions between the tasks.
-        pipeline: the TIR pipeline of every function (`compiler.build.tir_pipeline`; our LICM by default).
+        pipeline: the TIR pipeline of every function (`compiler.pipeline.tir_pipeline`; our LICM by default).
 
     Returns:
         The executable and its (build-time transformed) parameters.

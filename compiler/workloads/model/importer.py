@@ -5,11 +5,12 @@ Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy ar
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+
+from compiler.passes.grouping import MAX_BYTES, Chain, group_chains
 
 from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
@@ -265,8 +266,6 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
     if fusion not in MODEL_FUSIONS:
         raise ModelError("fusion", f"unknown fusion {fusion!r}; one of {', '.join(MODEL_FUSIONS)}")
     if fusion == "chains":  # chains of complex operators become one task each, tiled and fused by basteln
-        from compiler.passes.grouping import group_model
-
         chains = group_model(model, max_tensor_elements=max_tensor_elements)
         if chains:
             model.notes.append(f"{len(chains)} chain(s) of complex operators grouped into one task each")
@@ -374,3 +373,19 @@ def _gelu_as_erf() -> Any:
         return rewrite_call(exact | tanh, rewrite, func)
 
     return gelu_as_erf
+
+
+def group_model(model: ImportedModel, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,
+                max_tensor_elements: int | None = None) -> list[Chain]:
+    """`compiler.passes.grouping.group_chains` on an imported model, in place: its module gets the merged
+    functions and its tasks are extracted again (a merged chain is one task).
+
+    Returns:
+        The chains merged (none: the model is left as it was).
+    """
+    mod, chains = group_chains(model.mod, min_bytes=min_bytes, max_bytes=max_bytes)
+    if chains:
+        limit = {} if max_tensor_elements is None else {"max_tensor_elements": max_tensor_elements}
+        model.mod = mod
+        model.tasks = extract_tasks(mod, **limit)
+    return chains

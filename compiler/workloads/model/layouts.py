@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import tvm
+    pass
 
 
 # Graph-level layouts of a model (ALT sec. 4.2): "none" keeps the operators' own layouts; "blocked"

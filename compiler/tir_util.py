@@ -1,7 +1,9 @@
-"""Small helpers over TVM 0.27's lowered TIR that its Python API does not expose: substitution of variables in
-expressions and statements, a statement walk, and the linear coefficient of a variable in an index.
+"""Small helpers over TVM 0.27's TIR that its Python API does not expose, written once for every pass: the
+identity of a node (`key`), substitution of variables in expressions and statements (`subst`, `subst_stmt`,
+and `substitute` for TE expressions with their tensor loads), a rebuilding expression rewriter (`rewrite`), a
+statement walk, constant extents, and the linear coefficient of a variable in an index.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: the bottom of `compiler` (imports only TVM); `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
@@ -9,16 +11,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import tvm
+from tvm import tirx
+from tvm.ir import expr as ir_expr
+from tvm.ir.prim import expr as prim
+
+
+class UnsupportedExpr(TypeError):
+    """An expression node the rewriters do not know how to rebuild (or, for `substitute`, a nested reduction)."""
+
 
 def key(node: Any) -> int:
-    """Identity of a TVM object (Python wrappers differ, handles do not)."""
+    """Identity of a TVM object (te ops, vars): Python wrappers differ, handles do not."""
     return node.__chandle__()
 
 
 def subst(e: Any, vmap: dict[int, Any]) -> Any:
     """`e` with every variable whose handle is in `vmap` replaced (the same object where nothing changed)."""
-    from tvm.ir import expr as ir_expr
-
     if not vmap:
         return e
     return rewrite(e, lambda x: vmap.get(key(x), x) if isinstance(x, ir_expr.Var) else None)
@@ -27,10 +36,6 @@ def subst(e: Any, vmap: dict[int, Any]) -> Any:
 def rewrite(e: Any, fn: Callable[[Any], Any | None]) -> Any:
     """`e` rebuilt with `fn(x)` in place of each sub-expression `x` where it is not None (pre-order: what `fn`
     returns is not visited again); the same object where nothing changed."""
-    import tvm
-    from tvm import tirx
-    from tvm.ir import expr as ir_expr
-    from tvm.ir.prim import expr as prim
 
     def go(x: Any) -> Any:
         done = fn(x)
@@ -72,9 +77,33 @@ def rewrite(e: Any, fn: Callable[[Any], Any | None]) -> Any:
             return x if a.same_as(x.a) and b.same_as(x.b) else type(x)(a, b)
         if type(x).__name__ in ("StringImm", "Shuffle"):
             return x  # no loop variable in a string; a shuffle only appears after our rewrites
-        raise TypeError(f"cannot rewrite in a {type(x).__name__}: {x}")
+        raise UnsupportedExpr(f"cannot rewrite in a {type(x).__name__}: {x}")
 
     return go(e)
+
+
+def substitute(expr: Any, vmap: dict[int, Any], load: Callable[[Any, list, list], Any] | None = None) -> Any:
+    """Rebuilds a TE expression with variables replaced (`vmap`: var handle -> expr).
+
+    `load(tensor, new_indices, old_indices)` replaces every `te.tensor_load`; by default the load is kept on
+    the same tensor with substituted indices.
+
+    Raises:
+        UnsupportedExpr: for a reduction inside the expression, or a node `rewrite` does not know.
+    """
+
+    def fn(e: Any) -> Any | None:
+        if isinstance(e, ir_expr.Var):
+            return vmap.get(key(e), e)
+        if isinstance(e, ir_expr.Call) and getattr(e.op, "name", "") == "te.tensor_load":
+            tensor, old = e.args[0], list(e.args[1:])
+            new = [rewrite(i, fn) for i in old]
+            return load(tensor, new, old) if load is not None else tensor(*new)
+        if isinstance(e, tirx.Reduce):
+            raise UnsupportedExpr("nested reductions are not supported")
+        return None
+
+    return rewrite(expr, fn)
 
 
 def subst_stmt(s: Any, vmap: dict[int, Any]) -> Any:
@@ -85,7 +114,6 @@ def subst_stmt(s: Any, vmap: dict[int, Any]) -> Any:
 def map_stmt(s: Any, fexpr: Callable[[Any], Any], fstmt: Callable[[Any], Any | None] | None = None) -> Any:
     """Rebuilds `s` bottom-up with `fexpr` applied to the expressions of each node; `fstmt(node)`, where given,
     may replace a node before its children are visited (return None to go on)."""
-    from tvm import tirx
 
     def go(x: Any) -> Any:
         if fstmt is not None:
@@ -117,8 +145,6 @@ def map_stmt(s: Any, fexpr: Callable[[Any], Any], fstmt: Callable[[Any], Any | N
 
 def walk(s: Any) -> Iterator[Any]:
     """Every statement of `s`, pre-order."""
-    from tvm import tirx
-
     yield s
     if isinstance(s, tirx.SeqStmt):
         for c in s.seq:
@@ -133,8 +159,6 @@ def walk(s: Any) -> Iterator[Any]:
 
 def exprs(s: Any) -> Iterator[Any]:
     """The top-level expressions of the statements of `s` (store values and indices, conditions, bounds)."""
-    from tvm import tirx
-
     for x in walk(s):
         if isinstance(x, tirx.BufferStore):
             yield x.value
@@ -150,8 +174,6 @@ def exprs(s: Any) -> Iterator[Any]:
 
 def is_if_then_else(e: Any) -> bool:
     """Whether `e` is a call of `if_then_else(cond, then, else)` (a conditional expression: padding)."""
-    from tvm.ir import expr as ir_expr
-
     return isinstance(e, ir_expr.Call) and str(getattr(e.op, "name", "")).endswith(".if_then_else")
 
 
@@ -169,17 +191,12 @@ def conditionals(e: Any) -> list[Any]:
 
 def uses(e: Any, var: Any) -> bool:
     """Whether expression `e` mentions `var`."""
-    from tvm import tirx
-
     probe = tirx.Var("probe", str(var.ty.dtype))
     return not subst(e, {key(var): probe}).same_as(e)
 
 
 def is_noop(s: Any) -> bool:
     """Whether `s` does nothing (an empty sequence, `Evaluate(0)`, a loop or branch of nothing)."""
-    from tvm import tirx
-    from tvm.ir.prim import expr as prim
-
     if isinstance(s, tirx.SeqStmt):
         return all(is_noop(c) for c in s.seq)
     if isinstance(s, tirx.Evaluate):
@@ -192,15 +209,12 @@ def is_noop(s: Any) -> bool:
 
 
 def noop() -> Any:
-    from tvm import tirx
 
     return tirx.Evaluate(0)
 
 
 def seq(stmts: list[Any]) -> Any:
     """One statement of `stmts` (no-ops dropped; a single statement as it is)."""
-    from tvm import tirx
-
     flat: list[Any] = []
     for s in stmts:
         if is_noop(s):
@@ -213,16 +227,17 @@ def seq(stmts: list[Any]) -> Any:
 
 def const_int(e: Any) -> int | None:
     """The value of an integer constant, else None."""
-    from tvm.ir.prim import expr as prim
-
     return int(e.value) if isinstance(e, prim.IntImm) else None
+
+
+def const_extent(node: Any) -> int | None:
+    """The constant extent of a loop (`tirx.For`) or an iteration variable's domain (`IterVar`), else None."""
+    return const_int(node.dom.extent if hasattr(node, "dom") else node.extent)
 
 
 def coefficient(analyzer: Any, e: Any, var: Any) -> int | None:
     """The constant `c` with `e(var + 1) - e(var) == c` for every `var` (None where it is not a constant):
     the stride of an affine index in `var`."""
-    from tvm import tirx
-
     step = analyzer.simplify(subst(e, {key(var): var + tirx.const(1, str(var.ty.dtype))}) - e)
     return const_int(step)
 
@@ -237,8 +252,6 @@ def flat_offset(buffer: Any, indices: list[Any]) -> Any:
 
 def var_names(e: Any) -> set[str]:
     """The names of the variables in expression `e`."""
-    from tvm.ir import expr as ir_expr
-
     names: set[str] = set()
 
     def fn(x: Any) -> None:
