@@ -102,7 +102,7 @@ def run_model(client: httpx.Client, name: str, folder: Path, budget: int | None,
 
         row.tune_s = (datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])
                       ).total_seconds()
-    report = (job.get("spec") or {}).get("report") or {}
+    report = job.get("report") or {}
     row.check_passed = (report.get("check") or {}).get("passed")
     latency = report.get("latency_ms") or {}
     row.ours_ms, row.torch_eager_ms = latency.get("artifact"), latency.get("torch_eager")

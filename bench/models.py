@@ -9,15 +9,15 @@
 Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
 mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side at its best:
 
-- ours: `compiler.workloads.model.import_model` (torch.export -> Relax,
-  graph-level layouts (`--layout`, default "blocked": convs in N C/c H W c, carried
-  through the graph), fused tasks; `--also-layouts blocked+chains` also tunes the model with chains of
-  complex operators grouped into one basteln task each, a model job's `"fusion": "chains"`), every task our loop space can tune searched with `tuner.tune` in rounds
-  that `tuner.scheduler.GradientScheduler` spreads over the tasks (weight = calls),
-  `--budget` measurements in all; at the end the best few configurations of every task
-  are measured again and the fastest then kept (`tuner.tune.remeasure_best`, as an
-  operator job does); those applied, the model built into a Relax VM executable
-  (weights packed once, `main_transform_params`), checked against torch;
+- ours: what a model job with the same spec serves, by the same functions: the program translated
+  (`translate_model`, as the job's sandbox does), `tuner.model.tune_model` (graph-level layouts: `--layout`,
+  default "blocked", convs in N C/c H W c carried through the graph; "search" runs ALT's joint stage first;
+  `--also-layouts blocked+chains` also tunes the model with chains of complex operators as one basteln task each,
+  a job's `"fusion": "chains"`; every tunable task searched in rounds the gradient scheduler spreads, stored
+  picks by re-measurement, kept only where they beat the task's default schedule) and `tuner.model.serve_model`
+  (built, checked whole against torch with wrong schedules removed, the untuned build served when faster end to
+  end, written as the artifact); the artifact's library and packed weights are what is timed. The one difference
+  from a job: it runs in this process, not in the worker's confined children;
 - MetaSchedule: TVM's own static-shape tuning flow with CPU weight prepacking
   (`relax.pipeline.static_shape_tuning_pipeline(cpu_weight_prepack=True)`, with our
   builder): the weights are parameters marked layout-free (`AttachAttrLayoutFreeBuffers`),
@@ -71,6 +71,11 @@ from typing import Any
 
 from bench.common import (TORCH_VARIANTS, Column, OnnxProgram, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_x,
                           format_table, geomean, geomeans, onnx_session, save_args, speedup, time_fresh, write_json)
+from compiler.workloads.model.importer import translate_model
+from tuner import Measurer, make_measurer
+from tuner.model import ModelTuneHooks, ModelTuneResult, serve_model, tune_model
+from tuner.request import ModelTuneRequest
+from tuner.task import best_trial
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
 
@@ -122,138 +127,92 @@ def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None
     return None
 
 
-def run_ours(model: Any, target: Any, budget: int, seed: int, trials_per_round: int, log: Any,
-             prior: dict[str, list] | None = None) -> dict:
-    """Tunes the model's tasks under the gradient scheduler (`budget` new measurements; `prior`: trials a task
-    already has, by workload key: the joint stage's), re-measures every task's best few, builds the picks;
-    returns facts and the executable."""
-    from compiler.workloads.model import build_model
-    from tuner import LocalMeasurer, Task, apply_config, tune
-    from tuner.graph_layout import tunable
-    from tuner.scheduler import GradientScheduler, RoundResult, round_size
-    from tuner.tune import remeasure_best, remeasure_count
+class _LogHooks(ModelTuneHooks):
+    """Prints each round of the loop stage and the joint stage's choice to the benchmark's log."""
 
-    start = time.perf_counter()
-    picked = [t for t in model.tasks if tunable(t.prim_func)]
-    tasks = [Task(t.name, t.workload_key, t.prim_func, target) for t in picked]
-    trials: list[list] = [list((prior or {}).get(t.workload_key, [])) for t in tasks]
-    best: list[Any] = [None] * len(tasks)
-    baselines: list[float | None] = [None] * len(tasks)
-    measurer = LocalMeasurer()
+    def __init__(self, log: Any) -> None:
+        self.log = log
 
-    def tune_round(i: int, n: int) -> RoundResult:
-        result = tune(tasks[i], len(trials[i]) + n, seed=seed, prior=trials[i], measurer=measurer, replay=False)
-        trials[i] += result.trials
-        best[i] = result.best
-        baselines[i] = result.baseline_ms
+    def on_layouts(self, blocks: dict, report: dict) -> None:
+        print(f"    layout search: {len(report['rounds'])} choices, {report['measurements']} measurements, estimate "
+              f"{fmt_ms(report['rule_estimate_ms'])} ms (rule) -> {fmt_ms(report['chosen_estimate_ms'])} ms",
+              file=self.log, flush=True)
+
+    def on_round(self, task: Any, result: Any) -> None:
         latency = result.best.latency_ms if result.best is not None else None
-        print(f"      round: {tasks[i].name} (weight {picked[i].weight}) +{len(result.trials)} trials, best "
-              f"{fmt_ms(latency)} ms (untuned {fmt_ms(result.baseline_ms)})", file=log, flush=True)
-        return RoundResult(latency, len(result.trials))
+        print(f"      round: {task.name} (weight {task.weight}) +{len(result.trials)} trials, best "
+              f"{fmt_ms(latency)} ms (untuned {fmt_ms(result.baseline_ms)})", file=self.log, flush=True)
 
+
+def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, dest: Path, log: Any,
+              measurer: Measurer | None = None) -> tuple[dict, ModelTuneResult, dict]:
+    """Ours as a model job runs it: the program translated (`translate_model`, what the job's sandbox does), tuned
+    by `tuner.model.tune_model` and served by `tuner.model.serve_model` (built, checked whole against `expected`,
+    timed, written as the artifact at `dest`): the functions the worker calls, here in this process. Returns the
+    row's facts, the tuning result and `serve_model`'s answer."""
+    measurer = measurer or make_measurer("local", pipeline=request.pipeline)
+    start = time.perf_counter()
     try:
-        # as the model worker: rounds of up to `trials_per_round`, small enough that every task gets one
-        scheduler = GradientScheduler([t.weight for t in picked], tune_round, budget,
-                                      trials_per_round=round_size(budget, len(tasks), trials_per_round), seed=seed)
-        scheduler.run()
-        # pick by re-measurement: each task's best few measured again (rounds are too short to do it per round)
-        picks: list[tuple[Any, float | None]] = []
-        for task, task_trials, b in zip(tasks, trials, best):
-            count = remeasure_count(len(task_trials))
-            if b is None or count == 0:
-                picks.append((b, b.latency_ms if b is not None else None))
-                continue
-            pick, pick_ms, _ = remeasure_best(task, task_trials, measurer, count)
-            picks.append((pick, pick_ms))
+        tuned = tune_model(translate_model(ep), request, measurer=measurer, hooks=_LogHooks(log))
     finally:
         measurer.close()
-    schedules = {}
-    for task, (trial, trial_ms), untuned in zip(tasks, picks, baselines):
-        # a schedule slower than the untransformed program (measured the same way) is not used
-        if trial is not None and (untuned is None or trial_ms < untuned):
-            schedules[task.workload_key] = apply_config(task, trial.config)
     tune_s = time.perf_counter() - start
-    built = build_model(model, target, schedules)
-    return {
-        "built": built,
+    served = serve_model(tuned.model, request, tuned.schedules, inputs, expected, dest=dest, facts=tuned.facts,
+                         report=tuned.report)
+    trials = [t for o in tuned.outcomes for t in o.trials]
+    facts: dict[str, Any] = {
         "ours_tune_s": tune_s,
-        "tasks": len(model.tasks),
-        "tunable_tasks": len(picked),
-        "tuned_tasks": len(schedules),
-        "ours_trials": sum(len(t) for t in trials),  # the joint stage's on tasks it did not keep: added by the caller
-        "ours_errors": sum(t.error is not None for ts in trials for t in ts),
+        "tasks": len(tuned.model.tasks),
+        "tunable_tasks": len(tuned.outcomes),
+        "tuned_tasks": len(served["served"]),
+        "ours_trials": tuned.measurements,
+        "ours_errors": sum(t.error is not None for t in trials),
+        "ours_served": served["report"].get("served"),
         "task_rows": [
-            {"name": p.name, "workload_key": p.workload_key, "weight": p.weight, "trials": len(ts),
-             "best_ms": b.latency_ms if b is not None else None, "picked_ms": pick_ms, "untuned_ms": u}
-            for p, ts, b, (_, pick_ms), u in zip(picked, trials, best, picks, baselines)
+            {"name": o.model_task.name, "workload_key": o.task.workload_key, "weight": o.model_task.weight,
+             "trials": len(o.trials), "best_ms": best_trial(o.trials).latency_ms if best_trial(o.trials) else None,
+             "picked_ms": o.pick.latency_ms if o.pick else None, "default_ms": o.default_ms,
+             "untuned_ms": o.untuned_ms}
+            for o in tuned.outcomes
         ],
     }
+    if tuned.layout_search is not None:
+        facts["layout_search"] = {k: v for k, v in tuned.layout_search.items() if k != "note"}
+    return facts, tuned, served
 
 
-def _ours_in(variant: str, ep: Any, target: Any, budget: int, seed: int, options: dict, inputs: list,
+def artifact_program(artifact: Path, inputs: list, folder: Path) -> TvmProgram:
+    """The served artifact (lib.so, its packed params) as a program for `time_fresh`."""
+    import numpy as np
+
+    from compiler.workloads.model.artifact import extract_model_artifact
+
+    extract_model_artifact(artifact, folder)
+    with np.load(folder / "params.npz", allow_pickle=False) as npz:
+        params = [npz[f"p{i}"] for i in range(len(npz.files))]
+    return TvmProgram(str(folder / "lib.so"), save_args([*inputs, *params], folder / "args.npz"), vm=True)
+
+
+def _ours_in(variant: str, ep: Any, target_name: str, budget: int, seed: int, options: dict, inputs: list,
              expected: list, folder: Path, log: Any) -> tuple[dict, Any]:
-    """Ours in one graph-level layout ("search": the joint stage first, on its share of the budget, as a model job),
-    "<layout>+chains" with chains of complex operators grouped into one basteln task each (a model job's
-    `"fusion": "chains"`): the row's facts (ours_*, error) and the exported program (None when it failed or is
-    wrong)."""
-    from compiler.workloads.model import import_model
-
+    """Ours in one graph-level layout ("search": the joint stage first, as a model job), "<layout>+chains" with
+    chains of complex operators grouped into one basteln task each (a model job's `"fusion": "chains"`): the row's
+    facts (ours_*, error) and the served artifact as a program (None when it failed)."""
     layout, _, fusion = variant.partition("+")
-    fusion = fusion or "none"
-
+    request = ModelTuneRequest(target=target_name, budget=budget, seed=seed, layout=layout, fusion=fusion or "none",
+                               trials_per_round=options["trials_per_round"])
     facts: dict[str, Any] = {"ours_ms": None, "ours_correct": False, "error": None, "ours_tune_s": 0.0}
     try:
-        joint: dict[str, Any] = {}
-        if layout == "search":
-            model, joint = search_layouts_for(ep, target, budget, seed, log, fusion)
-        else:
-            model = import_model(ep, layout=layout, target=target, fusion=fusion)
-        ours = run_ours(model, target, budget - joint.get("measurements", 0), seed, options["trials_per_round"], log,
-                        prior=joint.get("trials"))
-        built = ours.pop("built")
-        facts.update(ours)
-        if joint:
-            facts["ours_trials"] += joint["measurements"] - sum(len(ts) for ts in joint["trials"].values())
-            facts["ours_tune_s"] += joint["seconds"]
-            facts["layout_search"] = {k: v for k, v in joint.items() if k != "trials"}
-        mismatch = _check(_run_vm(built.ex, inputs, built.params), expected, quantized=options.get("quantize", False))
-        facts["ours_correct"] = mismatch is None
-        if mismatch is None:
-            return facts, _export_vm(built.ex, inputs, built.params, folder / f"ours-{layout}-{fusion}")
-        facts["error"] = f"ours ({variant}): {mismatch}"
+        dest = folder / f"ours-{layout}-{request.fusion}.tar.gz"
+        found, _, served = tune_ours(ep, request, inputs, expected, dest, log)
+        facts.update(found)
+        facts["ours_correct"] = served["error"] is None
+        if served["error"] is None:
+            return facts, artifact_program(dest, inputs, folder / f"ours-{layout}-{request.fusion}")
+        facts["error"] = f"ours ({variant}): {served['error']}"
     except Exception as e:  # noqa: BLE001
         facts["error"] = f"ours ({variant}): {type(e).__name__}: {str(e)[:300]}"
     return facts, None
-
-
-def search_layouts_for(ep: Any, target: Any, budget: int, seed: int, log: Any, fusion: str = "none") -> tuple[Any, dict]:
-    """The joint stage (`tuner.graph_layout`) on `JOINT_SHARE` of `budget`: the model in the chosen layouts, and
-    facts (measurements, estimates, the chosen blocks, and the loop trials of each task, which the loop stage
-    continues from)."""
-    from compiler.workloads.model.importer import translate_model
-    from tuner import LocalMeasurer
-    from tuner.graph_layout import joint_budget, search_layouts
-
-    start = time.perf_counter()
-    trials: dict[str, list] = {}
-
-    def on_measure(task: Any, trial: Any) -> None:
-        if trial.stage == "joint":
-            trials.setdefault(task.workload_key, []).append(trial)
-
-    measurer = LocalMeasurer()
-    try:
-        result = search_layouts(translate_model(ep), target, measurer, joint_budget(budget), seed=seed,
-                                on_measure=on_measure, fusion=fusion)
-    finally:
-        measurer.close()
-    print(f"    layout search: {len(result.rounds)} choices, {result.measurements} measurements, estimate "
-          f"{fmt_ms(result.rule_ms)} ms (rule) -> {fmt_ms(result.estimate_ms)} ms", file=log, flush=True)
-    keys = {t.workload_key for t in result.model.tasks}
-    return result.model, {"measurements": result.measurements, "rule_estimate_ms": result.rule_ms,
-                          "chosen_estimate_ms": result.estimate_ms, "blocks": result.blocks,
-                          "rounds": len(result.rounds), "seconds": time.perf_counter() - start,
-                          "trials": {k: v for k, v in trials.items() if k in keys}}
 
 
 def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_iter: int,
@@ -504,7 +463,7 @@ def run_model(name: str, target_name: str, budget: int, seed: int, options: dict
 
     # ours in the main layout ("ours"), then in each `--also-layouts` one ("ours@<layout>"), all timed together
     for layout in (options["layout"], *options.get("also_layouts", ())):
-        facts, program = _ours_in(layout, ep, target, budget, seed, options, inputs, expected, folder, log)
+        facts, program = _ours_in(layout, ep, target_name, budget, seed, options, inputs, expected, folder, log)
         if layout == options["layout"]:
             row.update(facts)
             key = "ours"

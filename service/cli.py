@@ -394,9 +394,13 @@ def cmd_tune(args: argparse.Namespace) -> None:
         raise SystemExit(f"invalid job: {e.errors()}") from None
 
     from compiler.build import write_artifact
-    from tuner import LocalMeasurer, apply_config, build_pipeline, layout_of_config, task_from_spec, tune, tune_options
+    from service.job_run import measurer_for
+    from service.requests import tune_request
+    from tuner import apply_config, layout_of_config
+    from tuner.operator import task_from_request, tune_operator
 
-    task = task_from_spec(spec, max_tensor_elements=settings.max_tensor_elements)
+    request = tune_request(spec, spec["budget"])
+    task = task_from_request(request, max_tensor_elements=settings.max_tensor_elements)
     started = time.perf_counter()
     trials_out = open(args.trials, "w") if args.trials else None  # noqa: SIM115 - closed below
 
@@ -408,20 +412,21 @@ def cmd_tune(args: argparse.Namespace) -> None:
                                          "latency_ms": trial.latency_ms, "error": trial.error}) + "\n")
             trials_out.flush()
 
-    measurer = LocalMeasurer(timeout_s=settings.measure_timeout, pipeline=build_pipeline(spec))
+    measurer = measurer_for(settings, request)
     try:
-        result = tune(task, spec["budget"], **tune_options(spec), on_trial=show, measurer=measurer)
+        result = tune_operator(task, request, on_trial=show, measurer=measurer)
     finally:
         measurer.close()
         if trials_out is not None:
             trials_out.close()
-    if result.best is None:
+    best, best_ms = result.final, result.final_ms  # the re-measured pick, as a job serves it
+    if best is None:
         raise SystemExit("no candidate built and ran correctly")
-    print(f"best {result.best.latency_ms:.4f} ms (untuned {result.baseline_ms} ms) "
-          f"in {time.perf_counter() - started:.0f} s; config {json.dumps(result.best.config)}")
+    print(f"best {best_ms:.4f} ms (untuned {result.baseline_ms} ms) "
+          f"in {time.perf_counter() - started:.0f} s; config {json.dumps(best.config)}")
     if args.out:
-        write_artifact(Path(args.out), task.workload, apply_config(task, result.best.config), task.target,
-                       result.best.latency_ms, spec, layout_of_config(task, result.best.config), build_pipeline(spec))
+        write_artifact(Path(args.out), task.workload, apply_config(task, best.config), task.target, best_ms, spec,
+                       layout_of_config(task, best.config), request.pipeline)
         print(f"artifact written to {args.out}")
 
 

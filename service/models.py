@@ -55,6 +55,10 @@ class Job(Base):
         ForeignKey("tokens.id", ondelete="SET NULL", name="fk_jobs_owner_id_tokens"), index=True)
     upload_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # the model file uploaded with it (quota)
     takeovers: Mapped[int] = mapped_column(default=0)  # claims of the job from a worker whose lease had expired
+    # what the worker computed, never written into the user's spec: a model job's report (the whole-model check,
+    # latencies, the joint stage) and the channel blocks its joint stage chose (a resumed job keeps them)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    layout_blocks: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     tasks: Mapped[list[TuningTask]] = relationship(back_populates="job", order_by="TuningTask.id")
 
@@ -266,28 +270,50 @@ class TrialRow(Base):
         return list(rows), count
 
 
+@dataclass(frozen=True)
+class ScheduleKey:
+    """What makes a stored schedule valid for a task: the workload, the target, where it is measured (a device key
+    of the RPC tracker; "" on the worker's own CPU), the TIR pipeline it is built with, and the version of the
+    search spaces whose configuration it is (`tuner.SPACE_VERSION`: a row of another version is ignored)."""
+
+    workload_key: str
+    target_key: str
+    device: str = ""
+    pipeline: str = "licm"
+    space_version: int = 0
+
+    def where(self) -> ColumnElement[bool]:
+        return ((Schedule.workload_key == self.workload_key) & (Schedule.target_key == self.target_key)
+                & (Schedule.device == self.device) & (Schedule.pipeline == self.pipeline)
+                & (Schedule.space_version == self.space_version))
+
+
 class Schedule(Base):
-    """The best known configuration of a workload on a target."""
+    """The best known configuration of a workload on a target (device, pipeline, space version: `ScheduleKey`)."""
 
     __tablename__ = "schedules"
-    __table_args__ = (UniqueConstraint("workload_key", "target_key"),)
+    __table_args__ = (UniqueConstraint("workload_key", "target_key", "device", "pipeline", "space_version",
+                                       name="uq_schedules_key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_key: Mapped[str] = mapped_column(Text, index=True)
     target_key: Mapped[str] = mapped_column(Text)
+    device: Mapped[str] = mapped_column(Text, default="")
+    pipeline: Mapped[str] = mapped_column(String(16), default="licm")
+    space_version: Mapped[int] = mapped_column(Integer, default=0)
     config: Mapped[dict[str, Any]]
     latency_ms: Mapped[float] = mapped_column(Float)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
 
     @classmethod
-    def find_by_key(cls, session: Session, workload_key: str, target_key: str) -> Schedule | None:
-        return session.scalar(select(cls).where(cls.workload_key == workload_key, cls.target_key == target_key))
+    def find_by_key(cls, session: Session, key: ScheduleKey) -> Schedule | None:
+        return session.scalar(select(cls).where(key.where()))
 
     @classmethod
-    def upsert_if_faster(cls, session: Session, workload_key: str, target_key: str, config: dict[str, Any],
-                         latency_ms: float, job_id: int | None) -> None:
-        """Store the configuration unless the known one for (workload, target) is at least as fast.
+    def upsert_if_faster(cls, session: Session, key: ScheduleKey, config: dict[str, Any], latency_ms: float,
+                         job_id: int | None) -> None:
+        """Store the configuration unless the known one for `key` is at least as fast.
 
         One `INSERT ... ON CONFLICT DO UPDATE ... WHERE` statement, so two workers finishing the same
         workload at once never collide on the unique key: the faster configuration stays, whatever the order.
@@ -299,10 +325,11 @@ class Schedule(Base):
             from sqlalchemy.dialects.sqlite import insert
         else:
             raise ValueError(f"unsupported database for schedules: {dialect}")
-        stmt = insert(cls).values(workload_key=workload_key, target_key=target_key, config=config,
+        stmt = insert(cls).values(workload_key=key.workload_key, target_key=key.target_key, device=key.device,
+                                  pipeline=key.pipeline, space_version=key.space_version, config=config,
                                   latency_ms=latency_ms, job_id=job_id, updated_at=utcnow())
         session.execute(stmt.on_conflict_do_update(
-            index_elements=[cls.workload_key, cls.target_key],
+            index_elements=[cls.workload_key, cls.target_key, cls.device, cls.pipeline, cls.space_version],
             set_={"config": stmt.excluded.config, "latency_ms": stmt.excluded.latency_ms,
                   "job_id": stmt.excluded.job_id, "updated_at": stmt.excluded.updated_at},
             where=stmt.excluded.latency_ms < cls.latency_ms,

@@ -60,8 +60,8 @@ class OperatorJobCreate(BaseModel):
                             "clip(nearbyint(float32(sum) * scale[c]) + zero_point[c], 0, 255), with a float32 "
                             "scale and an int32 zero_point input per output channel)"
     )
-    target: str = Field("host", max_length=32, description="where to tune and run: host (this CPU, detected), llvm, "
-                                                          "cuda (only where the server has a GPU)")
+    target: str = Field("host", max_length=32, description="where to tune and run: host (this CPU, detected) or llvm; "
+                                                          "cuda is refused: no GPU schedule space yet")
     budget: int = Field(64, ge=1, le=MAX_INT32, description="number of on-device measurements (at most the "
                                                             "server's ALTUNE_MAX_BUDGET)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search")
@@ -117,7 +117,10 @@ class JobPublic(BaseModel):
     lease_expires_at: UTCDateTime | None = Field(
         None, description="while running: when the worker's lease runs out unless renewed (past = worker lost)"
     )
-    spec: dict[str, Any]
+    spec: dict[str, Any] = Field(description="the job as submitted (what the API validated), never changed by a worker")
+    report: dict[str, Any] | None = Field(
+        None, description="a model job's report, written by its worker: the joint stage (layout_search), the "
+                          "whole-model check, removed schedules, the served build's latencies")
     created_at: UTCDateTime
     started_at: UTCDateTime | None
     finished_at: UTCDateTime | None
@@ -159,6 +162,9 @@ class SchedulePublic(BaseModel):
 
     workload_key: str
     target_key: str
+    device: str = Field(description="the RPC device key it was measured on; empty: a worker's own CPU")
+    pipeline: str = Field(description="the TIR pipeline it was built with (licm, default)")
+    space_version: int = Field(description="the version of the search spaces its configuration belongs to")
     config: dict[str, Any]
     latency_ms: float
     job_id: int | None
@@ -189,7 +195,8 @@ class OperatorsPublic(BaseModel):
     data: list[OperatorPublic]
     dtypes: list[str]
     epilogues: list[str]
-    targets: list[str] = Field(description="the targets this server can tune for (cuda only where it has a GPU)")
+    targets: list[str] = Field(description="the targets this server can tune for (CPU targets only: no GPU "
+                                                   "schedule space yet)")
 
 
 class ZooModelPublic(BaseModel):

@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
     max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")
     measure_timeout: float = Field(60.0, description="seconds a candidate may take to build and run")
+    measurer: Literal["local", "simulated"] = Field(
+        "local", description="how a worker measures a job that names no device: local (built and run on this "
+                             "machine) or simulated (nothing built; a latency that is a fixed function of the "
+                             "configuration: for load tests and scaling benchmarks, never for real tuning)")
     db_retry_seconds: float = Field(
         120.0, ge=0, description="how long a worker keeps retrying a database write (a trial, a finished job) while "
                                  "the database is unreachable or locked before it leaves the job to its lease; an "

@@ -70,8 +70,8 @@ class ModelJobSpec(BaseModel):
         None, max_length=64,
         description="example input shapes in call order; must match the exported program's (default: its own)"
     )
-    target: str = Field("host", max_length=32, description="where to tune and run: host, llvm, cuda (only where the "
-                                                         "server has a GPU)")
+    target: str = Field("host", max_length=32, description="where to tune and run: host (this CPU, detected) or "
+                                                         "llvm; cuda is refused: no GPU schedule space yet")
     layout: Literal["blocked", "search", "none"] = Field(
         "blocked", description="graph-level layouts: `blocked` puts every dense and depthwise conv2d in N C/c H W "
                                "c (block factors for the target's vector width), weights packed at build time, "
@@ -92,6 +92,11 @@ class ModelJobSpec(BaseModel):
     seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search and of the check's inputs")
     licm: bool = Field(True, description="build every task and the model with our loop-invariant code motion; "
                                          "false: TVM's default TIR pipeline")
+    device: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+        description="measure every task on a device of this key leased from the server's TVM RPC tracker (`GET "
+                    "/api/v1/devices`; the server needs ALTUNE_RPC_TRACKER); the whole model is still checked and "
+                    "timed on the worker, for `target`, which must be what the device runs. Omitted: on the worker")
 
 
 class ZooJobCreate(ModelJobSpec):

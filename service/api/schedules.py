@@ -19,7 +19,7 @@ def read_schedules(
     session: SessionDep,
     workload: Annotated[str | None, Query(description="exact workload key (as in a job's tasks)")] = None,
     search: Annotated[str | None, Query(description="substring of the workload key")] = None,
-    target: Annotated[str | None, Query(description="target name (host, llvm, cuda) or a stored target key")] = None,
+    target: Annotated[str | None, Query(description="target name (host, llvm) or a stored target key")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Offset = 0,
 ) -> SchedulesPublic:

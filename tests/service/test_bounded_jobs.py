@@ -171,5 +171,5 @@ def test_the_worker_never_loads_an_upload_itself(db_url, tmp_path, monkeypatch):
     assert Worker(settings).run_once() == job_id
     job = _job(db_url, job_id)
     assert job.status == "succeeded", job.error
-    assert job.spec["report"]["check"]["passed"] and called == []
+    assert job.report["check"]["passed"] and called == []
     assert os.path.getsize(tmp_path / "artifacts" / f"job-{job_id}.tar.gz") > 0

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from service.db import session_scope
-from service.models import Schedule, TrialRow
+from service.models import Schedule, ScheduleKey, TrialRow
+from tuner.version import SPACE_VERSION
 
 CONV = {"kind": "operator", "operator": "conv2d",
         "params": {"batch": 1, "in_channels": 16, "height": 14, "width": 14, "out_channels": 16,
@@ -64,7 +65,8 @@ def test_submit_tune_download_and_run(live_server, settings, tmp_path):
         assert len(rows) == CONV["budget"]
         assert all((r.latency_ms is None) == (r.error is not None) for r in rows)
         assert all(r.latencies_ms for r in rows if r.error is None)
-        assert Schedule.find_by_key(s, task["workload_key"], known["data"][0]["target_key"]).latency_ms == (
+        key = ScheduleKey(task["workload_key"], known["data"][0]["target_key"], space_version=SPACE_VERSION)
+        assert Schedule.find_by_key(s, key).latency_ms == (
             pytest.approx(job["best_latency_ms"])
         )
 

@@ -154,22 +154,24 @@ def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path, mo
     task's pick is re-measured (forced here for tasks with few trials: one finalist)."""
     if settings.resolved_database_url.startswith("postgresql"):
         pytest.skip("the search is the same on both backends; the storage paths are covered by the other tests")
-    monkeypatch.setattr(importlib.import_module("service.model_worker"), "remeasure_count", lambda n: 1 if n else 0)
+    monkeypatch.setattr(importlib.import_module("tuner.model"), "remeasure_count", lambda n: 1 if n else 0)
     r = _upload(api, _pt2("small_cnn"), budget=32, target="host", layout="search")
     assert r.status_code == 201, r.text
     job = _run_and_compare(api, settings, r.json()["id"], tmp_path, "small_cnn")
-    spec = job["spec"]
-    search = spec["report"]["layout_search"]
+    report = job["report"]
+    search = report["layout_search"]
     assert search["rounds"][0]["source"] == "rule" and search["measurements"] >= 1
     assert search["chosen_estimate_ms"] <= search["rule_estimate_ms"]
-    assert spec["blocks"] == search["blocks"] and set(spec["blocks"]) == {"conv1.weight", "conv2.weight",
-                                                                          "conv3.weight"}
+    with session_scope(settings.resolved_database_url) as s:  # kept on the job for a resumed run, not in its spec
+        blocks = Job.find_or_raise_by_id(s, job["id"]).layout_blocks
+    assert "blocks" not in job["spec"] and "report" not in job["spec"]
+    assert blocks == search["blocks"] and set(blocks) == {"conv1.weight", "conv2.weight", "conv3.weight"}
     # the job's model has the conversions of the round it chose (the lowest estimate): the rule's 1 (the image in;
     # the pooled 1x1 image leaves its block as a reshape), none where every conv keeps NCHW (round 1, "plain")
     assert search["rounds"][0]["conversions"] == 1
     assert all(r["conversions"] == 0 for r in search["rounds"] if r["source"] == "plain")  # when the budget reached it
     chosen = min(search["rounds"], key=lambda r: r["estimate_ms"])
-    assert spec["report"]["conversions"] == chosen["conversions"]
+    assert report["conversions"] == chosen["conversions"]
     with session_scope(settings.resolved_database_url) as s:
         stages = {row.stage for row in s.query(TrialRow).filter(TrialRow.job_id == job["id"])}
         total = s.query(TrialRow).filter(TrialRow.job_id == job["id"]).count()
@@ -231,7 +233,7 @@ def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch)
     import tuner
     from tvm import te
 
-    import service.model_worker as model_worker
+    import tuner.model as model
 
     real_apply, wrong = tuner.apply_config, {}
 
@@ -242,12 +244,12 @@ def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch)
         *ins, out = [te.placeholder(a.shape, a.dtype) for a in M.func_args(task.prim_func)]
         return te.create_prim_func([*ins, te.compute(out.shape, lambda *_: te.const(0.5, out.dtype))])
 
-    monkeypatch.setattr(model_worker, "apply_config", apply_config)
-    monkeypatch.setattr(model_worker, "_measure_default", lambda *_: float("inf"))  # every tuned schedule is kept
+    monkeypatch.setattr(model, "apply_config", apply_config)
+    monkeypatch.setattr(model, "_default_ms", lambda *_: float("inf"))  # every tuned schedule is kept
     r = api.post("/api/v1/models/zoo", json={"model": "fpn", "budget": 2})
     assert r.status_code == 201, r.text
     job = _run_and_compare(api, settings, r.json()["id"], tmp_path, "fpn")
-    report = job["spec"]["report"]
+    report = job["report"]
     assert "key" in wrong and report["check"]["passed"], report
     assert [e["workload_key"] for e in report["check"]["removed_schedules"]] == [wrong["key"]], report
     assert "wrong result" in report["check"]["mismatches"][0]
@@ -310,7 +312,7 @@ def test_a_bfloat16_model_tunes_and_its_artifact_matches_torch(api, settings, tm
     buf = io.BytesIO()
     torch.export.save(torch.export.export(module, tuple(inputs)), buf)
     job, trials = _tune_upload(api, settings, buf.getvalue(), budget=8)
-    report = job["spec"]["report"]
+    report = job["report"]
     assert report["check"]["passed"] and not report["check"]["removed_schedules"], report["check"]
     assert len(trials) == 8 and not [e for _, _, e, _ in trials if e], trials
     # bfloat16 convs searched: in the dot-product form where the CPU has a bf16 dot product (any AVX2 CPU)
@@ -339,7 +341,7 @@ def test_a_quantized_model_tunes_in_integers_and_its_artifact_matches_torch(api,
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     job, trials = _tune_upload(api, settings, buf.getvalue(), budget=8)
-    assert job["spec"]["report"]["check"]["passed"], job["spec"]["report"]["check"]
+    assert job["report"]["check"]["passed"], job["report"]["check"]
     assert len(trials) == 8 and not [e for _, _, e, _ in trials if e], trials
     # an integer conv measured: its key names its operands' dtypes; on a CPU with VNNI, in the dot-product form
     assert any("conv2d" in name and ms and "uint8" in key for name, ms, _, key in trials), trials

@@ -43,7 +43,7 @@ def test_a_real_model_uploads_tunes_and_its_artifact_matches_the_module(name, cl
     assert Worker(settings).run_once() == job_id
     job = client.get(f"/api/v1/jobs/{job_id}").json()
     assert job["status"] == "succeeded", job["error"]
-    assert job["spec"]["report"]["check"]["passed"] and job["trials_done"] >= 1
+    assert job["report"]["check"]["passed"] and job["trials_done"] >= 1
     folder = tmp_path / "artifact"
     folder.mkdir()
     with tarfile.open(fileobj=io.BytesIO(client.get(f"/api/v1/jobs/{job_id}/artifact").content)) as tar:

@@ -77,7 +77,7 @@ def test_expired_lease_is_claimable_and_live_lease_is_not(settings):
 def test_a_stopped_worker_hands_its_job_back_wherever_the_signal_lands(settings, monkeypatch, where):
     """SIGTERM (the cli raises SystemExit) between claiming a job and starting it, or while its heartbeat renews
     the lease: the job's lease is expired when the worker is gone, and the heartbeat cannot renew it after."""
-    from service.worker import JobRun
+    from service.worker import RUNNERS
 
     settings = settings.model_copy(update={"lease_seconds": 0.6})  # a beat every 0.2 s
     url = settings.resolved_database_url
@@ -90,7 +90,7 @@ def test_a_stopped_worker_hands_its_job_back_wherever_the_signal_lands(settings,
         beats.set()
         return real_renew(self, job)
 
-    def signal_mid_job(self):
+    def signal_mid_job(run):
         assert beats.wait(10), "the heartbeat renews while the job runs"
         raise SystemExit(143)
 
@@ -98,7 +98,7 @@ def test_a_stopped_worker_hands_its_job_back_wherever_the_signal_lands(settings,
     if where == "after-claim":
         monkeypatch.setattr(Worker, "run_job", lambda self, job: (_ for _ in ()).throw(SystemExit(143)))
     else:
-        monkeypatch.setattr(JobRun, "execute", signal_mid_job)
+        monkeypatch.setitem(RUNNERS, "operator", signal_mid_job)
     with pytest.raises(SystemExit):
         worker.run_forever()
     time.sleep(0.5)  # a heartbeat still alive would renew in this time
@@ -203,7 +203,7 @@ def test_an_error_inside_the_search_fails_the_job_with_it_and_keeps_its_trials(s
     failed, naming the error, with the trials measured before it in the database; the worker lives on."""
     if settings.resolved_database_url.startswith("postgresql"):
         pytest.skip("the search's failure path is the same on both backends")
-    from tuner.alt import ALTSearch
+    from tuner.searches.alt import ALTSearch
 
     url = settings.resolved_database_url
     (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 24})
@@ -248,10 +248,10 @@ def test_two_workers_finishing_the_same_workload_both_succeed_and_the_faster_sch
     stored: dict[int, float] = {}
     real_store = JobRun.store_schedule
 
-    def store_together(self, workload_key, tkey, config, latency_ms):
+    def store_together(self, key, config, latency_ms):
         stored[self.job_id] = latency_ms
         together.wait()
-        real_store(self, workload_key, tkey, config, latency_ms)
+        real_store(self, key, config, latency_ms)
 
     monkeypatch.setattr(JobRun, "store_schedule", store_together)
     def take_one(worker: Worker) -> None:  # on SQLite a claim can lose the race for the first job: claim again
@@ -276,13 +276,13 @@ def test_two_workers_finishing_the_same_workload_both_succeed_and_the_faster_sch
 
 
 def test_schedule_upsert_keeps_the_fastest_whatever_the_order(settings):
-    from service.models import Schedule
+    from service.models import Schedule, ScheduleKey
 
     url = settings.resolved_database_url
     job_id = _add_jobs(url, 1)[0]
     for latency, config in [(2.0, {"a": 1}), (3.0, {"a": 2}), (1.5, {"a": 3}), (1.5, {"a": 4}), (9.0, {"a": 5})]:
         with session_scope(url) as s:
-            Schedule.upsert_if_faster(s, "dense[k]", "llvm", config, latency, job_id)
+            Schedule.upsert_if_faster(s, ScheduleKey("dense[k]", "llvm"), config, latency, job_id)
     with session_scope(url) as s:
         rows = s.scalars(select(Schedule)).all()
         assert [(r.latency_ms, r.config) for r in rows] == [(1.5, {"a": 3})]
