@@ -28,6 +28,7 @@ ArgSpec = tuple[tuple[int, ...], str]  # (shape, dtype)
 
 def arg_specs(prim_func: tvm.tirx.PrimFunc) -> list[ArgSpec]:
     """(shape, dtype) of every parameter of `prim_func`, in call order (the output last)."""
+    # heavy: the catalog and the sandbox's parent import arrays without it
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     return [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in ArgInfo.from_prim_func(prim_func)]
@@ -36,7 +37,7 @@ def arg_specs(prim_func: tvm.tirx.PrimFunc) -> list[ArgSpec]:
 def random_inputs(specs: Sequence[ArgSpec], seed: int = 0) -> list[np.ndarray]:
     """Arrays of the given shapes and dtypes, reproducible from `seed`: floats uniform in [-1, 1), integers
     in [0, 100) (token ids, indices)."""
-    import numpy as np
+    import numpy as np  # heavy: the catalog and the sandbox's parent import arrays without it
 
     rng = np.random.default_rng(seed)
     return [rng.uniform(-1.0, 1.0, size=shape).astype(dtype) if str(dtype).startswith(("float", "bfloat"))
@@ -46,8 +47,8 @@ def random_inputs(specs: Sequence[ArgSpec], seed: int = 0) -> list[np.ndarray]:
 def to_torch(array: Any) -> Any:
     """A numpy array (or a torch tensor, returned as it is) as a torch tensor; ml_dtypes' bfloat16 becomes
     torch.bfloat16 (through float32, exactly)."""
-    import numpy as np
-    import torch
+    import numpy as np  # heavy: the catalog and the sandbox's parent import arrays without it
+    import torch  # heavy: the catalog and the sandbox's parent import arrays without it
 
     if isinstance(array, torch.Tensor):
         return array
@@ -59,11 +60,11 @@ def to_torch(array: Any) -> Any:
 
 def to_numpy(tensor: Any) -> np.ndarray:
     """A torch tensor as a numpy array; torch.bfloat16 becomes ml_dtypes' bfloat16 (through float32, exactly)."""
-    import torch
+    import torch  # heavy: the catalog and the sandbox's parent import arrays without it
 
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
+        import ml_dtypes  # heavy: the catalog and the sandbox's parent import arrays without it
 
         return tensor.float().numpy().astype(ml_dtypes.bfloat16)
     return tensor.numpy()
@@ -74,7 +75,7 @@ def loaded(array: np.ndarray) -> np.ndarray:
     2-byte voids (the only such type we save); other arrays as they are."""
     if array.dtype.kind != "V" or array.dtype.itemsize != 2:
         return array
-    import ml_dtypes
+    import ml_dtypes  # heavy: the catalog and the sandbox's parent import arrays without it
 
     return array.view(ml_dtypes.bfloat16)
 
@@ -85,7 +86,7 @@ def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, at
     `atol` is scaled by max(1, max |expected|), since fp32 sums over long reductions differ in the last
     bits with the order; NaN never matches.
     """
-    import numpy as np
+    import numpy as np  # heavy: the catalog and the sandbox's parent import arrays without it
 
     if actual.shape != expected.shape:
         return f"wrong result: output shape {actual.shape} != expected {expected.shape}"
@@ -104,7 +105,7 @@ def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, at
 
 def device(target: tvm.target.Target | Any) -> tvm.runtime.Device:
     """The device a program compiled for `target` runs on (device 0 of its kind; the CPU for llvm)."""
-    import tvm
+    import tvm  # heavy: the catalog and the sandbox's parent import arrays without it
 
     kind = target.kind.name if hasattr(target, "kind") else str(target)
     return tvm.cpu(0) if kind == "llvm" else tvm.device(kind, 0)

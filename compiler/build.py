@@ -29,7 +29,7 @@ import tvm
 
 from .archive import add_bytes, extract_artifact
 from .pipeline import PIPELINES, Pipeline, build, compile_module, tir_pipeline
-from .target import resolve_target
+from .target import resolve_target, use_all_cores
 
 if TYPE_CHECKING:
     from .workloads import Workload
@@ -178,6 +178,7 @@ def load_artifact(path: Path, extract_dir: Path | None = None) -> tuple[tvm.runt
     Returns:
         (runtime module, manifest); call it as `lib["main"](*inputs, out)`.
     """
+    use_all_cores()
     if extract_dir is not None:
         folder = extract_artifact(path, extract_dir, ARTIFACT_FILES)
         lib = tvm.runtime.load_module(str(folder / "lib.so"))

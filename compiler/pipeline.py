@@ -17,6 +17,7 @@ from tvm.tirx.transform import HoistedConditionals, HoistedLetBindings
 from .passes.licm import licm_pass
 from .passes.tensorize import tensorize_pass
 from .passes.vector_math import vector_math_pass
+from .target import use_all_cores
 
 Pipeline = Literal["licm", "default", "hoist-expression"]
 PIPELINES: tuple[Pipeline, ...] = ("licm", "default", "hoist-expression")
@@ -30,7 +31,11 @@ def tir_pipeline(pipeline: Pipeline = "licm") -> str:
     - "default": TVM's default pipeline alone;
     - "hoist-expression": TVM's default pipeline, then TVM's own `HoistExpression` with every kind of
       conditional and let binding enabled (the comparison `python -m bench.licm` makes).
+
+    Every build of ours names its pipeline here before anything it built runs, so this is also where TVM's
+    CPU thread count is set (`use_all_cores`; a user's own `TVM_NUM_THREADS` wins).
     """
+    use_all_cores()
     if pipeline == "default":
         return "default"
     if pipeline not in PIPELINES:

@@ -13,7 +13,7 @@ AVX-VNNI) gets those features turned on.
 
 TVM's CPU thread pool halves the logical core count on x86 (it assumes
 hyper-threading), so on a 2-core machine without SMT it ran every parallel loop
-on one thread: `use_all_cores` (called when `compiler` is imported) sets
+on one thread: `use_all_cores` (called by the entry points and by every build, `compiler.pipeline`) sets
 `TVM_NUM_THREADS` to the cores this process may use, unless the user set it.
 
 `ALTUNE_HOST_CPU` (an LLVM CPU name, e.g. "haswell") makes "host" that CPU instead of the detected one: the
@@ -40,7 +40,7 @@ HOST_CPU_ENV = "ALTUNE_HOST_CPU"
 @functools.cache
 def host_cpu() -> str:
     """The LLVM name of this machine's CPU (e.g. "znver4"), as LLVM detects it, or `ALTUNE_HOST_CPU`'s."""
-    from tvm.target import codegen
+    from tvm.target import codegen  # heavy: the API imports target for its names without TVM
 
     return os.environ.get(HOST_CPU_ENV) or str(codegen.llvm_get_system_cpu())
 
@@ -65,8 +65,8 @@ def host_mattr() -> tuple[str, ...]:
 
     Empty where the kernel's flags cannot be read (not Linux): LLVM's CPU model is then trusted.
     """
-    import tvm
-    from tvm.target import codegen
+    import tvm  # heavy: the API imports target for its names without TVM
+    from tvm.target import codegen  # heavy: the API imports target for its names without TVM
 
     try:
         with open("/proc/cpuinfo") as f:
@@ -115,7 +115,7 @@ def vector_unit(target: Any = None) -> VectorUnit:
         return _host_vector_unit()
     if target.kind.name != "llvm":  # a GPU target: the CPU's, its host's (the loop spaces are CPU spaces)
         return vector_unit(target.host) if target.host is not None else _host_vector_unit()
-    from tvm.target import codegen
+    from tvm.target import codegen  # heavy: the API imports target for its names without TVM
 
     triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
     if triple.startswith(("aarch64", "arm64")):
@@ -192,7 +192,7 @@ def use_all_cores() -> None:
 @functools.cache
 def cuda_arch() -> str | None:
     """The "sm_XY" of CUDA device 0, or None where no CUDA device is visible."""
-    import tvm
+    import tvm  # heavy: the API imports target for its names without TVM
 
     try:
         dev = tvm.cuda(0)
@@ -253,7 +253,7 @@ def resolve_target(name: str) -> tvm.target.Target:
 
 @functools.cache
 def _resolve(name: str) -> tvm.target.Target:
-    import tvm
+    import tvm  # heavy: the API imports target for its names without TVM
 
     if name in ("host", "llvm"):
         return tvm.target.Target(_llvm_config())

@@ -27,12 +27,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+from tvm import tirx
 
 from compiler import tir_util
-
-if TYPE_CHECKING:
-    import numpy as np
 
 Shape = tuple[int, ...]
 
@@ -82,14 +82,10 @@ def _check_dim(name: str, dim: int, shape: Shape) -> None:
 
 
 def _floordiv(a: Any, b: int) -> Any:
-    from tvm import tirx
-
     return a if b == 1 else tirx.floordiv(a, b)
 
 
 def _floormod(a: Any, b: int) -> Any:
-    from tvm import tirx
-
     return 0 * a if b == 1 else tirx.floormod(a, b)
 
 
@@ -170,8 +166,6 @@ class Split(Primitive):
         return idx[: self.dim] + [i] + idx[self.dim + m :], conds
 
     def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
-        import numpy as np
-
         total = math.prod(self.factors)
         if total > shape[self.dim]:
             widths = [(0, 0)] * array.ndim
@@ -313,8 +307,6 @@ class Unfold(Primitive):
         return names[: self.dim] + (f"{base}/{self.stride}", f"[{self.tile}]") + names[self.dim + 1 :]
 
     def forward(self, idx: list, shape: Shape, ctx: AccessContext | None) -> list:
-        from tvm import tirx
-
         e = idx[self.dim]
         e0 = ctx.window_start(e) if ctx is not None else e
         t = _floordiv(e0, self.stride)
@@ -335,8 +327,6 @@ class Unfold(Primitive):
         return idx[: self.dim] + [i] + idx[self.dim + 2 :], conds
 
     def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
-        import numpy as np
-
         d = shape[self.dim]
         pos = np.arange(self.tiles(shape))[:, None] * self.stride + np.arange(self.tile)[None, :]
         valid = pos < d
@@ -378,16 +368,12 @@ class Fold(Primitive):
         return idx[: self.dim] + [t * self.stride + b] + idx[self.dim + 2 :]
 
     def backward(self, idx: list, shape: Shape) -> tuple[list, list]:
-        from tvm import tirx
-
         i = idx[self.dim]
         last = _unfold_tiles(self.extent, self.tile, self.stride) - 1
         t = tirx.min(_floordiv(i, self.stride), last)
         return idx[: self.dim] + [t, i - t * self.stride] + idx[self.dim + 1 :], []
 
     def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
-        import numpy as np
-
         i = np.arange(self.extent)
         t = np.minimum(i // self.stride, shape[self.dim] - 1)
         moved = np.moveaxis(array, (self.dim, self.dim + 1), (0, 1))
@@ -428,8 +414,6 @@ class Pad(Primitive):
         return idx[: self.dim] + [i] + idx[self.dim + 1 :], conds
 
     def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
-        import numpy as np
-
         widths = [(0, 0)] * array.ndim
         widths[self.dim] = (self.before, self.after)
         return np.pad(array, widths)
@@ -513,8 +497,6 @@ class StoreAt(Primitive):
         return list(idx), [idx[self.dim] < shape[self.dim]]
 
     def pack(self, array: np.ndarray, shape: Shape, attached: dict[str, np.ndarray]) -> np.ndarray:
-        import numpy as np
-
         if self.tensor not in attached:
             raise LayoutError(f"store_at needs the array of {self.tensor!r} to pack its host")
         value = np.asarray(attached[self.tensor])
@@ -724,8 +706,6 @@ class Layout:
 
     def pack(self, array: np.ndarray, attached: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Transforms an array from the original layout to this one (numpy, build time)."""
-        import numpy as np
-
         assert tuple(array.shape) == self.shape, f"{array.shape=} != {self.shape=} for {self.name}"
         out = np.asarray(array)
         for p, s in zip(self.prims, self.shapes):

@@ -22,7 +22,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import tvm
+from tvm import te, tirx
+
+from compiler.pipeline import compile_module
 from compiler.tir_util import key
+from compiler.workloads import TensorSpec
+from compiler.workloads.model.layouts import dot_instruction
 
 from .primitives import Layout, LayoutError
 from .propagate import Graph, Plan, propagate
@@ -30,8 +37,6 @@ from .rewrite import conversion, rewrite
 from .templates import GROUP_PARAM, OUTER_SUFFIX, LayoutTemplate, conv_template, gemm_template
 
 if TYPE_CHECKING:
-    import numpy as np
-    import tvm
 
     from compiler.workloads import TensorSpec, Workload
 
@@ -83,8 +88,6 @@ def subgraph_layout(workload: Any, block: int) -> tvm.tirx.PrimFunc:
 
 def _reads_transposed(op: Any) -> bool:
     """Whether a GEMM's right operand is read as (N, K): its last index is the reduction variable."""
-    from tvm import tirx
-
     reduce_vars = {iv.var.name for iv in op.reduce_axis}
     weight = op.input_tensors[1]
     stack = [op.body[0].source[0] if isinstance(op.body[0], tirx.Reduce) else op.body[0]]
@@ -138,8 +141,6 @@ def dot_template(workload: Workload, target: tvm.target.Target) -> tuple[int, in
     """(L, G) of the target's dot-product instruction for the workload's element type, where the workload is
     an int8 or bfloat16 operator that has the dot-product form (`DOT_OPERATORS`); None otherwise (float32,
     other operators, a target without an exact instruction: then the template is the plain one)."""
-    from compiler.workloads.model.layouts import dot_instruction
-
     if workload.dtype not in ("int8", "bfloat16") or workload.operator not in DOT_OPERATORS:
         return None
     return dot_instruction(target, workload.dtype)
@@ -214,8 +215,6 @@ class LayoutProgram:
         Raises:
             LayoutError: store_at layouts (pack those with `pack_constants`).
         """
-        from tvm import te
-
         sources, outs = [], []
         for spec in self.workload.inputs:
             if spec.name in ACTIVATIONS:
@@ -246,11 +245,6 @@ class LayoutProgram:
 
     def run(self, inputs: Sequence[np.ndarray], target: Any = "llvm") -> np.ndarray:
         """Builds prim_func, runs it on user-layout inputs and returns the user-layout output (tests)."""
-        import numpy as np
-        import tvm
-
-        from compiler.pipeline import compile_module
-
         lib = compile_module(tvm.IRModule({"main": self.prim_func}), tvm.target.Target(target))
         args = [tvm.runtime.tensor(a) for a in self.pack_inputs(inputs)]
         out = tvm.runtime.tensor(np.zeros(self.args[-1].shape, self.args[-1].dtype))
@@ -280,8 +274,6 @@ def apply_layout(
     Raises:
         LayoutError: a layout that does not fit (wrong shape, a tile too small for a window, ...).
     """
-    from compiler.workloads import TensorSpec
-
     graph = te_graph(workload)
     op = complex_op(graph)
     choice = {k: v for k, v in (choice or {}).items() if (k, v) != (GROUP_PARAM, 1)}  # group 1: the plain form

@@ -23,12 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tvm import ir, sym, te, tirx
+
+from compiler.passes.tensorize.mark import DOT_GROUP
 from compiler.tir_util import key
 
 from .primitives import AccessContext, Layout, substitute
 
 if TYPE_CHECKING:
-    from tvm import te
 
     from .propagate import Plan
 
@@ -62,14 +64,10 @@ def _var_names(layout: Layout) -> list[str]:
 
 
 def _free_vars(e: Any) -> list:
-    from tvm import tirx
-
     return tirx.analysis.undefined_vars(e)
 
 
 def _all(conds: list) -> Any:
-    from tvm import tirx
-
     out = conds[0]
     for c in conds[1:]:
         out = tirx.And(out, c)
@@ -102,10 +100,6 @@ def compute_in_layout(
     Returns:
         The new output tensor, of shape `layout.new_shape`.
     """
-    from tvm import ir, sym, te, tirx
-
-    from compiler.passes.tensorize.mark import DOT_GROUP
-
     assert op.num_outputs == 1, f"{op.name}: multi-output ops are not supported ({op.num_outputs})"
     out_shape = tuple(int(s) for s in op.output(0).shape)
     assert out_shape == layout.shape, f"{op.name}: {layout.name} is for {layout.shape}, op makes {out_shape}"
@@ -165,8 +159,6 @@ def compute_in_layout(
 
 def conversion(source: te.Tensor, source_layout: Layout, target: Layout, name: str) -> te.Tensor:
     """An explicit layout conversion op: reads `source` (stored in `source_layout`), writes `target`."""
-    from tvm import te
-
     assert source_layout.shape == target.shape, f"{source_layout.shape=} != {target.shape=}"
     identity = te.placeholder(target.shape, source.dtype, name=f"{name}_in")
     copy = te.compute(target.shape, lambda *i: identity(*i), name=name, tag="injective,layout_convert")
@@ -186,8 +178,6 @@ class Rewritten:
     conversions: tuple[str, ...]  # names of the conversion ops inserted
 
     def prim_func(self) -> Any:
-        from tvm import te
-
         return te.create_prim_func([*self.inputs, *self.outputs]).with_attr("global_symbol", "main")
 
 
@@ -202,8 +192,6 @@ def rewrite(plan: Plan, splits: dict[str, GroupedReduction] | None = None) -> Re
     Returns:
         The new placeholders and outputs (`Rewritten.prim_func()` makes the PrimFunc).
     """
-    from tvm import te
-
     graph = plan.graph
     new: dict[int, te.Tensor] = {}
     converted: dict[tuple[int, Layout], te.Tensor] = {}

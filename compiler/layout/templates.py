@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tvm import sym, tirx
+
 from compiler.tir_util import key
 
 from .primitives import Layout, LayoutError, substitute
@@ -151,8 +153,6 @@ def _group_of(c: Mapping[str, int], data_tile: str) -> int:
 
 def _first_load(op: Any, tensor: Any) -> list | None:
     """The indices of `op`'s first load of `tensor` (None: it reads none)."""
-    from tvm import tirx
-
     loads: list[list] = []
 
     def load(t: Any, new: list, old: list) -> Any:
@@ -186,8 +186,6 @@ def _window(op: Any, tensor: Any, dim: int, axis: int) -> tuple[int, int] | None
     reduction variables sweep (kernel extent with dilation). None when the index
     does not have that form.
     """
-    from tvm import sym, tirx
-
     indices = _first_load(op, tensor)
     if indices is None:
         return None

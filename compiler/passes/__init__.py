@@ -5,5 +5,5 @@
 - `licm.py`: loop-invariant code motion for tensor programs (normalize, then hoist what pays);
 - `tensorize/`: tensor instructions with loop partitioning (partition, preprocess, patterns, intrinsics).
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """

@@ -47,7 +47,7 @@ over the spatial loop would gather one element a row, is split first (`rfactor`,
 one vector a row, which reads the row contiguously, and the original block reducing the lanes; both are
 spaces like the others and fuse under the tiles.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
@@ -56,12 +56,14 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..tir_util import key, loop_feeds
+import tvm
+from tvm import s_tir, sym, tirx
 
-if TYPE_CHECKING:
-    import tvm
+from compiler.passes.tensorize import mark, schedule_transpose
+
+from ..tir_util import key, loop_feeds, rewrite
 
 MAX_EXACT_TILES = 512  # footprints are summed over every tile up to this many; beyond, over a regular sample
 MAX_VECTOR = 64  # the longest innermost loop vectorized
@@ -113,8 +115,6 @@ class Nonlinear:
         return 0
 
     def interval(self, box: dict[str, tuple[int, int]]) -> tuple[int, int]:
-        from tvm import sym
-
         dom = {v: sym.IntervalSet(box[v.name][0], box[v.name][1]) for v in self.variables if v.name in box}
         found = sym.Analyzer().int_set(self.expr, dom)
         return int(found.min_value), int(found.max_value) + self.extent - 1
@@ -122,8 +122,6 @@ class Nonlinear:
 
 def _vars_of(expr: Any, out: set[str]) -> None:
     """The names of the variables in `expr` (a walk over its operands)."""
-    from tvm import tirx
-
     stack = [expr]
     while stack:
         e = stack.pop()
@@ -198,8 +196,6 @@ class Space:
 
 
 def _affine(region: Any, variables: list[Any]) -> tuple[Affine | Nonlinear, ...] | None:
-    from tvm import sym
-
     names = [v.name for v in variables]
     out = []
     for rng in region:
@@ -217,8 +213,6 @@ def _affine(region: Any, variables: list[Any]) -> tuple[Affine | Nonlinear, ...]
 
 def spaces_of(sch: tvm.s_tir.Schedule) -> list[Space]:
     """The iteration spaces of the root's child blocks, in program (topological) order."""
-    from tvm import tirx
-
     allocated = list(sch.get(sch.get_sblock("root")).alloc_buffers)
 
     def label(buf: Any) -> str:  # TE reuses names (two convs' "pad_temp"): intermediates are told apart by slot
@@ -611,8 +605,6 @@ def _duplicate_shared(sch: Any, spaces: dict[str, Space], params: set[str],
 
     Returns the new schedule, the copies made, and the groups left shared with the fraction that refused them.
     """
-    from tvm import s_tir
-
     duplications: list[Duplication] = []
     refused: dict[str, float] = {}
     if not all(a.indices is not None for s in spaces.values() for a in s.reads):
@@ -675,8 +667,6 @@ def _intersect(a: dict[str, tuple[int, int]] | None, b: dict[str, tuple[int, int
 
 def _block_of(stmt: Any) -> Any:
     """The block of a root-level loop nest."""
-    from tvm import tirx
-
     while isinstance(stmt, tirx.For):
         stmt = stmt.body
     return stmt.block
@@ -686,8 +676,6 @@ def _copy_blocks(func: Any, blocks: Sequence[str], readers: Sequence[str], suffi
     """`func` with the root-level blocks `blocks` (a group, in order) copied: new loop and block variables,
     names with `suffix`, each writing a new buffer of its own; the blocks `readers` read the copies' buffers
     instead of the originals'. The copies come right after the last of `blocks`."""
-    from tvm import s_tir, tirx
-
     realize = func.body
     root = realize.block
     seq = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
@@ -714,11 +702,6 @@ def _copy_blocks(func: Any, blocks: Sequence[str], readers: Sequence[str], suffi
 def _copy_nest(stmt: Any, buffers: dict[int, Any], suffix: str | None) -> Any:
     """A root-level loop nest of one block with the buffers in `buffers` (by handle) replaced; with a
     `suffix`, a copy of it: new loop and block variables, the block renamed."""
-    import tvm
-    from tvm import s_tir, tirx
-
-    from ..tir_util import rewrite
-
     fresh = suffix is not None
     variables: dict[int, Any] = {}
 
@@ -811,8 +794,6 @@ def basteln(
     Raises:
         BastelnError: the program has no output block or the tile sizes do not fit it.
     """
-    from tvm import s_tir
-
     sch = s_tir.Schedule(prim_func)
     root = sch.get(sch.get_sblock("root"))
     intermediate_bytes = sum(_nbytes(b) for b in root.alloc_buffers)
@@ -898,9 +879,6 @@ def scratch_bytes(mod: tvm.IRModule) -> int:
     """Bytes of the intermediate buffers of `mod`'s "main" once TVM has placed each allocation at the
     innermost loop that holds all its accesses and shrunk it to what one iteration touches (the lowering
     every build runs: `PlanAndUpdateBufferAllocationLocation`, `CompactBufferAllocation`)."""
-    import tvm
-    from tvm import s_tir
-
     seq = tvm.ir.transform.Sequential([s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
                                        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
                                        s_tir.transform.CompactBufferAllocation()])
@@ -1043,16 +1021,12 @@ def _inner(sch: Any, block: Any, space: Space, depth: int, *, vector: int, regis
             sch.unroll(r)
         _vectorize(sch, last, vector)
         if tensorize and regs:
-            from compiler.passes.tensorize import mark
-
             mark(sch, reduce[-1], "outer_product")
         try:
             sch.decompose_reduction(block, reduce[0])
         except Exception:  # a reduction TVM cannot split off (its init is under a non-reduction loop)
             pass
     elif spatial_rest and not reduce:
-        from compiler.passes.tensorize import schedule_transpose
-
         # a layout conversion (the output's back to the user's layout): transposed tiles in registers
         if not (tensorize and schedule_transpose(sch, block, spatial_rest, lanes)):
             _vectorize(sch, spatial_rest[-1], vector)

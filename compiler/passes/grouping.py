@@ -13,17 +13,19 @@ When a chain pays is a rule here, not a measurement: its intermediate tensors to
 `min_bytes` (by default half this machine's L2 cache: smaller ones stay in cache between the calls anyway)
 and no tensor of the chain exceeds `max_bytes`.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import tvm
+import tvm
+from tvm import relax, s_tir, tirx
+
+from compiler.target import host_caches
 
 MAX_BYTES = 64 * 1024 * 1024
 MAX_COMPLEX = 3  # functions with a reduction in one chain
@@ -38,8 +40,6 @@ class Chain:
 
 
 def _has_reduction(func: Any) -> bool:
-    from tvm import s_tir, tirx
-
     try:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
@@ -64,8 +64,6 @@ def _tensor_bytes(ty: Any) -> int:
 
 
 def tvm_dtype_bits(dtype: str) -> int:
-    import tvm
-
     t = tvm.DataType(dtype)
     return t.bits * t.lanes
 
@@ -76,10 +74,6 @@ def find_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: i
 
     `min_bytes` None: half of `compiler.target.host_caches().l2`.
     """
-    from tvm import relax
-
-    from compiler.target import host_caches
-
     min_bytes = host_caches().l2 // 2 if min_bytes is None else min_bytes
 
     main = mod["main"]
@@ -162,8 +156,6 @@ def group_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: 
     Returns:
         The module (unchanged when there is no chain) and the chains merged.
     """
-    from tvm import relax
-
     chains = find_chains(mod, min_bytes=min_bytes, max_bytes=max_bytes, max_complex=max_complex)
     if not chains:
         return mod, []

@@ -33,17 +33,19 @@ Only scalar expressions move (a vector `Ramp` stays, its base is hoisted); integ
 reassociated, floating-point ones never (rounding would change); loads are never hoisted (a store in
 the loop may change them), nor divisions by a non-constant (a guard may protect them).
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import tvm
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir.prim import expr as prim
 
 HOIST_THRESHOLD = 1
 UNROLLED_EXTENT = 8
@@ -65,8 +67,6 @@ def licm_pass(threshold: int = HOIST_THRESHOLD, unrolled_extent: int = UNROLLED_
         unrolled_extent: loops of a constant extent up to this are taken as unrolled by LLVM:
             hoisting out of them alone saves nothing.
     """
-    import tvm
-
     @tvm.tirx.transform.prim_func_pass(opt_level=0, name="altune.LICM")
     def _licm(func: Any, _mod: Any, _ctx: Any) -> Any:
         return licm(func, threshold, unrolled_extent)
@@ -113,10 +113,6 @@ def _shape(e: Any) -> str:
     cls = type(e)
     shape = _SHAPES.get(cls)
     if shape is None:
-        import tvm
-        from tvm import tirx
-        from tvm.ir.prim import expr as prim
-
         shape = ("var" if issubclass(cls, tvm.ir.Var) else
                  "const" if issubclass(cls, (tirx.IntImm, tirx.FloatImm)) else
                  "binary" if issubclass(cls, (prim.BinaryOpExpr, prim.CmpExpr, tirx.And, tirx.Or)) else
@@ -153,8 +149,6 @@ def _rebuild(e: Any, children: list[Any]) -> Any:
     old = _children(e)
     if all(a.same_as(b) for a, b in zip(old, children, strict=True)):
         return e
-    import tvm
-    from tvm import tirx
 
     shape = _shape(e)
     if shape == "binary":
@@ -182,8 +176,6 @@ def _dtype(e: Any) -> str:
 @functools.cache
 def _dtype_kind(dtype: str) -> str:
     """"int" (integers, booleans), "float", or "other" (vectors, handles) for a scalar dtype string."""
-    import tvm
-
     t = tvm.DataType(dtype)
     if t.lanes != 1:
         return "other"
@@ -203,8 +195,6 @@ def _integer_or_bool(e: Any) -> bool:
 
 
 def _op_name(call: Any) -> str:
-    import tvm
-
     return call.op.name if isinstance(call.op, tvm.ir.Op) else ""
 
 
@@ -216,8 +206,6 @@ _PURE_OPS: dict[str, bool] = {}
 
 
 def _pure_call(e: Any) -> bool:
-    import tvm
-
     op = e.op
     if not isinstance(op, tvm.ir.Op):
         return False
@@ -292,9 +280,6 @@ class _Motion:
 
     def collapse(self, e: Any) -> Any:
         """c1 ? (c2 ? a : b) : b -> (c1 && c2) ? a : b; c1 ? a : (c2 ? a : b) -> (c1 || c2) ? a : b."""
-        import tvm_ffi
-        from tvm import tirx
-
         cond, then, other = self._conditional(e)
         if cond is None:
             return e
@@ -317,17 +302,12 @@ class _Motion:
 
     @staticmethod
     def _make_conditional(like: Any, cond: Any, then: Any, other: Any) -> Any:
-        import tvm
-        from tvm import tirx
-
         if isinstance(like, tirx.Select):
             return tirx.Select(cond, then, other)
         return tvm.ir.Call(like.op, [cond, then, other], like.attrs, like.ty_args, ret_ty=like.ty)
 
     def reassociate(self, e: Any) -> Any:
         """Flatten a chain of one associative operator, stable-sort by rank, group equal ranks, rebuild."""
-        import tvm_ffi
-
         kind = "Add" if _kind(e) == "Sub" else _kind(e)
         if not _integer_or_bool(e):
             return e  # floating point: reassociation changes rounding
@@ -363,8 +343,6 @@ class _Motion:
     @staticmethod
     def _join(kind: str, acc: Any, group: list[tuple[bool, Any]]) -> Any:
         """acc op (the group's terms joined), or the group alone when acc is None."""
-        from tvm import tirx
-
         op = {"Add": tirx.Add, "Mul": tirx.Mul, "Min": tirx.Min, "Max": tirx.Max, "And": tirx.And, "Or": tirx.Or}[kind]
         plus = [t for sign, t in group if sign]
         minus = [t for sign, t in group if not sign]
@@ -390,8 +368,6 @@ class _Motion:
 
     def pays(self, e: Any, rank: int) -> bool:
         """cost(e) >= K, and among the loops e leaves, one that LLVM does not unroll."""
-        import tvm
-
         if cost(e) < self.threshold:
             return False
         for level in self.levels[rank:]:
@@ -419,9 +395,6 @@ class _Motion:
 
     def bind(self, e: Any, rank: int) -> Any:
         """The name of e, bound just before the loop at depth rank + 1."""
-        import tvm_ffi
-        from tvm import tirx
-
         level = self.levels[rank]
         key = tvm_ffi.StructuralKey(e)
         if key in level.names:
@@ -441,8 +414,6 @@ class _Motion:
     # -- statements --------------------------------------------------------------------
 
     def stmt(self, s: Any) -> Any:
-        from tvm import tirx
-
         if isinstance(s, tirx.SeqStmt):
             return self.seq(s)
         if isinstance(s, tirx.For):
@@ -467,14 +438,10 @@ class _Motion:
 
     def body(self, s: Any) -> Any:
         """`stmt` for a statement that must stay one (a loop's or a branch's body)."""
-        from tvm import tirx
-
         new = self.stmt(s)
         return tirx.Evaluate(0) if new is None else new
 
     def seq(self, s: Any) -> Any:
-        from tvm import tirx
-
         parts: list[Any] = []
         for child in self.if_concat(list(s.seq)):
             new = self.stmt(child)
@@ -487,9 +454,6 @@ class _Motion:
 
     def if_concat(self, stmts: list[Any]) -> list[Any]:
         """Adjacent `if`s on one load-free condition become one (inside loops only)."""
-        import tvm_ffi
-        from tvm import tirx
-
         if self.depth == 0:
             return stmts
         out: list[Any] = []
@@ -506,8 +470,6 @@ class _Motion:
         return out
 
     def loop(self, s: Any) -> Any:
-        from tvm import tirx
-
         self.ranks[s.loop_var.id_] = self.depth + 1
         self.levels.append(_Level(s))
         try:
@@ -520,8 +482,6 @@ class _Motion:
 
     def let(self, s: Any) -> Any:
         """A name with a single invariant definition moves out with it; others stay, ranked where they are."""
-        from tvm import tirx
-
         if self.depth == 0:
             return s
         value = self.normalize(s.value)
@@ -536,8 +496,6 @@ class _Motion:
         return s if value.same_as(s.value) else tirx.Bind(s.var, value)
 
     def branch(self, s: Any) -> Any:
-        from tvm import tirx
-
         cond, then, other = s.condition, s.then_case, s.else_case
         # if (c1) { if (c2) S } -> if (c1 && c2) S: one condition to normalize and hoist
         while (self.depth > 0 and other is None and isinstance(then, tirx.IfThenElse) and then.else_case is None

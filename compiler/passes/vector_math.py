@@ -20,18 +20,19 @@ one call per lane (BERT's and ViT's GELU): `sigmoid(x)` becomes `1 / (1 + exp(-x
 and `erf` become TVM's own float32 rational approximations (`topi.fast_tanh`, `topi.fast_erf`: Eigen's), their
 expressions taken from TVM and given the vector argument.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import tvm
+from tvm import te, tirx, topi
+from tvm.ir.prim import expr as prim
 
 from .. import tir_util
-
-if TYPE_CHECKING:
-    import tvm
 
 LOG2E = 1.44269504088896341
 LN2_HI = 0.693359375  # 8 significant bits: n * LN2_HI is exact for |n| < 2^16
@@ -44,8 +45,6 @@ LOW = -103.97207708  # ln(2^-150): below it exp rounds to 0
 
 def exp_f32(x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     """The expression above for a float32 (scalar or vector) `x`."""
-    from tvm import tirx
-
     dtype = str(x.ty.dtype)
     lanes = x.ty.dtype.lanes
     int_type = "int32" if lanes == 1 else f"int32x{lanes}"
@@ -77,8 +76,6 @@ def exp_f32(x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
 def _keep_nan(x: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     """`value`, or `x` where `x` is NaN (a clamp makes NaN a number); told by its bits: TVM compiles with LLVM's
     NoNaNsFPMath, under which `x != x` folds to false."""
-    from tvm import tirx
-
     lanes = x.ty.dtype.lanes
     bits = tirx.reinterpret("int32" if lanes == 1 else f"int32x{lanes}", x)
     return tirx.Select(bits & _const(0x7FFFFFFF, "int32", lanes) > _const(0x7F800000, "int32", lanes), x, value)
@@ -86,8 +83,6 @@ def _keep_nan(x: tvm.ir.PrimExpr, value: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
 
 def _const(v: float, dtype: str, lanes: int) -> Any:
     """A constant of `dtype`, broadcast to `lanes` where they are more than one."""
-    from tvm import tirx
-
     return tirx.const(v, dtype) if lanes == 1 else tirx.Broadcast(tirx.const(v, dtype), lanes)
 
 
@@ -100,18 +95,12 @@ def sigmoid_f32(x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
 @functools.lru_cache(maxsize=None)
 def _topi_template(name: str) -> Any:
     """The scalar float32 expression of `topi.<name>` over a placeholder (its load a `te.tensor_load` call)."""
-    from tvm import te, topi
-
     x = te.placeholder((1,), "float32", name="x")
     return getattr(topi, name)(x).op.body[0]
 
 
 def from_topi(name: str, x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
     """`topi.<name>`'s expression on the float32 (scalar or vector) `x`, its constants broadcast to x's lanes."""
-    import tvm
-    from tvm import te, tirx
-    from tvm.ir.prim import expr as prim
-
     lanes = x.ty.dtype.lanes
 
     def fn(e: Any) -> Any | None:
@@ -128,8 +117,6 @@ def from_topi(name: str, x: tvm.ir.PrimExpr) -> tvm.ir.PrimExpr:
 def rewrite_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """`func` with every float32 `exp`, `sigmoid`, `tanh` and `erf` call replaced as the module docstring says (the
     same object where there is none)."""
-    import tvm
-
     rules = {"tirx.exp": exp_f32, "tirx.sigmoid": sigmoid_f32, "tirx.tanh": lambda x: from_topi("fast_tanh", x),
              "tirx.erf": lambda x: from_topi("fast_erf", x)}
     ops = [(tvm.ir.Op.get(name), rule) for name, rule in rules.items()]
@@ -149,8 +136,6 @@ def rewrite_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
 def vector_math_pass() -> tvm.transform.Pass:
     """The module pass: `rewrite_math` on every PrimFunc."""
-    import tvm
-
     @tvm.transform.module_pass(opt_level=0, name="altune.VectorMath")
     def _pass(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         out = {}

@@ -70,12 +70,16 @@ Layering: imports nothing from `compiler`; torch is imported inside functions.
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
+import hashlib
 import io
 import json
 import keyword
 import math
+import operator
 import os
+import pickle
 import pickletools
 import re
 import threading
@@ -288,8 +292,6 @@ def _namedtuple_stand_ins(model: dict, where: str) -> dict[str, list[str]]:
     Raises:
         ModelError: field "file": a namedtuple of the specs whose fields the program does not list.
     """
-    import hashlib
-
     graph_module = model["graph_module"]
     fields_by_name = graph_module.get("treespec_namedtuple_fields") or {}
     stand_ins: dict[str, list[str]] = {}
@@ -323,8 +325,7 @@ def _namedtuple_stand_ins(model: dict, where: str) -> dict[str, list[str]]:
 
 def _register_namedtuples(stand_ins: dict[str, list[str]]) -> None:
     """Registers a plain namedtuple for each stand-in name not registered yet (see `_namedtuple_stand_ins`)."""
-    import collections
-
+    # heavy: torch only after the archive is checked (the API loads pt2 without it)
     from torch.utils import _pytree as pytree
 
     for name, fields in stand_ins.items():
@@ -335,9 +336,7 @@ def _register_namedtuples(stand_ins: dict[str, list[str]]) -> None:
 
 def _torch_load(canonical: bytes, namedtuples: dict[str, list[str]]) -> torch.export.ExportedProgram:
     """`torch.export.load` of the checked archive, `torch.load` forced to `weights_only` and `pickle.loads` refused."""
-    import pickle
-
-    import torch
+    import torch  # heavy: torch only after the archive is checked (the API loads pt2 without it)
     import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers QUANTIZED_OPS for the loader to resolve
 
     real_load, real_loads = torch.load, pickle.loads
@@ -770,6 +769,7 @@ def _guard_error(node: ast.expr) -> str | None:
 
 def _sym_op_names() -> frozenset[str]:
     """How torch writes its symbolic-int operators (`_operator.add`, `torch.sym_max`, `math.trunc`)."""
+    # heavy: torch only after the archive is checked (the API loads pt2 without it)
     from torch._export.serde.serialize import _SYM_OPS
 
     return frozenset(f"{op.__module__}.{op.__name__}" for op in _SYM_OPS)
@@ -895,7 +895,9 @@ def check_payload_config(config: Any, record_sizes: dict[str, int], where: str) 
     Raises:
         ModelError: field "file", naming the entry.
     """
+    # heavy: torch only after the archive is checked (the API loads pt2 without it)
     from torch._export.serde.schema import Layout
+    # heavy: torch only after the archive is checked (the API loads pt2 without it)
     from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
 
     if not isinstance(config, dict) or set(config) != {"config"} or not isinstance(config["config"], dict):
@@ -989,9 +991,8 @@ def check_graph(ep: torch.export.ExportedProgram) -> None:
     Raises:
         ModelError: field "file", naming the node.
     """
-    import operator
-
-    import torch
+    import torch  # heavy: torch only after the archive is checked (the API loads pt2 without it)
+    # heavy: torch only after the archive is checked (the API loads pt2 without it)
     from torch._export.serde.serialize import _SYM_OPS
 
     allowed = {*_SYM_OPS, operator.getitem}
@@ -1038,7 +1039,7 @@ def static_shapes(ep: torch.export.ExportedProgram, input_shapes: list[list[int]
         ModelError: "input_shapes" when the shapes are not given and the program keeps no example
             sizes, do not fit its inputs or its dimensions' ranges, or are over `max_tensor_elements`.
     """
-    import torch
+    import torch  # heavy: torch only after the archive is checked (the API loads pt2 without it)
 
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     vals = [placeholders[s.arg.name].meta.get("val") for s in ep.graph_signature.input_specs

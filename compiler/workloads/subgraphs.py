@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from compiler.arrays import random_inputs
+
 from .spec import OperatorDef, Param, TensorSpec, WorkloadError
 
 if TYPE_CHECKING:
@@ -66,7 +68,7 @@ class _Def:
 
 
 def _relu(t: Any, name: str) -> Any:
-    from tvm import te, tirx
+    from tvm import te, tirx  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     return te.compute(t.shape, lambda *i: tirx.max(t(*i), tirx.const(0, t.dtype)), name=name)
 
@@ -74,7 +76,7 @@ def _relu(t: Any, name: str) -> Any:
 def _conv(data: Any, weight: Any, padding: int, name: str, depthwise: bool = False) -> Any:
     """NCHW x OIHW conv with stride 1, its padding a stage of its own (`<name>_pad`); stage names are unique
     in the subgraph, so that layouts can be asked for per operator (`compiler.layout.subgraph_layout`)."""
-    from tvm import te, topi
+    from tvm import te, topi  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     n, c, h, w = (int(d) for d in data.shape)
     o, i, kh, kw = (int(d) for d in weight.shape)
@@ -96,7 +98,7 @@ def _c33_te(p: dict[str, int], xs: list[Any]) -> Any:
 
 
 def _c33_ref(p: dict[str, int], xs: list[Any]) -> Any:
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     x, w1, w2 = xs
     return F.relu(F.conv2d(F.relu(F.conv2d(x, w1, padding=1)), w2))
@@ -110,7 +112,7 @@ def _dwpw_te(p: dict[str, int], xs: list[Any]) -> Any:
 
 
 def _dwpw_ref(p: dict[str, int], xs: list[Any]) -> Any:
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     x, wd, wp = xs
     k = p["kernel"]
@@ -118,7 +120,7 @@ def _dwpw_ref(p: dict[str, int], xs: list[Any]) -> Any:
 
 
 def _pcbr_te(p: dict[str, int], xs: list[Any]) -> Any:
-    from tvm import te, topi
+    from tvm import te, topi  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     x, w, b = xs
     pad = p["padding"]
@@ -129,14 +131,14 @@ def _pcbr_te(p: dict[str, int], xs: list[Any]) -> Any:
 
 
 def _pcbr_ref(p: dict[str, int], xs: list[Any]) -> Any:
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     x, w, b = xs
     return F.relu(F.conv2d(x, w, b, padding=p["padding"]))
 
 
 def _attn_te(p: dict[str, int], xs: list[Any]) -> Any:
-    from tvm import te, tirx
+    from tvm import te, tirx  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     q, k, v = xs
     heads, seq, dim = p["heads"], p["seq"], p["dim"]
@@ -154,7 +156,7 @@ def _attn_te(p: dict[str, int], xs: list[Any]) -> Any:
 
 
 def _attn_ref(p: dict[str, int], xs: list[Any]) -> Any:
-    import torch
+    import torch  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
     q, k, v = xs
     return torch.softmax(q @ k.transpose(1, 2) / math.sqrt(p["dim"]), dim=-1) @ v
@@ -246,7 +248,7 @@ class Subgraph:
 
     def te_tensors(self) -> tuple[list[Any], Any]:
         """The TE graph: the placeholders in call order and the output, one stage per operator (unique names)."""
-        from tvm import te
+        from tvm import te  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
         placeholders = [te.placeholder(s.shape, s.dtype, name=s.name) for s in self.inputs]
         out = _DEFS[self.operator].te(self.params, placeholders)
@@ -257,20 +259,18 @@ class Subgraph:
     @functools.cached_property
     def prim_func(self) -> tvm.tirx.PrimFunc:
         """The unfused program (global_symbol "main"): one block per operator stage."""
-        from tvm import te
+        from tvm import te  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
         placeholders, out = self.te_tensors()
         return te.create_prim_func([*placeholders, out]).with_attr("global_symbol", "main")
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Uniform [-1, 1) inputs in call order, reproducible from `seed` (`compiler.arrays.random_inputs`)."""
-        from compiler.arrays import random_inputs
-
         return random_inputs([(tuple(s.shape), s.dtype) for s in self.inputs], seed)
 
     def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
         """Computes the subgraph with torch: the ground truth every candidate is checked against."""
-        import torch
+        import torch  # heavy: subgraphs are made and keyed without TVM or torch (the API)
 
         assert len(inputs) == len(self.inputs), f"{len(inputs)=} != {len(self.inputs)=}"
         with torch.no_grad():

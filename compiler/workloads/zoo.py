@@ -46,8 +46,8 @@ class ZooModel:
 
 def _modules() -> dict[str, Any]:
     """The torch.nn classes, defined on first use so that importing this module needs no torch."""
-    import torch
-    from torch import nn
+    import torch  # heavy: the API reads the zoo's table without torch
+    from torch import nn  # heavy: the API reads the zoo's table without torch
 
     class BasicBlock(nn.Module):
         def __init__(self, cin: int, cout: int, stride: int) -> None:
@@ -467,7 +467,7 @@ def get(name: str) -> ZooModel:
 
 def example_inputs(name: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Random example inputs of model `name`: uniform [-1, 1) floats, token ids in [0, 1000)."""
-    import torch
+    import torch  # heavy: the API reads the zoo's table without torch
 
     entry = get(name)
     gen = torch.Generator().manual_seed(seed)
@@ -482,7 +482,7 @@ def example_inputs(name: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 def create(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """Model `name` in eval mode with random weights from `seed`, and example inputs."""
-    import torch
+    import torch  # heavy: the API reads the zoo's table without torch
 
     torch.manual_seed(seed)
     model = get(name).build().eval()
@@ -496,7 +496,7 @@ def create(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tenso
 
 def export(name: str, seed: int = 0) -> torch.export.ExportedProgram:
     """`torch.export.export` of model `name` on its example inputs."""
-    import torch
+    import torch  # heavy: the API reads the zoo's table without torch
 
     model, inputs = create(name, seed)
     return torch.export.export(model, inputs)
@@ -510,10 +510,11 @@ def quantized(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Te
 
     Needs `torchao` (the dev extra: tests and benchmarks quantize; the service only loads what users quantized).
     """
-    import torch
+    import torch  # heavy: the API reads the zoo's table without torch
 
     try:
-        from torchao.quantization.pt2e import quantize_pt2e
+        from torchao.quantization.pt2e import quantize_pt2e  # heavy: the API reads the zoo's table without torch
+        # heavy: the API reads the zoo's table without torch
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
     except ImportError as e:  # pragma: no cover - the dev extra installs it
         raise RuntimeError("quantizing a zoo model needs torchao (pip install -e '.[dev]')") from e

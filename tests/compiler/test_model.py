@@ -465,7 +465,7 @@ def test_bfloat16_convs_and_linears_take_the_dot_product_form_and_tensorize(mcpu
     from compiler.arrays import check_close, to_numpy
     from compiler.passes.tensorize import tensorize_module
     from compiler.workloads.model.layouts import dot_instruction
-    from tuner.space import LoopSpace
+    from tuner.spaces import LoopSpace
 
     target = host_target if mcpu is None else tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
     if dot_instruction(host_target, "bfloat16") is None:

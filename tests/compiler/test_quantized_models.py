@@ -229,7 +229,7 @@ def test_the_dot_product_form_is_searched_with_its_group_innermost(wide):
     from tvm.target import Target
 
     from compiler.target import vector_unit
-    from tuner.space import LoopSpace
+    from tuner.spaces import LoopSpace
 
     ep, _ = wide
     target = Target(CASCADELAKE)
@@ -257,7 +257,7 @@ def test_a_tensorized_dot_product_model_matches_torch(wide, host_target):
 
     from compiler.passes.tensorize import tensorize_module
     from compiler.workloads.model.layouts import dot_instruction
-    from tuner.space import LoopSpace
+    from tuner.spaces import LoopSpace
 
     if dot_instruction(host_target) is None:
         pytest.skip("this CPU has no exact u8 x s8 dot-product instruction")

@@ -59,18 +59,32 @@ def test_unknown_target_names_the_valid_ones(name):
 
 
 @pytest.mark.parametrize("preset", [None, "1"])
-def test_tvm_runtime_runs_on_every_core_unless_the_user_says(preset):
-    """TVM's own default halves x86 cores (one thread on a 2-core machine); importing compiler fixes it."""
+@pytest.mark.parametrize("how", ["use_all_cores", "build"])
+def test_tvm_runtime_runs_on_every_core_unless_the_user_says(preset, how):
+    """TVM's own default halves x86 cores (one thread on a 2-core machine); `use_all_cores`, which every build
+    calls (`compiler.pipeline.tir_pipeline`), fixes it; a user's TVM_NUM_THREADS wins."""
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
     if preset is not None:
         env["TVM_NUM_THREADS"] = preset
-    code = "import tuner, tvm; print(tvm.runtime.num_threads())"
+    call = {"use_all_cores": "from compiler.target import use_all_cores; use_all_cores()",
+            "build": "from compiler.pipeline import tir_pipeline; tir_pipeline()"}[how]
+    code = f"{call}; import tvm; print(tvm.runtime.num_threads())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     expected = int(preset) if preset is not None else len(os.sched_getaffinity(0))
     assert int(out.stdout.strip()) == expected
+
+
+def test_importing_compiler_leaves_the_environment_alone():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    code = "import os, compiler, compiler.workloads, compiler.target; print('TVM_NUM_THREADS' in os.environ)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_vector_unit_follows_the_features_not_the_cpu_name():

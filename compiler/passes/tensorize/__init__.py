@@ -16,7 +16,7 @@ The flow (the paper's Fig. 2), one module each:
 7. `kernels.py`: GEMM, conv2d and element-wise operators in the instructions' layouts, with default schedules
    that mark them.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations

@@ -45,16 +45,17 @@ Elsewhere the bf16 instructions widen instead: a bf16 is the high half of an fp3
 of its 32-bit word by one shift and one mask and multiplied by fp32 FMA (exact products, fp32 sums, the way
 oneDNN runs bf16 on AVX-512 without BF16). The bf16 data stays bf16 in memory (half the bytes of fp32).
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import tvm
+import tvm
+from tvm import tirx
+from tvm.target import codegen
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,6 @@ class Instruction:
             a: the group of A: a scalar (`group` 1) or `a_dtype x group`.
             b: `b_dtype x (lanes * group)`, lane-major (`B[l, g]` at `l * group + g`).
         """
-        import tvm
-        from tvm import tirx
-
         call = tvm.tirx.call_llvm_pure_intrin
         vec = f"{self.c_dtype}x{self.lanes}"
         if self.group == 1:
@@ -161,14 +159,10 @@ define <16 x float> @{_DPBF16PS_512_NAME}(<16 x float> %acc, <16 x i32> %a, <16 
 
 def _vnni_takes_bytes() -> bool:
     """LLVM 21 retyped vpdpbusd's operands from <N x i32> to <4N x i8>."""
-    from tvm.target import codegen
-
     return int(codegen.llvm_version_major()) >= 21
 
 
 def _reinterpret(e: Any, dtype: str) -> Any:
-    from tvm import tirx
-
     return tirx.reinterpret(dtype, e)
 
 
@@ -193,8 +187,6 @@ INSTRUCTIONS: tuple[Instruction, ...] = (
 
 def target_arch(target: tvm.target.Target) -> str:
     """"x86", "aarch64" or "other" for an LLVM target."""
-    from tvm.target import codegen
-
     triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
     if triple.startswith(("aarch64", "arm64")):
         return "aarch64"
@@ -203,8 +195,6 @@ def target_arch(target: tvm.target.Target) -> str:
 
 def target_features(target: tvm.target.Target) -> frozenset[str]:
     """The CPU features LLVM enables for `target` (its `-mcpu` and `-mattr`)."""
-    from tvm.target import codegen
-
     features = frozenset(str(f) for f in codegen.llvm_get_cpu_features(target))
     if target_arch(target) == "aarch64":
         features |= {"neon"}  # AArch64 always has Advanced SIMD; LLVM names it "neon" only sometimes
@@ -215,7 +205,6 @@ def available(target: tvm.target.Target) -> tuple[Instruction, ...]:
     """The instructions `target` has, in preference order."""
     if str(target.kind.name) != "llvm":
         return ()
-    from tvm.target import codegen
 
     arch, features = target_arch(target), target_features(target)
     llvm = int(codegen.llvm_version_major())

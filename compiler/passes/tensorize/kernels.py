@@ -15,7 +15,7 @@ The default schedule (`schedule_*`) is what the search starts from: a register b
 vectors of the target's lanes, the reduction loop marked for an outer-product instruction, the outer rows loop
 parallel; the tuner may mark elsewhere and choose other blocks.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+from tvm import s_tir, te
 
-from .instructions import choose
+from ...target import vector_unit
+from .instructions import choose, target_arch
 from .mark import mark
 
 if TYPE_CHECKING:
@@ -42,8 +44,6 @@ GROUP = {"float32": 1, "int8": 4, "bfloat16": 2}
 def operands(target: tvm.target.Target, dtype: DType) -> tuple[str, str, str]:
     """(A, B, C) storage types of a `dtype` job on `target`: int8 is u8 x s8 on x86 (VNNI, vpmaddubsw take
     unsigned activations), s8 x s8 on AArch64 (sdot)."""
-    from .instructions import target_arch
-
     if dtype == "int8" and target_arch(target) == "aarch64":
         return ("int8", "int8", "int32")
     return OPERANDS[dtype]
@@ -72,8 +72,6 @@ def blocking(target: tvm.target.Target, dtype: DType, exact: bool = False) -> Bl
             int8 gets `vpmaddwd`'s pairs rather than `vpmaddubsw`'s groups of 4, which are exact only for
             activations below 128); otherwise the preferred one of the dtype's usual group (`GROUP`).
     """
-    from ...target import vector_unit
-
     a, b, c = operands(target, dtype)
     ins = choose(target, a, b, c, None, exact=True) if exact else choose(target, a, b, c, GROUP[dtype])
     unit = vector_unit(target)
@@ -101,8 +99,6 @@ def gemm(m: int, n: int, k: int, dtype: DType, lanes: int, packed: bool = True,
         packed: B packed (always for int8 and bf16); fp32 B[K, N] as it is where False.
         types: (A, B, C) storage types (default `OPERANDS[dtype]`; see `operands`).
     """
-    from tvm import te
-
     a_t, b_t, c_t = types or OPERANDS[dtype]
     g = group or GROUP[dtype]
     A = te.placeholder((m, k), a_t, name="A")
@@ -135,8 +131,6 @@ def schedule_gemm(func: tvm.tirx.PrimFunc, block: Blocking, marked: bool = True)
     """The outer-product schedule: i -> (io parallel, ii = rows), j -> (jo, jl = lanes), k -> (ko, kg = group);
     order io, jo, ko, ii, jl, kg; the init decomposed out; ko marked; A's zero-padded copy (`gemm`), where there
     is one, computed per block of rows."""
-    from tvm import s_tir
-
     sch = s_tir.Schedule(func)
     c = sch.get_sblock("C")
     i, j, k = sch.get_loops(c)
@@ -175,8 +169,6 @@ def conv2d(n: int, h: int, w: int, c: int, f: int, kernel: int, dtype: DType, la
         packed: the weight packed (`pack_conv_weight`; always for int8 and bf16); fp32 HWIO where False.
         group: the packed weight's group (`GROUP[dtype]` by default).
     """
-    from tvm import te
-
     a_t, b_t, c_t = types or OPERANDS[dtype]
     g = group or GROUP[dtype]
     pad = kernel // 2
@@ -215,8 +207,6 @@ def pack_conv_weight(weight: np.ndarray, lanes: int, group: int) -> np.ndarray:
 def schedule_conv2d(func: tvm.tirx.PrimFunc, block: Blocking, marked: bool = True) -> tvm.IRModule:
     """The outer-product schedule of conv2d: w -> (wo, wi = rows), f -> (fo, fl = lanes), rc -> (rco, rcg);
     order n, h (parallel), fo, wo, rh, rw, rco, wi, fl, rcg; rco marked; the pad stage computed at h."""
-    from tvm import s_tir
-
     sch = s_tir.Schedule(func)
     conv = sch.get_sblock("conv")
     b, y, x, o, rh, rw, rc = sch.get_loops(conv)
@@ -245,8 +235,6 @@ ELEMENTWISE = ("add", "sub", "mul", "relu")
 
 def elementwise(op: str, shape: tuple[int, ...], dtype: str = "float32") -> tvm.tirx.PrimFunc:
     """`op` ("add", "sub", "mul": two inputs; "relu": one) over `shape`."""
-    from tvm import te
-
     if op not in ELEMENTWISE:
         raise ValueError(f"unknown element-wise operator: {op!r} (one of {', '.join(ELEMENTWISE)})")
     x = te.placeholder(shape, dtype, name="x")
@@ -262,8 +250,6 @@ def elementwise(op: str, shape: tuple[int, ...], dtype: str = "float32") -> tvm.
 def schedule_elementwise(func: tvm.tirx.PrimFunc, lanes: int, marked: bool = True) -> tvm.IRModule:
     """The innermost loop split by `lanes` (its remainder guarded), the inner part marked "elementwise",
     the outermost loop parallel."""
-    from tvm import s_tir
-
     sch = s_tir.Schedule(func)
     blk = sch.get_sblock("out")
     loops = sch.get_loops(blk)

@@ -12,12 +12,16 @@ The mark is a loop annotation, `altune.tensorize`, whose value is the kind of in
 
 TVM's `LowerOpaqueBlock` keeps loop annotations on the lowered `For`, where our passes find it.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
+
+from tvm import tirx
+
+from ... import tir_util
 
 if TYPE_CHECKING:
     import tvm
@@ -48,9 +52,5 @@ def mark(sch: tvm.s_tir.Schedule, loop: Any, kind: Kind = "auto") -> None:
 
 def marked_kinds(func: tvm.tirx.PrimFunc) -> list[str]:
     """The kinds of the marked loops of a lowered function, in program order."""
-    from tvm import tirx
-
-    from ... import tir_util
-
     return [str(s.annotations[ANNOTATION]) for s in tir_util.walk(func.body)
             if isinstance(s, tirx.For) and ANNOTATION in s.annotations]

@@ -28,18 +28,18 @@ A thread (`AttrStmt "thread_extent"`, the paper's `thread(tid, 4)`) is partition
 Only loops on the way to a marked loop (`mark.ANNOTATION`) and the loops inside it are partitioned
 (`marked_only`): partitioning everything would copy unmarked code for nothing.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import tvm
+from tvm import s_tir, tirx
 
 from ... import tir_util
 from .mark import ANNOTATION
-
-if TYPE_CHECKING:
-    import tvm
 
 MAX_PIECES = 8  # a loop cut into more pieces than this is left whole (code size)
 
@@ -67,9 +67,6 @@ def eliminate_conditions(stmt: Any, ranges: dict[int, tuple[Any, int, int]]) -> 
     """`EliminateCondition`: every `if` in `stmt`, and every `if_then_else` in a stored value, whose condition is
     provably true or false, given the variable ranges `ranges` (handle -> (var, lo, hi), inclusive) and those of
     the loops inside `stmt`, replaced by the branch it takes; a loop whose body becomes empty is removed."""
-    import tvm
-    from tvm import tirx
-
     analyzer = tvm.sym.Analyzer()
     for var, lo, hi in ranges.values():
         analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, hi - lo + 1), allow_override=True)
@@ -131,9 +128,6 @@ def find_partition(body: Any, var: Any, lo: int, hi: int, ranges: dict[int, tupl
     at the ends of the intervals on which some condition of `body` is decided (true or false for every
     iteration of the loops inside `body`): of its `if`s, and of the `if_then_else`s its transpose tiles store
     (all of them where `body` lies in one: `in_transpose`)."""
-    import tvm
-    from tvm import tirx
-
     conditions = [s.condition for s in tir_util.walk(body) if isinstance(s, tirx.IfThenElse)]
     tiles = [body] if in_transpose else [s.body for s in tir_util.walk(body) if _is_transpose(s)]
     conditions += [c.args[0] for tile in tiles for s in tir_util.walk(tile) if isinstance(s, tirx.BufferStore)
@@ -173,8 +167,6 @@ def _bound_value(analyzer: Any, e: Any, default: int) -> int | None:
 
 
 def _atoms(cond: Any) -> list[Any]:
-    from tvm import tirx
-
     if isinstance(cond, tirx.And | tirx.Or):
         return _atoms(cond.a) + _atoms(cond.b)
     if isinstance(cond, tirx.Not):
@@ -191,8 +183,6 @@ class _Partitioner:
         self.in_transpose = False  # inside a loop marked "transpose"
 
     def stmt(self, s: Any, inside: bool) -> Any:
-        from tvm import tirx
-
         if isinstance(s, tirx.SeqStmt):
             parts = [self.stmt(c, inside) for c in s.seq]
             return s if all(a.same_as(b) for a, b in zip(parts, s.seq)) else tir_util.seq(parts)
@@ -236,8 +226,6 @@ class _Partitioner:
             del self.ranges[tir_util.key(var)]
 
     def loop(self, s: Any, inside: bool) -> Any:
-        from tvm import tirx
-
         lo, ext = tir_util.const_int(s.min), tir_util.const_int(s.extent)
         if lo is None or ext is None or ext <= 0 or (s.step is not None and tir_util.const_int(s.step) not in (None, 1)):
             body = self.stmt(s.body, inside)
@@ -250,8 +238,6 @@ class _Partitioner:
             self.in_transpose = outside
 
     def _partition_loop(self, s: Any, lo: int, ext: int, inside: bool) -> Any:
-        from tvm import tirx
-
         pieces = self._pieces(s.body, s.loop_var, lo, lo + ext - 1)
         out = []
         for n, (a, b) in enumerate(pieces):
@@ -270,8 +256,6 @@ class _Partitioner:
         return tir_util.seq(out)
 
     def thread(self, s: Any, inside: bool) -> Any:
-        from tvm import tirx
-
         var, ext = s.node.var, tir_util.const_int(s.value)
         pieces = self._pieces(s.body, var, 0, ext - 1)
         bodies = [(a, b, self._piece_body(s.body, var, a, b, inside)) for a, b in pieces]
@@ -290,18 +274,12 @@ class _Partitioner:
 def _fresh_allocations(body: Any) -> Any:
     """`body` with every buffer (and variable) it defines itself renewed (TVM's `renew_defs`); what it reads from
     outside stays."""
-    from tvm import s_tir, tirx
-
     return s_tir.renew_defs(tirx.PrimFunc([], body)).body
 
 
 def _is_transpose(s: Any) -> bool:
-    from tvm import tirx
-
     return isinstance(s, tirx.For) and str(s.annotations.get(ANNOTATION, "")) == "transpose"
 
 
 def _holds_mark(s: Any) -> bool:
-    from tvm import tirx
-
     return any(isinstance(x, tirx.For) and ANNOTATION in x.annotations for x in tir_util.walk(s))

@@ -7,17 +7,20 @@ A function without a marked loop is returned untouched, so the pass can run in f
 A function marked `without_tensorize(func, "off")` is left alone; `"no-partition"` selects instructions
 without partitioning first (the comparison `bench.tensorize` makes: only nests that divide match).
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+import tvm
+from tvm.s_tir import transform
 
 from .mark import ANNOTATION
-
-if TYPE_CHECKING:
-    import tvm
+from .partition import partition
+from .preprocess import preprocess
+from .select import tensorize
 
 ATTR = "altune.tensorize"
 REPORT_ATTR = "altune.tensorized"
@@ -34,8 +37,6 @@ def tensorize_pass(exact: bool = False) -> tvm.transform.Pass:
     Args:
         exact: use only instructions that never saturate (`instructions.Instruction.exact`).
     """
-    import tvm
-
     @tvm.transform.module_pass(opt_level=0, name="altune.Tensorize")
     def _tensorize(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         return tensorize_module(mod, exact=exact)[0]
@@ -50,9 +51,6 @@ def without_tensorize(func: tvm.tirx.PrimFunc, mode: Mode = "off") -> tvm.tirx.P
 
 def lower(mod: tvm.IRModule) -> tvm.IRModule:
     """TVM's lowering of blocks to loops (`_LOWERING`), as the pass sees a function."""
-    import tvm
-    from tvm.s_tir import transform
-
     return tvm.transform.Sequential([getattr(transform, name)() for name in _LOWERING])(mod)
 
 
@@ -68,12 +66,6 @@ def tensorize_module(mod: tvm.IRModule, target: tvm.target.Target | None = None,
     Returns:
         The module and, per tensorized function name, its `select.Report`.
     """
-    import tvm
-
-    from .partition import partition
-    from .preprocess import preprocess
-    from .select import tensorize
-
     reports: dict[str, Any] = {}
     out = {}
     for gv, func in mod.functions.items():
@@ -104,6 +96,4 @@ def tensorize_module(mod: tvm.IRModule, target: tvm.target.Target | None = None,
 
 def _has_marks(func: Any) -> bool:
     """Whether a loop of `func` (scheduled TensorIR or lowered) carries the mark."""
-    import tvm
-
     return ANNOTATION in tvm.ir.save_json(func.body)

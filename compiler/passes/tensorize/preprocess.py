@@ -22,19 +22,19 @@ decides what is done to it before partitioning and matching.
   that drops any guard when the extra work provably reads in bounds and writes only elements nobody reads
   is not written (see docs/design.md, "Tensorization").
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import tvm
+from tvm import tirx
 
 from ... import tir_util
 from .instructions import available
 from .mark import ANNOTATION
-
-if TYPE_CHECKING:
-    import tvm
 
 
 def preprocess(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
@@ -47,8 +47,6 @@ def preprocess(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> tvm.tirx.P
 def expand_allocations(func: tvm.tirx.PrimFunc, align: int) -> tvm.tirx.PrimFunc:
     """ALIGN: every buffer allocated in `func` and accessed inside a marked loop gets its innermost extent
     rounded up to a multiple of `align` (its accesses unchanged)."""
-    from tvm import tirx
-
     if align <= 1:
         return func
     stored: set[int] = set()
@@ -89,8 +87,6 @@ def expand_allocations(func: tvm.tirx.PrimFunc, align: int) -> tvm.tirx.PrimFunc
 
 
 def _loaded(e: Any, used: set[int]) -> None:
-    import tvm
-
     if isinstance(e, tvm.ir.TensorLoad):
         used.add(tir_util.key(e.source))
     for name in ("a", "b", "value", "condition", "true_value", "false_value"):
@@ -104,9 +100,6 @@ def _loaded(e: Any, used: set[int]) -> None:
 
 def _rebuffer(e: Any, remap: dict[int, Any]) -> Any:
     """`e` with loads of remapped buffers reading the expanded buffer (in every kind of expression)."""
-    import tvm
-    from tvm import tirx
-
     def fn(x: Any) -> Any | None:
         if isinstance(x, tvm.ir.TensorLoad) and tir_util.key(x.source) in remap:
             return tirx.BufferLoad(remap[tir_util.key(x.source)], [_rebuffer(i, remap) for i in x.indices])
@@ -116,8 +109,6 @@ def _rebuffer(e: Any, remap: dict[int, Any]) -> Any:
 
 
 def _restore(s: Any, remap: dict[int, Any]) -> Any | None:
-    from tvm import tirx
-
     if isinstance(s, tirx.BufferStore) and tir_util.key(s.buffer) in remap:
         return tirx.BufferStore(remap[tir_util.key(s.buffer)], _rebuffer(s.value, remap),
                                 [_rebuffer(i, remap) for i in s.indices])

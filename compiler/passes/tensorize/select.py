@@ -25,21 +25,22 @@ elementwise (`C[c] = f(loads, constants)` with f of + - * min max casts, every a
 marked innermost loop): rewritten to vector code of the target's width (the loop split by the lane count
 and vectorized; TVM's `VectorizeLoop` then emits the vector instructions).
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import tvm
+from tvm import tirx
+from tvm_ffi import structural_equal
 
 from ... import tir_util
 from .instructions import INSTRUCTIONS, Instruction, candidates_for, target_arch, target_features
 from .mark import ANNOTATION
 from .transpose import match_transpose, rewrite_transpose
-
-if TYPE_CHECKING:
-    import tvm
 
 MAX_ACCUMULATORS = 32  # a rewrite of more accumulators than this would be all spills: left alone
 
@@ -102,9 +103,6 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
     Returns:
         The function and a `Report`.
     """
-    import tvm
-    from tvm import tirx
-
     report = Report([], [])
     ranges: dict[int, tuple[Any, int, int]] = {}  # the enclosing loops: handle -> (var, min, extent)
 
@@ -150,8 +148,6 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
 
 
 def _unmark(s: Any) -> Any:
-    from tvm import tirx
-
     annotations = {k: v for k, v in s.annotations.items() if k != ANNOTATION}
     return tirx.For(s.loop_var, s.min, s.extent, s.kind, s.body, s.thread_binding, annotations, s.step)
 
@@ -161,8 +157,6 @@ def _extent(loop: Any) -> int:
 
 
 def _column_kinds() -> tuple[Any, ...]:
-    from tvm import tirx
-
     # a column loop the schedule vectorized (the tuner's lane loop) matches too: the rewrite replaces the
     # loops; where the match fails, the nest keeps its vectorized loop, as without the mark
     return (tirx.ForKind.SERIAL, tirx.ForKind.VECTORIZED)
@@ -170,8 +164,6 @@ def _column_kinds() -> tuple[Any, ...]:
 
 def _chain(loop: Any) -> tuple[list[Any], Any]:
     """The perfect nest under `loop` (loops of constant range, one statement each) and its innermost statement."""
-    from tvm import tirx
-
     loops, s = [], loop.body
     while isinstance(s, tirx.For) and tir_util.const_int(s.min) is not None and tir_util.const_int(s.extent) is not None \
             and s.kind in _column_kinds():
@@ -181,16 +173,12 @@ def _chain(loop: Any) -> tuple[list[Any], Any]:
 
 
 def _strip_cast(e: Any, dtype: str) -> Any:
-    from tvm import tirx
-
     if isinstance(e, tirx.Cast) and str(e.ty.dtype) == dtype:
         return e.value
     return e
 
 
 def _is_load(e: Any) -> bool:
-    import tvm
-
     return isinstance(e, tvm.ir.TensorLoad)
 
 
@@ -206,8 +194,6 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
         outer: the enclosing loops (var, min, extent): with them, a lane loop that is no multiple of the lanes
             still matches when whole vectors of B stay inside B (the extra lanes are computed, never stored).
     """
-    from tvm import tirx
-
     if r.kind != tirx.ForKind.SERIAL:
         return None, "the marked loop is not serial"
     i = r.body
@@ -229,8 +215,6 @@ def match_outer_product(r: Any, target: tvm.target.Target, exact: bool = False,
 def _match_rows(r: Any, i: Any, target: tvm.target.Target, exact: bool, outer: list[tuple[Any, int, int]] | None
                 ) -> tuple[OuterProduct | None, str]:
     """`match_outer_product` with `i` as the rows loop."""
-    from tvm import tirx
-
     nests = list(i.body.seq) if isinstance(i.body, tirx.SeqStmt) else [i.body]
     ins: Instruction | None = None
     columns = []
@@ -253,10 +237,6 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
                    ) -> tuple[Columns | None, Instruction | None, str]:
     """One column nest `[for v] / for l / [for g]: C[c] = C[c] + X(A[a]) * X(B[b])` under rows `i` and
     reduction `r`, for the instruction `ins` (chosen here where None)."""
-    import tvm
-    from tvm import tirx
-    from tvm_ffi import structural_equal
-
     if nest.kind not in _column_kinds() or tir_util.const_int(nest.min) is None or tir_util.const_int(nest.extent) is None:
         return None, ins, "a column loop is not serial (or vectorized) over a constant range"
     loops, store = _chain(nest)
@@ -361,9 +341,6 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
 
 def rewrite_outer_product(m: OuterProduct) -> Any:
     """The micro-kernel of a match (module docstring)."""
-    import tvm
-    from tvm import tirx
-
     ins = m.instruction
     analyzer = tvm.sym.Analyzer()
     flat: dict[int, Any] = {}
@@ -449,9 +426,6 @@ def vector_bits(target: tvm.target.Target) -> int:
 
 def rewrite_elementwise(j: Any, target: tvm.target.Target) -> tuple[Any | None, str]:
     """The elementwise pattern on the marked loop `j` (module docstring): the vectorized loop, or (None, why)."""
-    import tvm
-    from tvm import tirx
-
     store = j.body
     if j.kind != tirx.ForKind.SERIAL or not isinstance(store, tirx.BufferStore):
         return None, "not a serial loop around one store"

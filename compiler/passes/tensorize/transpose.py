@@ -27,19 +27,20 @@ fused into one parallel loop: `fused % 4 // 2 * 8 + w_i`), and under a split's g
 the tile is versioned: the conditions, conjunctions of comparisons linear in a and b, hold on the whole tile
 where they hold at its four corners, so `if <corners>: transposed tile else: the nest as it was`.
 
-Layering: `compiler` never imports `tuner` or `service`; TVM is imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import tvm
+from tvm import tirx
+from tvm.ir.prim import expr as prim
 
 from ... import tir_util
-from .mark import ANNOTATION
-
-if TYPE_CHECKING:
-    import tvm
+from .mark import ANNOTATION, mark
 
 _OPS = ("Cast", "Min", "Max", "Add", "Sub", "Mul", "IntImm", "FloatImm")
 
@@ -68,9 +69,6 @@ def match_transpose(a: Any, vector_bits: int, outer: list[tuple[Any, int, int]] 
         outer: the enclosing loops (var, min, extent): a tile's index `(wo * 14 + wi) // 14` has a constant
             stride only given them (the piece `wi_o == 1` of a partitioned `wi = wi_o * 8 + wi_i < 14`).
     """
-    import tvm
-    from tvm import tirx
-
     kinds = (tirx.ForKind.SERIAL, tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED)
     b = a.body
     if a.kind not in kinds or not isinstance(b, tirx.For) or b.kind not in kinds:
@@ -114,8 +112,6 @@ def match_transpose(a: Any, vector_bits: int, outer: list[tuple[Any, int, int]] 
 def _convex(analyzer: Any, cond: Any, tile_vars: tuple[Any, Any]) -> bool:
     """Whether `cond` holds on a convex set of the tile's (a, b): a conjunction of comparisons, each linear in
     both. It then holds on the whole tile where it holds at the tile's four corners."""
-    from tvm import tirx
-
     if isinstance(cond, tirx.And):
         return _convex(analyzer, cond.a, tile_vars) and _convex(analyzer, cond.b, tile_vars)
     if not isinstance(cond, tirx.LT | tirx.LE | tirx.GT | tirx.GE | tirx.EQ):
@@ -126,9 +122,6 @@ def _convex(analyzer: Any, cond: Any, tile_vars: tuple[Any, Any]) -> bool:
 
 def rewrite_transpose(m: Transpose) -> Any:
     """The loads, shuffle stages and stores of a match (module docstring)."""
-    import tvm
-    from tvm import tirx
-
     analyzer = tvm.sym.Analyzer()
     for var, lo, extent in m.outer:
         analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, extent))
@@ -233,9 +226,6 @@ def _taken(e: Any) -> Any:
 
 def _vectorized(e: Any, load: Any, column: Any, lanes: int) -> Any:
     """`e` (element-wise over `load`) on the vector `column` in place of the load, its constants broadcast."""
-    from tvm import tirx
-    from tvm.ir.prim import expr as prim
-
     def fn(x: Any) -> Any | None:
         if x.same_as(load):
             return column
@@ -256,11 +246,6 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
     it was). A padding's `if_then_else` (module docstring) is allowed: the partition removes it from the inner
     tiles. False, untouched, where `block` is no such copy (a reduction, several loads, no variable of stride
     1 on either side, or the same one, or no loop of its own for each)."""
-    import tvm
-    from tvm import tirx
-
-    from .mark import mark
-
     node = sch.get(block)
     store = node.body
     if node.init is not None or not isinstance(store, tirx.BufferStore) or lanes < 2:
@@ -314,8 +299,6 @@ def schedule_transpose(sch: tvm.s_tir.Schedule, block: Any, loops: list[Any], la
 def _elementwise_of_loads(e: Any, loads: list[Any], conditional: bool = False) -> bool:
     """Whether `e` is element-wise over loads (collected in `loads`); `conditional`: `if_then_else(cond, x,
     constant)` allowed too, its condition free of loads."""
-    import tvm
-
     if isinstance(e, tvm.ir.TensorLoad):
         loads.append(e)
         return True

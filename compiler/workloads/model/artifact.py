@@ -1,6 +1,7 @@
 """The model artifact: lib.so, params.npz, manifest.json and a run.py that needs only TVM's runtime.
 
-Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that run the
+exported program: building and running the model needs only TVM.
 """
 
 from __future__ import annotations
@@ -11,17 +12,17 @@ import tarfile
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import tvm
+
+from compiler.archive import extract_artifact
+from compiler.arrays import to_numpy, to_torch
 
 from ..operators import TensorSpec
-
 from .build import BuiltModel
 from .importer import ImportedModel
-
-if TYPE_CHECKING:
-    import numpy as np
-
 
 MODEL_ARTIFACT_FILES = ("lib.so", "params.npz", "manifest.json", "run.py")
 
@@ -114,8 +115,6 @@ if __name__ == "__main__":
 def make_model_manifest(model: ImportedModel, built: BuiltModel, target: Any, *, latency_ms: float | None = None,
                         tasks: Sequence[dict] = (), spec: dict | None = None, report: dict | None = None) -> dict:
     """manifest.json of a model artifact: inputs, outputs, params (npz keys in call order), tasks."""
-    import tvm
-
     def tensor(s: TensorSpec) -> dict:
         return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
 
@@ -160,8 +159,6 @@ def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: B
         spec: the job spec, recorded as given.
         report: the job's report (the whole-model check, latencies), recorded as given.
     """
-    import numpy as np
-
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     manifest = make_model_manifest(model, built, target, latency_ms=latency_ms, tasks=tasks, spec=spec, report=report)
@@ -184,8 +181,6 @@ def write_model_artifact(dest: str | os.PathLike, model: ImportedModel, built: B
 
 def extract_model_artifact(path: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
     """Extracts the known files of a model artifact (regular files only, no paths) into `dest_dir`."""
-    from compiler.archive import extract_artifact
-
     return extract_artifact(path, dest_dir, MODEL_ARTIFACT_FILES)
 
 
@@ -198,9 +193,7 @@ def torch_arguments(module: Any, inputs: Sequence[Any]) -> tuple[tuple, dict]:
     them rebuilt into its arguments' pytrees; any other module gets them positionally (pytrees of arrays
     converted leaf by leaf).
     """
-    from torch.utils import _pytree as pytree
-
-    from compiler.arrays import to_torch
+    from torch.utils import _pytree as pytree  # heavy: torch only where the exported program runs
 
     tensors = [pytree.tree_map(to_torch, a) for a in inputs]
     in_spec = getattr(module, "_in_spec", None)
@@ -216,10 +209,8 @@ def torch_outputs(module: Any, inputs: Sequence[Any]) -> list[np.ndarray]:
     nested), in `tree_leaves` order: the order of the exported graph's outputs, which is the order of the
     Relax import's flattened outputs.
     """
-    import torch
-    from torch.utils import _pytree as pytree
-
-    from compiler.arrays import to_numpy
+    import torch  # heavy: torch only where the exported program runs
+    from torch.utils import _pytree as pytree  # heavy: torch only where the exported program runs
 
     args, kwargs = torch_arguments(module, inputs)
     with torch.no_grad():

@@ -1,31 +1,36 @@
 """Build: scheduled (and re-laid-out) tasks swapped into the model, parameters transformed once, a Relax VM
 executable; running and timing it.
 
-Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that run the
+exported program: building and running the model needs only TVM.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, s_tir
+from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import ApplyDefaultSchedule, ScheduleRule, try_inline_contiguous_spatial
+from tvm.tirx import IndexMap
 
 from compiler.arrays import device
+from compiler.passes.basteln import basteln
 from compiler.pipeline import Pipeline, tir_pipeline
 
 from .importer import ImportedModel
 from .layouts import vector_lanes
 from .tasks import func_args
 
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
-
 
 def _scheduled_func(scheduled: Any) -> Any:
-    import tvm
-
     if isinstance(scheduled, tvm.IRModule):
         funcs = [f for _, f in scheduled.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
         assert len(funcs) == 1, f"a scheduled task module must hold one PrimFunc, got {len(funcs)}"
@@ -69,8 +74,6 @@ def apply_schedules(model: ImportedModel, schedules: Mapping[str, Any],
     signature, or its layout's (`layouts[key].prim_func`) when the task has one; a task with a
     layout but no schedule gets the layout's function. Tasks with a layout are marked with an
     "operator_name" ("altune_task<i>") for `AlterOpImpl`; nothing else is changed here."""
-    import tvm
-
     layouts = dict(layouts or {})
     mod = model.mod
     by_key = {t.workload_key: t for t in model.tasks}
@@ -119,12 +122,7 @@ def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int,
     vectorized when spatial and at most `4 * lanes` long. A step TVM refuses is skipped, and a function
     dlight cannot normalize is returned as it is, so the result is never wrong, at worst unscheduled.
     """
-    from tvm import s_tir
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
-
     if _grouped(func):  # a chain of complex operators (`compiler.passes.grouping`): basteln tiles and fuses it
-        from compiler.passes.basteln import basteln
 
         try:
             return basteln(func, None, 1.0, vector=4 * lanes).sch.mod["main"]
@@ -170,9 +168,6 @@ def default_schedule(func: tvm.tirx.PrimFunc, target: Any) -> tvm.tirx.PrimFunc:
 
 def _default_schedules(target: Any) -> Any:
     """dlight's `ApplyDefaultSchedule` pass with `default_cpu_schedule` as its one rule."""
-    from tvm.s_tir.dlight.base import ApplyDefaultSchedule, ScheduleRule
-    from tvm.s_tir import Schedule
-
     cores = int(target.attrs.get("num-cores", 1) or 1)
     lanes = vector_lanes(target)
 
@@ -195,8 +190,6 @@ def _operator_name(model: ImportedModel, key: str) -> str:
 
 
 def _identity_map(ndim: int) -> Any:
-    from tvm.tirx import IndexMap
-
     return IndexMap.from_func(lambda *idx: list(idx), ndim=ndim)
 
 
@@ -205,9 +198,6 @@ def alter_layouts(model: ImportedModel, mod: tvm.IRModule, schedules: Mapping[st
     """Swaps in the layout functions with `relax.transform.AlterOpImpl`, which wraps each call in
     `layout_transform`s: on a parameter they are lifted to build time by `LiftTransformParams`
     (see `build_model`); on an activation they stay as runtime conversions."""
-    from tvm import relax
-    from tvm.tirx import IndexMap
-
     if not layouts:
         return mod
     impls, transforms = {}, {}
@@ -244,10 +234,6 @@ def build_model(
     Returns:
         The executable and its (build-time transformed) parameters.
     """
-    import numpy as np
-    import tvm
-    from tvm import relax
-
     schedules, layouts = dict(schedules or {}), dict(layouts or {})
     mod = apply_schedules(model, schedules, layouts)
     mod = alter_layouts(model, mod, schedules, layouts)
@@ -275,8 +261,6 @@ def _flatten_tensors(out: Any) -> list[Any]:
 
 def _lower_passes() -> list[Any]:
     """What relax's default pipeline runs after fusion (the CPU backend's dataflow-lower and finalize lists)."""
-    from tvm import relax
-
     return [
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
@@ -300,10 +284,6 @@ def flatten_outputs(out: Any) -> list[np.ndarray]:
 
 def run_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "llvm") -> list[np.ndarray]:
     """Runs the built model once on numpy inputs; the outputs flattened, as numpy."""
-    import numpy as np
-    import tvm
-    from tvm import relax
-
     dev = device(target)
     vm = relax.VirtualMachine(built.ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
@@ -314,12 +294,6 @@ def run_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "ll
 def time_model(built: BuiltModel, inputs: Sequence[np.ndarray], target: Any = "llvm", *,
                repeat: int = 5, min_repeat_ms: float = 50.0) -> float:
     """Median latency (ms) of one model run: `time_evaluator` over the VM's "main"."""
-    import statistics
-
-    import numpy as np
-    import tvm
-    from tvm import relax
-
     dev = device(target)
     vm = relax.VirtualMachine(built.ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]

@@ -11,17 +11,22 @@ without any is built: if that does not match either, the fault is not a schedule
 (`error`); else the schedules are bisected (halves built on their own) down to the ones whose model does not
 match, those are removed (their tasks get the default schedule), and the rest is built and checked again.
 
-Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that run the
+exported program: building and running the model needs only TVM.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compiler.arrays import check_close
+from compiler.target import host_cores
 
+from .artifact import torch_arguments, torch_outputs
 from .build import BuiltModel, build_model, run_model
 from .importer import ImportedModel
 
@@ -74,8 +79,6 @@ class CheckedBuild:
 
 def reference_outputs(ep: torch.export.ExportedProgram, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The exported program's own outputs on numpy inputs (`ep.module()`, torch eager), flattened, as numpy."""
-    from .artifact import torch_outputs
-
     return torch_outputs(ep.module(), inputs)
 
 
@@ -161,11 +164,7 @@ def time_torch(module: Any, inputs: Sequence[Any], *, repeat: int = 5, min_repea
     at least `min_repeat_ms`, as `time_model` does for the artifact, after `warmup_s` of warm-up runs, on
     `threads` intra-op threads (default: every core this process may use, as the artifact; the setting is
     restored afterwards)."""
-    import torch
-
-    from compiler.target import host_cores
-
-    from .artifact import torch_arguments
+    import torch  # heavy: torch only where the exported program runs
 
     args, kwargs = torch_arguments(module, inputs)  # an exported program's pytree arguments rebuilt
     before = torch.get_num_threads()
@@ -177,10 +176,7 @@ def time_torch(module: Any, inputs: Sequence[Any], *, repeat: int = 5, min_repea
 
 
 def _time_torch_runs(call: Callable[[], Any], repeat: int, min_repeat_ms: float, warmup_s: float) -> float:
-    import statistics
-    import time
-
-    import torch
+    import torch  # heavy: torch only where the exported program runs
 
     with torch.no_grad():
         # warm-up for at least `warmup_s`: lazy initialisation, and TVM's thread pool, which spins for about

@@ -9,17 +9,25 @@ node ("unsupported operator amax.default at node amax_1").
 Converters get the fx node and TVM's importer (`importer.env` maps fx nodes to Relax values,
 `importer.block_builder` emits), as `from_exported_program(custom_convert_map=...)` calls them.
 
-Layering: `compiler` never imports `tuner` or `service`. torch and TVM are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that need it (see
+the comment at each): building and running the model needs only TVM.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tvm import relax, topi
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.relax.frontend.torch import from_exported_program
+from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
 from ...passes.tensorize.kernels import GROUP
 from ..pt2 import ModelError, short_error
+from .quantized import quantized_converters
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +50,6 @@ def _reduce(op_name: str) -> Callable[[Any, Any], Any]:
     """amax / amin (x, dim=[], keepdim=False) -> relax max / min."""
 
     def convert(node: Any, importer: Any) -> Any:
-        from tvm import relax
-
         op = getattr(relax.op, op_name)
         x = importer.env[node.args[0]]
         axes = _axes(_arg(node, 1, "dim", None))
@@ -54,8 +60,6 @@ def _reduce(op_name: str) -> Callable[[Any, Any], Any]:
 
 def _no_indices(node: Any) -> None:
     """Refuses a pooling node whose second result (the argmax indices) is read: only the values are computed."""
-    import operator
-
     for user in node.users:
         if not (user.op == "call_function" and user.target is operator.getitem and user.args[1] == 0):
             raise NotImplementedError(f"the indices of {node.target} are used ({user.name}); only its values are "
@@ -67,8 +71,6 @@ def _adaptive_max_pool(dims: int) -> Callable[[Any, Any], Any]:
     indices are zeros and must be unused (adaptive_max_pool1d arrives as the 2-D one after decomposition)."""
 
     def convert(node: Any, importer: Any) -> Any:
-        from tvm import relax, topi
-
         _no_indices(node)
         x = importer.env[node.args[0]]
         size = [int(s) for s in node.args[1]]
@@ -91,8 +93,6 @@ def _adaptive_max_pool(dims: int) -> Callable[[Any, Any], Any]:
 
 def _var_mean(node: Any, importer: Any) -> Any:
     """var_mean.correction(x, dim=None, correction=1, keepdim=False) -> (variance, mean)."""
-    from tvm import relax
-
     x = importer.env[node.args[0]]
     axes = _axes(_arg(node, 1, "dim", None))
     correction = node.kwargs.get("correction", 1)
@@ -111,16 +111,12 @@ def _var_mean(node: Any, importer: Any) -> Any:
 
 
 def _exp2(node: Any, importer: Any) -> Any:
-    from tvm import relax
-
     x = importer.env[node.args[0]]
     return importer.block_builder.emit(relax.op.exp(relax.op.multiply(x, relax.const(0.6931471805599453,
                                                                                      x.ty.dtype))))
 
 
 def _hypot(node: Any, importer: Any) -> Any:
-    from tvm import relax
-
     a, b = (importer.env[n] for n in node.args[:2])
     return importer.block_builder.emit(relax.op.sqrt(relax.op.add(relax.op.multiply(a, a), relax.op.multiply(b, b))))
 
@@ -131,8 +127,6 @@ def _upsample3d(method: str) -> Callable[[Any, Any], Any]:
     arithmetic is what TVM's importer fails on, so `translate` keeps them whole)."""
 
     def convert(node: Any, importer: Any) -> Any:
-        from tvm import relax
-
         x = importer.env[node.args[0]]
         size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
         if method == "nearest_neighbor":
@@ -165,8 +159,6 @@ def _low_precision(x: Any) -> bool:
 
 def _rounded(importer: Any, out: Any, bias: Any, dtype: str, bias_shape: tuple) -> Any:
     """`out` (float32) plus `bias` (in `dtype`, reshaped to `bias_shape`) in float32, then cast to `dtype`."""
-    from tvm import relax
-
     bb = importer.block_builder
     out = bb.emit(out)
     if bias is not None:
@@ -177,8 +169,6 @@ def _rounded(importer: Any, out: Any, bias: Any, dtype: str, bias_shape: tuple) 
 
 def _low_precision_convolution(node: Any, importer: Any) -> Any:
     """convolution.default on bfloat16 / float16 data: any rank, transposed or not, float32 accumulation."""
-    from tvm import relax
-
     x, weight = importer.env[node.args[0]], importer.env[node.args[1]]
     bias = importer.env.get(node.args[2]) if node.args[2] is not None else None
     stride, padding, dilation, transposed, output_padding, groups = node.args[3:9]
@@ -213,8 +203,6 @@ def _matmul_like(kind: str) -> Callable[[Any, Any], Any]:
     `relax.op.matmul`, which is what its converter emits for two tensors)."""
 
     def convert(node: Any, importer: Any) -> Any:
-        from tvm import relax
-
         args = [importer.env[a] for a in node.args[:3 if kind == "addmm" else 2]]
         if not _low_precision(args[-1]):
             if kind == "addmm":
@@ -264,8 +252,6 @@ def _convolution(node: Any, importer: Any) -> Any:
     """convolution.default: bfloat16 / float16 data with float32 accumulation (`_low_precision_convolution`);
     a 3-D transposed convolution as `relax.op.nn.conv3d_transpose` (TVM's converter refuses it); everything
     else by TVM's own converter."""
-    from tvm import relax
-
     x = importer.env[node.args[0]]
     if _low_precision(x):
         return _low_precision_convolution(node, importer)
@@ -311,10 +297,7 @@ def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
         ModelError: "model", naming every operator without a converter and the node it is at, or the operator
             and node whose conversion failed.
     """
-    from tvm.relax.frontend.torch import from_exported_program
-    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
-
-    import torch
+    import torch  # heavy: torch only where a program is imported (a sandbox child)
 
     table = torch.export.default_decompositions()
     for name in _KEPT_WHOLE:
@@ -325,7 +308,6 @@ def translate(ep: torch.export.ExportedProgram) -> tvm.IRModule:
     except Exception as e:  # noqa: BLE001 - torch's decompositions refuse the program
         raise ModelError("model", f"torch could not decompose the program: {type(e).__name__}: "
                                   f"{short_error(e)}") from e
-    from .quantized import quantized_converters
 
     converters = quantized_converters(ep, CONVERTERS)
     known = set(ExportedProgramImporter().create_convert_map()) | set(converters)
@@ -360,9 +342,6 @@ _WIDENED = ("relax.nn.layer_norm", "relax.nn.group_norm", "relax.nn.rms_norm", "
 def widen_normalizations(mod: tvm.IRModule) -> tvm.IRModule:
     """Every `_WIDENED` call on bfloat16 / float16 data computed in float32 (as torch computes them on a CPU:
     TVM's layer_norm refuses bfloat16 outright), its low-precision arguments cast up and its result back."""
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
-
     @mutator
     class Widen(PyExprMutator):
         def visit_call_(self, call: relax.Call) -> relax.Expr:

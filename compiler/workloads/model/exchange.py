@@ -20,7 +20,7 @@ uploader's code:
 Every tensor the module declares is bounded by `max_tensor_elements`, and their sum by `max_total_bytes`
 (a graph of a few KB may otherwise allocate many tensors each under the limit).
 
-Layering: `compiler` never imports `tuner` or `service`. TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
 
 from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
 from .importer import ModelGraph
-
-if TYPE_CHECKING:
-    import numpy as np
 
 GRAPH, PARAMS, EXPECTED, META = "graph.json", "params.npz", "expected.npz", "meta.json"
 MAX_GRAPH_BYTES = 256 << 20
@@ -57,9 +58,6 @@ _STORED_AS = {"bfloat16": "uint16"}
 
 def save_graph(graph: ModelGraph, folder: str | Path, *, expected: Sequence[np.ndarray] = ()) -> Path:
     """Writes `graph` (and the reference outputs `expected`) as the files `load_graph` reads; the folder."""
-    import numpy as np
-    import tvm
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / GRAPH).write_text(tvm.ir.save_json(graph.mod))
@@ -79,8 +77,6 @@ def save_graph(graph: ModelGraph, folder: str | Path, *, expected: Sequence[np.n
 
 
 def _stored(arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    import numpy as np
-
     return {f"a{i}": (a.view(_STORED_AS[str(a.dtype)]) if str(a.dtype) in _STORED_AS else np.ascontiguousarray(a))
             for i, a in enumerate(arrays)}
 
@@ -92,8 +88,6 @@ def load_graph(folder: str | Path, *, max_tensor_elements: int, max_total_bytes:
         ModelError: field "file": a file is missing, malformed, or holds what a translated model does not
             (named); field "model": a tensor over `max_tensor_elements`, or tensors over `max_total_bytes` in all.
     """
-    import tvm
-
     folder = Path(folder)
     meta = _meta(_read(folder / META, 1 << 24))
     text = _read(folder / GRAPH, MAX_GRAPH_BYTES)
@@ -178,9 +172,6 @@ def op_allowed(name: str) -> bool:
 
 
 def _arrays(path: Path, dtypes: list[str]) -> list[np.ndarray]:
-    import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
-    import numpy as np
-
     try:
         with np.load(path, allow_pickle=False) as z:
             if sorted(z.files) != sorted(f"a{i}" for i in range(len(dtypes))):
@@ -201,9 +192,6 @@ def _arrays(path: Path, dtypes: list[str]) -> list[np.ndarray]:
 
 def _check_module(mod: Any, inputs: list[TensorSpec], param_names: list[str], params: list[np.ndarray],
                   max_tensor_elements: int, max_total_bytes: int) -> None:
-    import tvm
-    from tvm import relax, tirx
-
     if not isinstance(mod, tvm.IRModule) or "main" not in [g.name_hint for g in mod.get_global_vars()]:
         raise _bad("graph.json is not a module with a main function")
     funcs = {g.name_hint: f for g, f in mod.functions.items()}
@@ -255,9 +243,6 @@ def _check_module(mod: Any, inputs: list[TensorSpec], param_names: list[str], pa
 
 def _tensor_size(expr: Any) -> tuple[int, int] | None:
     """(elements, bytes) of a Var's or a Call's static tensor type, None for anything else."""
-    import tvm
-    from tvm import relax
-
     sinfo = getattr(expr, "ty", None) if isinstance(expr, relax.Var | relax.Call) else None
     if not isinstance(sinfo, relax.TensorType) or sinfo.shape is None or not all(
             isinstance(d, tvm.tirx.IntImm) for d in sinfo.shape):
@@ -268,8 +253,6 @@ def _tensor_size(expr: Any) -> tuple[int, int] | None:
 
 def _constant_tensors(main: Any) -> list[tuple[str, int, int]]:
     """The tensors "main" binds from no input and no weight: (name, elements, bytes)."""
-    from tvm import relax
-
     constant: set[Any] = set()
     found = []
 

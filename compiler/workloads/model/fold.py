@@ -23,7 +23,7 @@ result rounded to the model's type, then the batch norm in that type) folds the 
 the folded bias rounded to the model's type once, added in float32 before the rounding, as torch.compile's
 freezing folds them (one rounding of the weight instead of one of the conv's output before the affine map).
 
-Layering: `compiler` never imports `tuner` or `service`. TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from tvm import relax
+from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
+
 if TYPE_CHECKING:
-    import numpy as np
     import tvm
 
 _CONVS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
@@ -43,10 +46,6 @@ def fold_batch_norms(main: tvm.relax.Function, param_vars: Sequence[Any],
     """`main` with every foldable conv -> (bias add) -> batch norm folded (see the module doc) and every other
     batch norm whose parameters nothing else reads as `x * s + t`, the parameter arrays (in `param_vars`' order;
     changed ones are new arrays) and how many batch norms were folded or rescaled."""
-    import numpy as np
-    from tvm import relax
-    from tvm.relax.dpl import is_op, is_tuple_get_item, rewrite_call, wildcard
-
     index = {v: i for i, v in enumerate(param_vars)}
     users: dict[Any, int] = {}
     for block in main.body.blocks:

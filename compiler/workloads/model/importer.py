@@ -1,6 +1,7 @@
 """Import: a loaded `torch.export` program -> legalized and fused Relax with its parameters and tasks.
 
-Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that run the
+exported program: building and running the model needs only TVM.
 """
 
 from __future__ import annotations
@@ -9,22 +10,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.frontend import detach_params
 
 from compiler.passes.grouping import MAX_BYTES, Chain, group_chains
 
 from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
-
 from .converters import translate
 from .fold import fold_batch_norms
-from .layouts import (MODEL_LAYOUTS, PLAIN, conv_sites, convert_layouts, group_blocks, layout_groups, legalize_conv2d,
-                      unlegalized, vector_lanes)
+from .layouts import (
+    MODEL_LAYOUTS,
+    PLAIN,
+    conv_sites,
+    convert_layouts,
+    group_blocks,
+    layout_groups,
+    legalize_conv2d,
+    unlegalized,
+    vector_lanes,
+)
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
-    import tvm
 
 
 MODEL_FUSIONS = ("none", "chains")  # "chains": `compiler.passes.grouping` merges chains of complex operators
@@ -141,8 +153,6 @@ def graph_blocks(graph: ModelGraph, blocks: dict[str, Sequence[int]], target: An
     Raises:
         ModelError: "layout", naming the weight and what it accepts.
     """
-    import tvm
-
     target = tvm.target.Target(target or "llvm") if not isinstance(target, tvm.target.Target) else target
     sites = {s.weight: s for s in conv_sites(graph.mod, vector_lanes(target, "float32"), target)}
     out: dict[str, tuple[int, int]] = {}
@@ -169,10 +179,6 @@ def graph_blocks(graph: ModelGraph, blocks: dict[str, Sequence[int]], target: An
 def translate_model(ep: torch.export.ExportedProgram, input_shapes: Sequence[Sequence[int]] | None = None, *,
                     max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS) -> ModelGraph:
     """torch.export program -> Relax with its parameters detached, before layouts (see `import_model`)."""
-    import numpy as np
-    from tvm import relax
-    from tvm.relax.frontend import detach_params
-
     user_inputs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     program_shapes = []
@@ -221,8 +227,6 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
                 blocks: dict[str, tuple[int, int]] | None = None) -> ImportedModel:
     """A translated program in a layout policy -> fused, legalized Relax and its tasks (see `import_model`;
     `blocks` is keyed by "main"'s weight names, as `graph_blocks` gives them)."""
-    import tvm
-
     names_by_var = graph.names_by_var
     mod = graph.mod
     if layout not in MODEL_LAYOUTS:
@@ -274,9 +278,6 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
 
 def _lower(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Graph (Relax) after layout conversion -> legalized, fused PrimFuncs (what gets tuned)."""
-    import tvm
-    from tvm import relax
-
     # exp, erf, tanh and softmax as TVM's polynomial versions (`topi.fast_*`: float32-accurate, and unlike
     # the libm calls LLVM makes of the plain ones, they vectorize); after ConvertLayout, which they would stop
     seq = tvm.transform.Sequential([
@@ -300,9 +301,6 @@ def _lower(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
 def _failing_operator(mod: tvm.IRModule, target: tvm.target.Target) -> str:
     """' at operator relax.X (lv3)' for the first call of "main" that cannot be lowered on its own, or '' when
     none can be singled out (the error is then in how operators combine)."""
-    import tvm
-    from tvm import relax
-
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
             call = binding.value
@@ -324,9 +322,6 @@ def _clip_as_min_max() -> Any:
     """A pass: `clip(x, lo, hi)` -> `minimum(maximum(x, lo), hi)` (ReLU6). ConvertLayout has no layout
     rule for clip and would convert the blocked tensor back to NCHW around every ReLU6 (MobileNet-V2:
     70 conversions); the element-wise maximum and minimum with a scalar carry the layout through."""
-    from tvm import relax
-    from tvm.relax.dpl import is_op, rewrite_call, wildcard
-
     x, lo, hi = wildcard(), wildcard(), wildcard()
     pattern = is_op("relax.clip")(x, lo, hi)
 
@@ -349,9 +344,6 @@ def _gelu_as_erf() -> Any:
     """A pass: `gelu(x)` -> `x * (0.5 + 0.5 * erf(x / sqrt(2)))` and `gelu_tanh(x)` -> its tanh formula, in
     Relax element-wise ops, so `relax.transform.FastMathTransform` (which knows `erf` and `tanh`, not
     gelu) gives them its vectorizable polynomial `erf` / `tanh`."""
-    from tvm import relax
-    from tvm.relax.dpl import is_op, rewrite_call, wildcard
-
     x = wildcard()
     exact, tanh = is_op("relax.nn.gelu")(x), is_op("relax.nn.gelu_tanh")(x)
 

@@ -1,7 +1,8 @@
 """Graph-level layouts of a model: the blocked `N C/c H W c` policy for convolutions, its block factors from
 the target's vector width, and the legalizations that give TVM's operators those layouts.
 
-Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that run the
+exported program: building and running the model needs only TVM.
 """
 
 from __future__ import annotations
@@ -10,6 +11,16 @@ import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, te, topi
+from tvm_ffi import structural_equal
+
+from compiler.passes.tensorize.instructions import choose
+from compiler.passes.tensorize.mark import DOT_GROUP
+from compiler.target import vector_unit
 
 if TYPE_CHECKING:
     pass
@@ -32,12 +43,9 @@ PLAIN = 0
 
 def vector_lanes(target: Any, dtype: str = "float32") -> int:
     """How many `dtype` values one vector register of the target holds (16 for float32 on AVX-512)."""
-    import tvm
-
     bits = tvm.DataType(dtype).bits
     if target.kind.name != "llvm":
         return max(1, 128 // bits)
-    from compiler.target import vector_unit
 
     return max(1, vector_unit(target).lanes * 32 // bits)
 
@@ -68,8 +76,6 @@ def dot_instruction(target: Any, dtype: str = "int8") -> tuple[int, int] | None:
     sign-extended pairs (AVX-512BW, AVX2: groups of 2); `vpmaddubsw` saturates its pair sums, so a model's
     full-range uint8 data never gets it. bfloat16 (-> fp32): AVX512_BF16's `vdpbf16ps`, else the pairs widened
     to fp32 FMA (AVX-512, AVX2), groups of 2."""
-    from compiler.passes.tensorize.instructions import choose
-
     if target is None or target.kind.name != "llvm":
         return None
     operands = next(types for types, name in DOT_OPERANDS.items() if name == dtype)
@@ -157,10 +163,6 @@ def conv2d_nhwc_dot(data: Any, kernel: Any, strides: Any, padding: Any, dilation
     axis of its own, the last, and the block says so (`DOT_GROUP`): the loop search (`tuner.space.LoopSpace`)
     keeps it whole, innermost below the register block, the operand of the instruction
     (`compiler.passes.tensorize`; `kernels.conv2d`'s layout with a general stride and dilation)."""
-    from tvm import te, topi
-
-    from compiler.passes.tensorize.mark import DOT_GROUP
-
     n, height, width, _ = (int(d) for d in data.shape)
     blocks, kh_, kw_, chunks, lanes, group = (int(d) for d in kernel.shape)
     sh, sw = (int(s) for s in strides)
@@ -213,8 +215,6 @@ def conv_sites(mod: Any, lanes: int, target: Any = None) -> list[ConvSite]:
     """The conv2d calls of "main" the blocked layout applies to (dense and depthwise, NCHW/OIHW), in graph
     order, one per weight; with a `target`, not those that take the dot-product form there (an int8 or bf16
     conv its instruction fits, `dot_conv_layouts`: that form is theirs, no block is chosen for them)."""
-    from tvm import relax
-
     sites: dict[str, ConvSite] = {}
     policy = blocked_conv_layouts(lanes)
     dots = {name: dot_instruction(target, name) for name in DOT_OPERANDS.values()} if target is not None else {}
@@ -256,8 +256,6 @@ def site_layouts(site: ConvSite, blocks: tuple[int, int]) -> list[str]:
 def _blockable_convs(mod: Any, policy: Any) -> list[str]:
     """Names of the weights of "main"'s conv2d calls that `policy` would block, in graph order (a weight is a
     parameter of "main", so its name says which conv a `ConvertLayout` callback is looking at)."""
-    from tvm import relax
-
     names: list[str] = []
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
@@ -276,9 +274,6 @@ def weight_key(call: Any) -> str | None:
     """Which conv2d `call` is, by its weight: the parameter's name, or for a weight bound as a constant (the
     int8 weights of a quantized program are buffers, which TVM's importer binds) "constant <shape> #<hash of its
     value>"; None for a computed weight."""
-    import tvm_ffi
-    from tvm import relax
-
     weight = call.args[1]
     if isinstance(weight, relax.Var):
         return weight.name
@@ -291,9 +286,6 @@ def weight_key(call: Any) -> str | None:
 def unlegalized(mod: Any) -> list[str]:
     """The operators of "main" that `LegalizeOps` left as they were although they have a legalization: it
     declined them, in a layout it does not take (a transposed conv in `NCHW16c`); the VM cannot run them."""
-    import tvm
-    from tvm import relax
-
     found: set[str] = set()
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
@@ -319,8 +311,6 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     only if the graph with it (and those kept before) still converts (and, with `legalize`, legalizes: slower,
     for when the converted graph fails later); a conv left out keeps NCHW, so `ConvertLayout` puts conversions
     at its boundary. With no conv blocked the module is returned as it is (no layout pass at all)."""
-    from tvm import relax
-
     rule = blocked_conv_layouts(lanes, {name: dot_instruction(target, name) for name in DOT_OPERANDS.values()})
     sites = {site.weight: site for site in conv_sites(mod, lanes, target)} if blocks else {}
 
@@ -372,8 +362,6 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
 
 def legalize_conv2d(bb: Any, call: Any) -> Any:
     """Relax's conv2d legalization, plus the blocked layout (`topi.nn.conv2d_NCHWc`), which it leaves alone."""
-    from tvm import relax, topi
-
     attrs = call.attrs
     dot = re.fullmatch(r"OHWI(\d+)o(\d+)i", str(attrs.kernel_layout))
     if str(attrs.data_layout) == "NHWC" and dot:
@@ -396,8 +384,6 @@ def depthwise_conv2d_nchwc(data: Any, kernel: Any, strides: Any, padding: Any, d
     is written here: out[n, C, y, x, c] = sum_{kh, kw} pad(data)[n, C, y*sh + kh*dh, x*sw + kw*dw, c]
     * kernel[C, 0, kh, kw, 0, c].
     """
-    from tvm import te, topi
-
     assert layout == out_layout, f"depthwise in {layout}, out {out_layout}: one block for both"
     n, chunks, height, width, block = (int(d) for d in data.shape)
     _, _, kh_, kw_, _, kblock = (int(d) for d in kernel.shape)
@@ -455,8 +441,6 @@ class LayoutGroup:
 def layout_groups(mod: Any, lanes: int, target: Any = None) -> list[LayoutGroup]:
     """The layout groups of "main" (before `ConvertLayout`) that hold a blockable conv's input or output
     (`conv_sites`: with a `target`, the dot-product form's convs are not blockable)."""
-    from tvm import relax
-
     sites = {s.weight: s for s in conv_sites(mod, lanes, target)}
     parent: dict[Any, Any] = {}
 
@@ -542,10 +526,6 @@ def group_blocks(groups: list[LayoutGroup], choice: dict[int, int], sites: list[
 def channel_conversion(call: Any) -> tuple[str, int] | None:
     """("block", b) when `call` converts NCHW into `N C/b H W b`, ("unblock", b) for the way back (the
     `layout_transform`s `ConvertLayout` writes), None for any other call."""
-    import tvm
-    from tvm import relax
-    from tvm_ffi import structural_equal
-
     if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.layout_transform"):
         return None
     if call.attrs.pad_value is not None:
@@ -573,10 +553,6 @@ def keeps_order(call: Any, max_elements: int = 1 << 20) -> bool:
     tensor with no image left, in or out of their block; a block of 1): a reshape, which the VM does as a view,
     without a kernel call. Its index map is evaluated on every index of a static source of at most
     `max_elements` (False beyond, and for a map of other operations than + - * // %)."""
-    import numpy as np
-    import tvm
-    from tvm import relax
-
     if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.layout_transform"):
         return False
     src, dst = call.args[0].ty, call.ty
@@ -635,8 +611,6 @@ def carry_layouts(mod: Any) -> Any:
       global pooling) is a reshape, which the VM does as a view; a reshape of a reshape, one reshape.
 
     Conversions left unused are removed."""
-    from tvm import relax
-
     main = mod["main"]
     users: dict[Any, list[Any]] = {}
     for block in main.body.blocks:

@@ -27,7 +27,8 @@ program itself does; the result is the same, only slower.
 (torch's own formula), so the uint8 tensors between operators are torch's bit for bit wherever their float inputs
 are.
 
-Layering: `compiler` never imports `tuner` or `service`. torch and TVM are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that need it (see
+the comment at each): building and running the model needs only TVM.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from tvm import relax
 
 from ...passes.tensorize.kernels import GROUP
 
@@ -83,8 +86,6 @@ def _is(node: Any, name: str) -> bool:
 def _quantize_per_tensor(node: Any, importer: Any) -> Any:
     """quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype): torch's
     `clamp(round(x * (1 / scale)) + zero_point, quant_min, quant_max).to(dtype)`, rounding half to even."""
-    from tvm import relax
-
     x = importer.env[node.args[0]]
     scale, zero_point, low, high, dtype = node.args[1:6]
     bb = importer.block_builder
@@ -100,8 +101,6 @@ def _dequantize_per_tensor(node: Any, importer: Any) -> Any:
     """dequantize_per_tensor(x, scale, zero_point, ...): torch's `(x.to(float32) - zero_point) * scale`, as
     element-wise operators (which `ConvertLayout` carries in any layout; `relax.op.dequantize` it wraps in
     transposes)."""
-    from tvm import relax
-
     x = importer.env[node.args[0]]
     scale, zero_point = float(node.args[1]), int(node.args[2])
     shifted = relax.op.subtract(relax.op.astype(x, "float32"), relax.const(float(zero_point), "float32"))
@@ -110,8 +109,6 @@ def _dequantize_per_tensor(node: Any, importer: Any) -> Any:
 
 def _dequantize_per_channel(node: Any, importer: Any) -> Any:
     """dequantize_per_channel(x, scales, zero_points, axis, ...): `(x - zero_points) * scales` along `axis`."""
-    from tvm import relax
-
     x, scales, zero_points = (importer.env[a] for a in node.args[:3])
     axis = int(node.args[3]) % x.ty.ndim
     bb = importer.block_builder
@@ -128,7 +125,7 @@ def _dtype_name(dtype: Any) -> str:
 def _operands(x_node: Any, w_node: Any, values: Mapping[str, torch.Tensor]) -> tuple | None:
     """((xq node, scale, zero point), (wq node, scales node)) when `x_node` dequantizes a uint8 tensor per
     tensor and `w_node` an int8 weight per output channel (axis 0) with every zero point 0; else None."""
-    import torch
+    import torch  # heavy: torch only where a program is imported (a sandbox child)
 
     if not (_is(x_node, _DEQUANTIZE) and _is(w_node, _DEQUANTIZE_CHANNEL)):
         return None
@@ -144,8 +141,6 @@ def _scaled(importer: Any, acc: Any, wq: Any, scales: Any, scale: float, zero_po
             channel_shape: tuple[int, ...]) -> Any:
     """The int32 sum `acc` -> float32: `(acc - zero_point * sum(wq over reduce_axes)) * scale * scales`, the
     per-channel terms reshaped to `channel_shape` (they read parameters alone)."""
-    from tvm import relax
-
     bb = importer.block_builder
     if zero_point:
         sums = relax.op.sum(relax.op.astype(wq, "int32"), axis=reduce_axes)
@@ -160,8 +155,6 @@ def _integer_conv(fallback: Converter, values: Mapping[str, torch.Tensor]) -> Co
     `fallback`."""
 
     def convert(node: Any, importer: Any) -> Any:
-        from tvm import relax
-
         operands = _operands(node.args[0], node.args[1], values)
         transposed = bool(node.args[6]) if len(node.args) > 6 else False
         if operands is None or transposed:
@@ -219,8 +212,6 @@ def _integer_linear(fallback: Converter, values: Mapping[str, torch.Tensor], *, 
     view for inputs of more than two dimensions) in integers, else `fallback`."""
 
     def convert(node: Any, importer: Any) -> Any:
-        from tvm import relax
-
         x_node, t_node = node.args[1:3] if bias else node.args[:2]
         if not (getattr(t_node, "op", None) == "call_function" and str(t_node.target) == "aten.permute.default"
                 and [int(d) for d in t_node.args[1]] == [1, 0]):

@@ -1,21 +1,22 @@
 """A model's tasks: one per distinct fused PrimFunc, deduplicated by structural hash and weighted by calls.
 
-Layering: `compiler` never imports `tuner` or `service`. torch, TVM and numpy are imported inside functions.
+Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that run the
+exported program: building and running the model needs only TVM.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
 from ..operators import TensorSpec
 from ..pt2 import ModelError
-
-if TYPE_CHECKING:
-    import tvm
-
 
 DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 28  # any input, parameter or intermediate tensor
 
@@ -52,8 +53,6 @@ def tensor_spec(name: str, sinfo: Any) -> TensorSpec:
 
 
 def flatten_sinfo(sinfo: Any) -> list[Any]:
-    from tvm import relax
-
     if isinstance(sinfo, relax.TupleType):
         return [s for f in sinfo.fields for s in flatten_sinfo(f)]
     return [sinfo]
@@ -63,9 +62,6 @@ def call_counts(main: Any) -> dict[str, int]:
     """How often "main" calls each global function with call_tir on data that depends on a user
     input. Calls on parameters and constants alone (weight layout transforms, batch-norm constants)
     are left out: `build_model` moves them to build time."""
-    import tvm
-    from tvm import relax
-
     call_tir = tvm.ir.Op.get("relax.call_tir")
     counts: dict[str, int] = {}
     live = set(main.params[:int(main.attrs["num_input"])])
@@ -82,16 +78,12 @@ def call_counts(main: Any) -> dict[str, int]:
 
 
 def func_args(func: Any) -> tuple[TensorSpec, ...]:
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
     return tuple(TensorSpec(f"arg{i}", tuple(int(d) for d in a.shape), str(a.dtype))
                  for i, a in enumerate(ArgInfo.from_prim_func(func)))
 
 
 def structural_key(func: Any) -> int:
     """The structural hash of a PrimFunc, its name and global symbol left out."""
-    import tvm_ffi
-
     return int(tvm_ffi.structural_hash(func.without_attr("global_symbol"), map_free_vars=True))
 
 
@@ -101,8 +93,6 @@ def extract_tasks(mod: tvm.IRModule, *, max_tensor_elements: int = DEFAULT_MAX_T
     Raises:
         ModelError: "input_shapes" when an intermediate tensor exceeds `max_tensor_elements`.
     """
-    import tvm
-
     counts = call_counts(mod["main"])
     groups: dict[int, list[tuple[str, Any]]] = {}
     for gv, func in mod.functions.items():
@@ -150,9 +140,6 @@ class ConvCall:
 def conv_calls(mod: tvm.IRModule, weights: set[str]) -> dict[str, ConvCall]:
     """The call of each conv of "main" whose weight is in `weights`, found by the weight that reaches its
     arguments through calls on parameters alone (the weight's layout transform, batch-norm folding)."""
-    import tvm
-    from tvm import relax
-
     call_tir = tvm.ir.Op.get("relax.call_tir")
     main = mod["main"]
     origin: dict[Any, set[str]] = {p: ({p.name} & weights) for p in main.params}  # var -> weights it derives from
