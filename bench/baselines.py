@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.common import MIN_REPEAT_MS, REPEAT, calibrate
 from compiler.arrays import arg_specs, check_close, device, random_inputs
-from tuner.measure import one_line
+from tuner.measurers.child import one_line
 
 if TYPE_CHECKING:
     import numpy as np

@@ -4,7 +4,7 @@
 
 For each catalog subgraph (`compiler.workloads.subgraphs`), in one run on one machine:
 
-- ours: the subgraph tuned as one program in `tuner.fusion_space.FusionSpace` (basteln's output tiles,
+- ours: the subgraph tuned as one program in `tuner.spaces.fusion.FusionSpace` (basteln's output tiles,
   redundancy threshold, register blocks, vector length, unroll, and the operators' layouts: as written or
   channel-blocked, `compiler.layout.subgraph_layout`) with `budget` measurements;
 - unfused: each complex operator a catalog operator of its own, tuned by our ALT search with an equal
@@ -148,7 +148,7 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, meta
     from compiler.passes.basteln import basteln
     from compiler.workloads import make_workload
     from tuner import LocalMeasurer, apply_config, task_from_spec, tune
-    from tuner.fusion_space import FusionSpace
+    from tuner.spaces.fusion import FusionSpace
     from tuner.tune import remeasure_count
 
     w = make_workload(case.operator, case.params)

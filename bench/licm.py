@@ -330,8 +330,8 @@ def layout_programs(target_name: str) -> list[tuple[str, str, Any, Any]]:
     """(case name, layout, scheduled module, task) of the quick suite: user's and ALT's first tiled layout."""
     from bench.ops import QUICK
     from tuner import LayoutSpace, apply_config, task_from_spec
-    from tuner.alt import first_layout
-    from tuner.layout_space import join_config
+    from tuner.searches.alt_seeds import first_layout
+    from tuner.spaces.layout import join_config
 
     out = []
     for case in QUICK:

@@ -1,19 +1,29 @@
-"""The search: spaces, cost model, features, measurement, search strategies.
+"""The search: spaces, searches, cost models and measurers (one package per family, each with a registry),
+features, the PPO agents, and the entry points `tune` and `apply_config`.
 
-Layering: `service -> tuner -> compiler`; `tuner` never imports `service`.
-TVM, numpy and xgboost are imported where used, so importing `tuner` is cheap.
+Layering: `service -> tuner -> compiler`; `tuner` never imports `service`. Importing `tuner` imports TVM
+(which loads torch), numpy and xgboost: the API process does not import it.
 """
 
 from __future__ import annotations
 
 import compiler  # noqa: F401 - sets TVM's CPU thread count before any measurement worker starts
 
-from .alt import ALTSearch, layout_of_config, split_config
-from .layout_space import LayoutSpace
-from .cost_model import CostModel, RandomModel, XGBModel, make_cost_model, pairwise_accuracy
-from .measure import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
-from .search import Proposal, Search, XGBSearch, make_search
-from .space import InvalidConfig, Knob, LoopSpace, ScheduleFailed, SearchSpace, config_key, make_space
+from .cost_models import CostModel, RandomModel, XGBModel, make_cost_model, pairwise_accuracy
+from .measurers import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
+from .searches import ALTSearch, Proposal, Search, XGBSearch, make_search
+from .spaces import (
+    InvalidConfig,
+    Knob,
+    LayoutSpace,
+    LoopSpace,
+    ScheduleFailed,
+    SearchSpace,
+    config_key,
+    layout_of_config,
+    make_space,
+    split_config,
+)
 from .task import MAX_SEED, Task, Trial, TuneResult, build_pipeline, task_from_spec, tune_options
 from .tune import apply_config, tune
 

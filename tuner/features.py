@@ -2,11 +2,12 @@
 
 Two parts, concatenated:
 
-* knob features (always): log2 of every tile factor at every level (level 0
-  included), the other knobs as numbers, and derived sizes (log2 of the parallel
-  extent, of the register tile, of the level-2+3 tile, of the inner reduction
-  tile, of the vector length), then `tensorize` (0 where the space has no such
-  knob). Cheap and exact, but only comparable within one space.
+* knob features (always): the space's `knob_features` (the loop space's: log2 of
+  every tile factor at every level, level 0 included, the other knobs as numbers,
+  and derived sizes: log2 of the parallel extent, of the register tile, of the
+  level-2+3 tile, of the inner reduction tile, of the vector length, then
+  `tensorize`, 0 where the space has no such knob). Cheap and exact, but only
+  comparable within one space.
 * MetaSchedule's per-store features (`PerStoreFeature`, 164 per buffer store:
   arithmetic, memory access, reuse, loop annotations), pooled over the stores
   of a program by mean and max into a fixed vector. They work in TVM 0.27 with
@@ -17,54 +18,24 @@ Two parts, concatenated:
   A program that fails to give them gets zeros (and the model learns from the
   knob features).
 
-Layering: `tuner` never imports `service`. TVM and numpy are imported inside functions.
+Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from .space import ORDERS, SPATIAL_LEVELS, Config, LoopSpace, SearchSpace
+import numpy as np
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule import _ffi_api
+from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
 
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
+from compiler.target import host_cores
+
+from .spaces.base import Config, SearchSpace
 
 MS_FEATURE_LENGTH = 164  # PerStoreFeature with its defaults (buffers_per_store=5)
-
-
-def knob_features(space: SearchSpace, config: Config) -> list[float]:
-    """The knob part of a feature vector (fixed length within a space)."""
-    if not isinstance(space, LoopSpace):
-        return [float(config[k.name]) for k in space.knobs]
-    st = space.structure
-    out: list[float] = []
-    spatial_factors = [space.factors(config, a) for a in st.spatial]
-    reduce_factors = [space.factors(config, a) for a in st.reduce]
-    for factors in spatial_factors + reduce_factors:
-        out += [math.log2(f) for f in factors]
-    for name in ("order", "parallel", "vectorize", "write_at", "inline", "read_at"):
-        out.append(float(config.get(name, 0)))
-    out.append(float(config.get("licm", 1)))
-    out += [float(config["order"] == i) for i in range(len(ORDERS))]
-    out.append(math.log2(1 + config["unroll"]))
-
-    def level_volume(levels: range, factors: list[list[int]]) -> float:
-        return float(sum(math.log2(f[level]) for f in factors for level in levels))
-
-    parallel = level_volume(range(config["parallel"]), spatial_factors)
-    out += [
-        parallel,
-        level_volume(range(SPATIAL_LEVELS - 1, SPATIAL_LEVELS), spatial_factors),  # register tile
-        level_volume(range(SPATIAL_LEVELS - 2, SPATIAL_LEVELS), spatial_factors),  # levels 2+3
-        level_volume(range(1, 2), reduce_factors),  # inner reduction tile
-        math.log2(spatial_factors[-1][-1]) * config["vectorize"],  # vector length
-        float(config.get("tensorize", 0)),  # the register block marked for a tensor instruction
-        float(config.get("transpose", 0)),  # layout conversions as register transposes
-    ]
-    return out
 
 
 def _bare_tune_context(mod: tvm.IRModule, target: tvm.target.Target, num_threads: int) -> object:
@@ -75,10 +46,6 @@ def _bare_tune_context(mod: tvm.IRModule, target: tvm.target.Target, num_threads
     30 s on a quiet machine here and over 100 s on a loaded one, for tables our
     features never use. The FFI constructor it ends with is called directly instead.
     """
-    from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule import _ffi_api
-    from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
-
     context = ms.TuneContext.__new__(ms.TuneContext)
     context.__init_handle_by_constructor__(
         _ffi_api.TuneContext, mod, target, None, None, "main", num_threads, -1,
@@ -99,10 +66,6 @@ class MSFeatures:
             num_threads: threads extracting a batch (default: the cores this process may use;
                 nothing is timed while a search ranks its candidates).
         """
-        from tvm.s_tir import meta_schedule as ms
-
-        from compiler.target import host_cores
-
         self._ms = ms
         self._context = _bare_tune_context(mod, target, num_threads if num_threads is not None else host_cores())
         self._extractor = ms.feature_extractor.PerStoreFeature()
@@ -110,8 +73,6 @@ class MSFeatures:
 
     def extract(self, schedules: Sequence[tvm.s_tir.Schedule | None]) -> np.ndarray:
         """(n, 2 * 164): mean and max over stores; zeros for None or a failure."""
-        import numpy as np
-
         out = np.zeros((len(schedules), 2 * MS_FEATURE_LENGTH), dtype=np.float32)
         index = [i for i, s in enumerate(schedules) if s is not None]
         if not index:
@@ -141,16 +102,14 @@ class Featurizer:
         """
         self.space = space
         self._ms = None
-        if use_ms and target is not None and isinstance(space, LoopSpace):
-            self._ms = MSFeatures(space.mod, target)
+        if use_ms and target is not None and space.feature_module is not None:
+            self._ms = MSFeatures(space.feature_module, target)
 
     def __call__(
         self, configs: Sequence[Config], schedules: Sequence[tvm.s_tir.Schedule | None] | None = None
     ) -> np.ndarray:
         """Feature matrix of `configs`; `schedules` (their applied schedules) spare re-applying."""
-        import numpy as np
-
-        knobs = np.asarray([knob_features(self.space, c) for c in configs], dtype=np.float32)
+        knobs = np.asarray([self.space.knob_features(c) for c in configs], dtype=np.float32)
         if self._ms is None:
             return knobs
         if schedules is None:

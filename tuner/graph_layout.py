@@ -21,24 +21,32 @@ reward, the log of its round-0 cost over it. At the end each group takes the blo
 that choice is lowered and measured too, and the model keeps whichever measured choice has the lowest
 estimated latency (sum over its tasks of calls x their latency, conversions included).
 
-Layering: `tuner` never imports `service`; it imports `compiler`. TVM and numpy are imported inside functions.
+Layering: `tuner` never imports `service`; it imports `compiler`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import tvm
 
 from compiler.target import vector_unit
+from compiler.workloads.model import ImportedModel, ModelTask, default_schedule
+from compiler.workloads.model.importer import ModelGraph, lower_graph
+from compiler.workloads.model.layouts import PLAIN, conv_sites, group_blocks, layout_groups, vector_lanes
+from compiler.workloads.model.tasks import conv_calls, conversions
 
+from .measurers.base import Candidate, Measurer
+from .ppo import Critic, LayoutActor
+from .spaces import make_space, reductions
+from .spaces.loop import LoopSpace
 from .task import Task, Trial
-
-if TYPE_CHECKING:
-    from compiler.workloads.model import ImportedModel, ModelTask
-    from compiler.workloads.model.importer import ModelGraph
+from .tune import tune
 
 log = logging.getLogger("altune.graph_layout")
 
@@ -75,15 +83,9 @@ def joint_budget(budget: int) -> int:
     return max(1, int(budget * JOINT_SHARE))
 
 
-def default_schedule_latency(measurer: Any, task: Task) -> tuple[list[float] | None, str | None]:
+def default_schedule_latency(measurer: Measurer, task: Task) -> tuple[list[float] | None, str | None]:
     """The latencies of the task's default schedule (`compiler.workloads.model.default_schedule`, what the
     artifact runs for an untuned task), or (None, why it failed)."""
-    import tvm
-
-    from compiler.workloads.model import default_schedule
-
-    from .measure import Candidate
-
     func = default_schedule(task.prim_func, task.target)
     result = measurer.measure_one(task, Candidate(dict(DEFAULT_CONFIG), tvm.IRModule({"main": func})))
     return result.latencies_ms, result.error
@@ -91,14 +93,8 @@ def default_schedule_latency(measurer: Any, task: Task) -> tuple[list[float] | N
 
 def tunable(prim_func: Any) -> bool:
     """A task the search can tune: one reduction (`LoopSpace`) or several (basteln's `FusionSpace`)."""
-    from .fusion_space import FusionSpace, reductions
-    from .space import LoopSpace
-
     try:
-        if reductions(prim_func) > 1:
-            FusionSpace(prim_func)
-        else:
-            LoopSpace(prim_func)
+        make_space("fusion" if reductions(prim_func) > 1 else "loop", prim_func)
     except Exception:  # noqa: BLE001 - element-wise functions and programs neither space takes stay untuned
         return False
     return True
@@ -139,10 +135,6 @@ class GraphLayoutSearch:
                 "layout" for a default schedule's, whose config is `DEFAULT_CONFIG`; indices from 0 per task).
             should_stop: polled between measurements.
         """
-        from compiler.workloads.model.layouts import PLAIN, conv_sites, layout_groups, vector_lanes
-
-        from .ppo import Critic, LayoutActor
-
         self.graph, self.target, self.measurer = graph, target, measurer
         self.fusion, self.max_tensor_elements = fusion, max_tensor_elements
         self.on_measure, self.should_stop = on_measure, should_stop or (lambda: False)
@@ -166,9 +158,6 @@ class GraphLayoutSearch:
                 float(any(s.depthwise for s in convs))]
 
     def lower(self, choice: dict[int, int]) -> ImportedModel:
-        from compiler.workloads.model.importer import lower_graph
-        from compiler.workloads.model.layouts import group_blocks
-
         kwargs = {} if self.max_tensor_elements is None else {"max_tensor_elements": self.max_tensor_elements}
         return lower_graph(self.graph, layout="blocked", target=self.target, fusion=self.fusion,
                            blocks=group_blocks(self.groups, choice, self.sites), **kwargs)
@@ -187,10 +176,6 @@ class GraphLayoutSearch:
 
     def measure_task(self, t: ModelTask, task: Task, budget: int) -> float:
         """A short loop search of a tunable task (its best latency), the default schedule of another."""
-        from .fusion_space import reductions
-        from .space import LoopSpace
-        from .tune import tune
-
         record = (lambda trial: self.on_measure(t, trial)) if self.on_measure is not None else (lambda _: None)
         if tunable(t.prim_func):
             n = max(1, min(self.joint_trials, budget - self.spent))
@@ -213,8 +198,6 @@ class GraphLayoutSearch:
 
     def group_costs(self, model: ImportedModel) -> dict[int, float]:
         """Each group's cost in `model`: its convs' tasks and the conversions right before them."""
-        from compiler.workloads.model.tasks import conv_calls
-
         key_of = {f: t.workload_key for t in model.tasks for f in t.functions}
         calls = conv_calls(model.mod, {s.weight for s in self.sites})
         out = {}
@@ -236,11 +219,6 @@ class GraphLayoutSearch:
     def run(self, budget: int, max_rounds: int = 64) -> LayoutSearchResult:
         """Rounds until `budget` measurements are spent (the round that crosses it is not finished), then the
         best block per group; at least the rule's choice is lowered (and measured if the budget allows)."""
-        from compiler.workloads.model.layouts import PLAIN
-        from compiler.workloads.model.tasks import conversions
-
-        import random
-
         rng = random.Random(self.seed)
         rounds: list[dict] = []
         measured: list[tuple[float, dict[int, int], ImportedModel]] = []

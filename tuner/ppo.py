@@ -1,4 +1,4 @@
-"""PPO agents of the ALT search (paper sec. 5.2): a layout split actor, loop actors, one shared critic.
+"""PPO agents of the ALT search (paper sec. 5.2): a layout split actor and loop actors, each with a critic of its own.
 
 * `LayoutActor`: one action a in (0, 1) per layout template parameter (a
   Beta distribution per parameter); the factor is F = R(D * a) (eq. 2), D the
@@ -8,9 +8,12 @@
 * `LoopActor`: one direction in {-1, 0, +1} per loop parameter (a categorical
   per parameter); the search walks each parameter one step from the best
   configuration of a sampled batch.
-* `Critic`: a value network; each actor has its own, over its own state (an
+* `Critic`: a value network. Each actor has its own, over its own state (an
   input that means one thing: the layout critic sees layout states, a loop
-  critic the knob positions of one layout's space).
+  critic the knob positions of one layout's space), and trains it with its
+  policy (one optimizer over both). The paper shares one critic; here none is
+  shared: `ALTSearch` makes one per actor (the layout actor's, and one per
+  layout's loop actor), and `GraphLayoutSearch` one for its layout actor.
 
 Every step is a one-step episode (a contextual bandit, as the paper's per-round
 rewards): rewards are standardized by the actor's running mean and deviation
@@ -21,7 +24,7 @@ The caller's rewards are log speedups over a reference (see `tuner.alt`), not
 eq. (3)'s U - latency, which scores every layout alike when U is the untuned
 latency.
 
-Layering: `tuner` never imports `service`. torch is imported inside functions.
+Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 HIDDEN = 64
 
 
 def _torch() -> Any:
-    import torch
-
+    """torch, set to one thread when an agent uses it (not at import: the process's other torch work keeps its own)."""
     torch.set_num_threads(1)  # tiny nets; keep the shared cores for measurements
     return torch
 
@@ -74,7 +78,7 @@ class _Buffer:
 
 
 class Critic:
-    """V(state): one MLP per actor; states are zero-padded (or cut) to `width`."""
+    """V(state) of one actor (never shared): an MLP; states are zero-padded (or cut) to `width`."""
 
     def __init__(self, width: int, seed: int = 0):
         torch = _torch()

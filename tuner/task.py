@@ -1,6 +1,6 @@
 """What the tuner works on and what it produces: tasks, trials, results.
 
-Layering: `tuner` never imports `service`. TVM and numpy are only type-checked here.
+Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
+import numpy as np
+import tvm
 
-    from compiler.build import Pipeline
+from compiler.build import Pipeline
+from compiler.target import resolve_target
+from compiler.workloads import make_workload
 
 # The largest search seed: torch.manual_seed, numpy's generators and XGBoost's `seed` all take it
 MAX_SEED = 2**31 - 1
@@ -58,9 +59,6 @@ def task_from_spec(spec: Mapping[str, Any], *, max_tensor_elements: int | None =
     Raises:
         WorkloadError: the operator or its parameters are not in the catalog.
     """
-    from compiler.target import resolve_target
-    from compiler.workloads import make_workload
-
     limit = {} if max_tensor_elements is None else {"max_tensor_elements": max_tensor_elements}
     workload = make_workload(spec["operator"], spec["params"], spec.get("dtype", "float32"),
                              spec.get("epilogue", "none"), **limit)

@@ -13,18 +13,32 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+
+import tvm
 
 from compiler.target import vector_unit
+from compiler.workloads.subgraphs import Subgraph
 
-from .cost_model import CostModelKind
-from .measure import Candidate, LocalMeasurer, Measurer
-from .search import Search, SearchKind, never, noop, make_search
-from .space import Config, SpaceKind, config_key, loop_space, make_space
+from .cost_models import CostModelKind
+from .measurers import Candidate, LocalMeasurer, Measurer
+from .searches import SearchKind, make_search, never, noop
+from .spaces import (
+    Config,
+    FusionSpace,
+    LayoutSpace,
+    SpaceKind,
+    apply_layout_config,
+    config_key,
+    has_layout,
+    interface_space,
+    is_fusion_config,
+    layout_of_config,
+    loop_space,
+    make_space,
+    reductions,
+    split_config,
+)
 from .task import Task, Trial, TuneResult, best_trial
-
-if TYPE_CHECKING:
-    import tvm
 
 FINALISTS = 3  # the most trials `remeasure_count` re-measures
 
@@ -112,8 +126,6 @@ def tune(
         kind = search or ("alt" if task.workload is not None and not fusion else "xgb")
         options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size, seeds=seeds)
         if kind == "alt":
-            from .layout_space import LayoutSpace
-
             options.update(joint_fraction=joint_fraction, layout=layout, ppo=ppo)
             strategy = make_search("alt", task, LayoutSpace(task, layout_levels), measurer, **options)
         else:
@@ -125,7 +137,7 @@ def tune(
         if remeasure <= 0 or best is None or should_stop():
             return TuneResult(best, trials, baseline)
         final, final_ms, readings = remeasure_best(task, [*prior, *trials], measurer, remeasure,
-                                                   measured_as=_as_the_search_measured(strategy, task))
+                                                   measured_as=strategy.measured_as)
     finally:
         if own:
             measurer.close()
@@ -197,9 +209,6 @@ def remeasure_best(
 def _as_measured(task: Task, config: Config) -> tuple[Task, Candidate]:
     """How a configuration is measured without its search at hand: a loop configuration in `task`, a
     layout configuration in its program with the constants packed beforehand (as `ALTSearch` does)."""
-    from .alt import layout_of_config, split_config
-    from .layout_space import interface_space
-
     prog = layout_of_config(task, config)
     if prog is None:
         return task, Candidate(config, apply_config(task, config))
@@ -209,19 +218,6 @@ def _as_measured(task: Task, config: Config) -> tuple[Task, Candidate]:
     sub = Task(task.name, task.workload_key, prog.prim_func, task.target, inputs=prog.pack_inputs(xs),
                expected=expected, workload=wl)
     return sub, Candidate(config, interface_space(prog, vector_unit(task.target)).apply(split_config(config)[1]).mod)
-
-
-def _as_the_search_measured(strategy: Search, task: Task) -> Callable[[Config], tuple[Task, Candidate]]:
-    """The search's own way to measure a configuration (ALT: the layout's task, already prepared)."""
-    from .alt import ALTSearch, split_config
-
-    if isinstance(strategy, ALTSearch):
-        def measured_as(config: Config) -> tuple[Task, Candidate]:
-            point = strategy.point_of(config)
-            return point.task, Candidate(config, point.space.apply(split_config(config)[1]).mod)
-
-        return measured_as
-    return lambda config: (task, Candidate(config, strategy.space.apply(config).mod))
 
 
 def apply_config(task: Task, config: Config) -> tvm.IRModule:
@@ -237,9 +233,6 @@ def apply_config(task: Task, config: Config) -> tvm.IRModule:
         InvalidConfig: the configuration is not in the task's space.
         ScheduleFailed: TVM refused to apply it.
     """
-    from .alt import apply_layout_config, has_layout
-    from .fusion_space import FusionSpace, is_fusion_config
-
     if has_layout(config):
         return apply_layout_config(task, config)
     if is_fusion_config(config):
@@ -250,8 +243,4 @@ def apply_config(task: Task, config: Config) -> tvm.IRModule:
 def _several_operators(task: Task) -> bool:
     """A task of several operators (a catalog subgraph, pad -> conv -> bias -> relu included, or a fused
     model task of several reductions): basteln's space."""
-    from compiler.workloads.subgraphs import Subgraph
-
-    from .fusion_space import reductions
-
     return isinstance(task.workload, Subgraph) or reductions(task.prim_func) > 1

@@ -18,7 +18,7 @@ def device_keys(settings: Settings) -> list[DevicePublic]:
     Raises:
         HTTPException: 503 when the tracker does not answer (naming its address).
     """
-    from tuner.rpc import tracker_queue
+    from tuner.measurers.rpc import tracker_queue
 
     assert settings.rpc_tracker is not None
     try:

@@ -58,7 +58,7 @@ def _wait(what: str, done, timeout: float = 60) -> None:
 
 
 def _registered(tracker: str) -> int:
-    from tuner.rpc import tracker_queue
+    from tuner.measurers.rpc import tracker_queue
 
     try:
         return sum(q.total for q in tracker_queue(tracker, timeout_s=1) if q.key == KEY)

@@ -61,8 +61,8 @@ def test_the_first_layout_s_row_tile_is_one_the_unit_s_accumulators_hold(width, 
     AVX2's 12 accumulators hold 8 rows of a 56-wide row's tile 8 but only 7 of tile 14; AVX-512's 28 hold 14 --
     and the seed in it is that register block."""
     from compiler.target import AVX2, AVX512
-    from tuner.alt import first_layout
-    from tuner.layout_space import LayoutSpace, interface_space
+    from tuner.searches.alt_seeds import first_layout
+    from tuner.spaces.layout import LayoutSpace, interface_space
     from tuner_cases import task_of
 
     wl = workload("conv2d", dict(batch=1, in_channels=16, height=4, width=width, out_channels=32, kernel=3,
@@ -88,8 +88,8 @@ def test_a_gemm_s_first_layout_packs_weight_panels_along_the_reduction_and_seeds
 
     from compiler.build import compile_module
     from compiler.target import AVX2, AVX512
-    from tuner.alt import first_layout
-    from tuner.layout_space import LayoutSpace, interface_space, join_config
+    from tuner.searches.alt_seeds import first_layout
+    from tuner.spaces.layout import LayoutSpace, interface_space, join_config
     from tuner_cases import task_of
 
     wl = workload(operator, params)
@@ -142,7 +142,7 @@ def test_alt_tunes_a_small_conv2d_correctly_and_keeps_its_best():
     assert untuned[0].config == LoopSpace(task.prim_func).untuned_config()
     # and register blocking, there both ways (vectors, a column of scalars) and in its first tiled layout
     # (the oneDNN-like one)
-    from tuner.alt import interface_space, split_config
+    from tuner.spaces.layout import interface_space, split_config
 
     blocked = [t for t in result.trials if t.extra.get("origin") == "blocked"]  # picked by the model or as a seed
     assert [t.extra["layout"] for t in blocked][:2] == ["N O H W"] * 2 and len(blocked) == 3
@@ -180,7 +180,7 @@ class _FakeDevice:
     """Deterministic latency from a layout configuration: vector-width channel tiles and register rows win."""
 
     def __new__(cls):
-        from tuner.measure import MeasureResult, Measurer
+        from tuner.measurers import MeasureResult, Measurer
 
         class _Fake(Measurer):
             def measure_one(self, task, candidate):
@@ -200,8 +200,8 @@ class _FakeDevice:
 
 def test_resumed_search_ends_no_worse_and_restores_its_stage():
     from tuner import tune
-    from tuner.alt import ALTSearch
-    from tuner.layout_space import LayoutSpace
+    from tuner.searches.alt import ALTSearch
+    from tuner.spaces.layout import LayoutSpace
 
     wl = workload("conv2d", SMALL_CONV)
     task, _ = _task(wl)
@@ -258,8 +258,8 @@ def test_loop_stage_measures_the_other_placements_of_each_new_best():
     """A compute location the model has not seen measured is ranked low: the loop stage sweeps the
     placement knobs of every new best (here the producers computed in a tile are 3x faster)."""
     from tuner import tune
-    from tuner.measure import MeasureResult, Measurer
-    from tuner.space import PLACEMENT_KNOBS
+    from tuner.measurers import MeasureResult, Measurer
+    from tuner.spaces.loop_knobs import PLACEMENT_KNOBS
 
     class Device(Measurer):
         def measure_one(self, task, candidate):
@@ -284,8 +284,8 @@ def test_loop_stage_measures_the_other_placements_of_each_new_best():
 def test_joint_stage_finalists_share_the_loop_stage_first_half():
     """The layouts within `margin` of the joint stage's best (at most `finalists`) take the loop stage's
     rounds in turn until half of it is spent; the best layout found takes the rest."""
-    from tuner.alt import ALTSearch
-    from tuner.layout_space import LayoutSpace
+    from tuner.searches.alt import ALTSearch
+    from tuner.spaces.layout import LayoutSpace
 
     task, _ = _task(workload("conv2d", SMALL_CONV))
     budget, top_k = 60, 4
@@ -326,8 +326,8 @@ def test_interface_program_is_correct_for_every_write_at():
     import tvm
 
     from tuner import Task
-    from tuner.alt import apply_layout_config, join_config, layout_program
-    from tuner.space import LoopSpace
+    from tuner.spaces.layout import apply_layout_config, join_config, layout_program
+    from tuner.spaces import LoopSpace
 
     wl = workload("dilated_conv2d", dict(batch=1, in_channels=16, height=28, width=28, out_channels=16, kernel=3,
                                          padding=2, dilation=2))
@@ -353,7 +353,7 @@ def test_output_conversion_iterates_over_the_tiles_and_may_sit_inside_one():
     computes the reference."""
     from tvm import s_tir, sym, tirx
 
-    from tuner.alt import interface_space, join_config, layout_program
+    from tuner.spaces.layout import interface_space, join_config, layout_program
 
     wl = workload("conv2d", SMALL_CONV, "bias_relu")
     task, xs = _task(wl)
@@ -400,7 +400,7 @@ def test_the_transpose_knob_turns_the_layouts_conversions_into_register_transpos
     from compiler.passes.tensorize import tensorize_module
     from compiler.target import resolve_target, vector_unit
     from tuner import apply_config, layout_of_config
-    from tuner.alt import interface_space, join_config, layout_program
+    from tuner.spaces.layout import interface_space, join_config, layout_program
 
     target = resolve_target("host")
     lanes = vector_unit(target).lanes
@@ -450,7 +450,7 @@ def test_layout_space_is_a_search_space_over_layouts_and_their_loops():
     """ALT's joint space works through `SearchSpace`: every sample validates, applies and has neighbours in
     other layouts; the user's own layouts are the untuned configuration."""
     from tuner import InvalidConfig, SearchSpace
-    from tuner.layout_space import LAYOUT_PREFIX, LayoutSpace, has_layout, split_config
+    from tuner.spaces.layout import LAYOUT_PREFIX, LayoutSpace, has_layout, split_config
 
     task, _ = _task(workload("conv2d", SMALL_CONV))
     space = LayoutSpace(task)
@@ -473,8 +473,8 @@ def test_layout_space_is_a_search_space_over_layouts_and_their_loops():
 def test_the_agents_learn_from_measurements_and_rewards_rank_the_layouts():
     """Layout rewards are log speedups over the layouts tried (both signs, ordered by latency, not all ~1 as
     U - latency with U the untuned latency gave); the loop actors are rewarded once per measured walk."""
-    from tuner.alt import ALTSearch
-    from tuner.layout_space import LayoutSpace
+    from tuner.searches.alt import ALTSearch
+    from tuner.spaces.layout import LayoutSpace
 
     task, _ = _task(workload("conv2d", SMALL_CONV))
     search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=2, batch_size=16, top_k=4)
@@ -492,8 +492,8 @@ def test_the_agents_learn_from_measurements_and_rewards_rank_the_layouts():
 
 
 def test_without_ppo_layouts_and_walks_are_random_and_no_agent_learns():
-    from tuner.alt import ALTSearch
-    from tuner.layout_space import LayoutSpace
+    from tuner.searches.alt import ALTSearch
+    from tuner.spaces.layout import LayoutSpace
 
     task, _ = _task(workload("conv2d", SMALL_CONV))
     search = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=2, batch_size=16, top_k=4, ppo=False)
@@ -505,8 +505,9 @@ def test_without_ppo_layouts_and_walks_are_random_and_no_agent_learns():
 
 
 def test_without_seeds_no_known_nest_is_measured_and_the_layouts_do_not_start_from_onednns():
-    from tuner.alt import ALTSearch, first_layout
-    from tuner.layout_space import LayoutSpace
+    from tuner.searches.alt import ALTSearch
+    from tuner.searches.alt_seeds import first_layout
+    from tuner.spaces.layout import LayoutSpace
 
     task, _ = _task(workload("conv2d", SMALL_CONV))
     seeded = ALTSearch(task, LayoutSpace(task), _FakeDevice(), seed=2, batch_size=16, top_k=4)
@@ -565,8 +566,8 @@ def _check_dot_form(operator, params, epilogue, dtype, target_name):
     from compiler.layout import GROUP_PARAM
     from compiler.passes.tensorize import DOT_GROUP, choose, kernels, tensorize_module
     from compiler.target import resolve_target
-    from tuner.alt import first_layout
-    from tuner.layout_space import LayoutSpace, join_config
+    from tuner.searches.alt_seeds import first_layout
+    from tuner.spaces.layout import LayoutSpace, join_config
     from tuner.task import task_from_spec
 
     task = task_from_spec({"operator": operator, "params": params, "dtype": dtype, "epilogue": epilogue})
@@ -660,7 +661,7 @@ def test_dot_form_layouts_come_first_and_are_seeded(cpu):
 
     from compiler.passes.tensorize import choose, kernels
     from tuner import ALTSearch
-    from tuner.layout_space import LayoutSpace
+    from tuner.spaces.layout import LayoutSpace
     from tuner.task import task_from_spec
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})

@@ -14,7 +14,7 @@ class _Drifting:
 
     def __new__(cls, first, again, fail_again=()):
         from tuner import config_key
-        from tuner.measure import MeasureResult, Measurer
+        from tuner.measurers import MeasureResult, Measurer
 
         class _Fake(Measurer):
             def __init__(self) -> None:

@@ -55,7 +55,7 @@ def test_model_guided_search_beats_random_on_the_fake_device():
 
 
 def test_pick_takes_one_per_tie_class_before_a_second_and_a_random_share():
-    from tuner.search import pick
+    from tuner.searches.picks import pick
 
     rng = np.random.default_rng(0)
     # three candidates tie at the top (the best's near copies), then two distinct classes
@@ -121,26 +121,24 @@ def test_tune_small_conv2d_keeps_its_best_and_is_correct():
 def test_random_search_through_tune_ranks_at_random():
     """`tune(search="random")` (the no-model ablation) passes its own cost model, whatever the caller's options."""
     from tuner import make_search
-    from tuner.cost_model import RandomModel
-    from tuner.search import XGBSearch
-    from tuner.space import loop_space
+    from tuner.cost_models import RandomModel
+    from tuner.searches import XGBSearch
+    from tuner.spaces import loop_space
 
     task = task_of(workload("dense", {"m": 16, "n": 16, "k": 16}))
     space = loop_space(task.prim_func)
     search = make_search("random", task, space, FakeMeasurer(space), cost_model="xgb", seed=0)
     assert isinstance(search, XGBSearch) and isinstance(search.model, RandomModel)
     # a model that reads no features gets no MetaSchedule features computed (knob features only)
-    from tuner.features import knob_features
-
     config = space.sample(np.random.default_rng(0), 1)[0]
-    assert search.featurize([config]).shape == (1, len(knob_features(space, config)))
+    assert search.featurize([config]).shape == (1, len(space.knob_features(config)))
     assert make_search("xgb", task, space, FakeMeasurer(space), seed=0).featurize([config]).shape[1] > len(
-        knob_features(space, config))
+        space.knob_features(config))
 
 
 def test_a_search_from_prior_trials_still_measures_the_known_nests():
     """A model job's loop stage starts from the joint stage's trials: the seeds not among them come first."""
-    from tuner.search import config_key
+    from tuner.spaces import config_key
 
     wl, task, space = _fake_setup()
     prior = _tune(task, space, 1, seed=5, start_from=space.sample(np.random.default_rng(7), 1))[0].trials
@@ -152,7 +150,7 @@ def test_a_search_from_prior_trials_still_measures_the_known_nests():
 
 
 def test_without_seeds_the_first_round_measures_no_known_nest():
-    from tuner.space import config_key
+    from tuner.spaces import config_key
 
     wl, task, space = _fake_setup()
     seeded, _, _ = _tune(task, space, 8, seed=3, search="xgb")

@@ -295,7 +295,6 @@ def test_tensorize_is_a_knob_that_marks_the_register_block():
     from compiler.target import resolve_target
     from compiler.workloads import make_workload
     from tuner import LoopSpace
-    from tuner.features import knob_features
 
     wl = workload("conv2d", dict(batch=1, in_channels=8, height=6, width=16, out_channels=8, kernel=3, padding=1),
                   "bias_relu")
@@ -319,7 +318,7 @@ def test_tensorize_is_a_knob_that_marks_the_register_block():
         assert bool(reports["main"].used) == used and (target is bare) <= bool(reports["main"].left), reports
         if target is host:
             np.testing.assert_allclose(run(mod, inputs, wl.output.shape), wl.reference(inputs), rtol=1e-4, atol=1e-4)
-    assert knob_features(space, outer_product)[-2] == 1.0 and knob_features(space, blocked)[-2] == 0.0
+    assert space.knob_features(outer_product)[-2] == 1.0 and space.knob_features(blocked)[-2] == 0.0
     samples = space.sample(np.random.default_rng(0), 40)
     assert {c["tensorize"] for c in samples} == {0, 1}
     assert all(c["order"] == 0 for c in samples if c["tensorize"])

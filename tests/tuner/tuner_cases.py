@@ -55,7 +55,7 @@ class FakeMeasurer:
     """A deterministic stand-in for the device: latency is an analytic function of the config."""
 
     def __new__(cls, space):
-        from tuner.measure import MeasureResult, Measurer
+        from tuner.measurers import MeasureResult, Measurer
 
         class _Fake(Measurer):
             def __init__(self) -> None:

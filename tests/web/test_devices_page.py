@@ -1,6 +1,6 @@
 """The dashboard's Devices view: the RPC tracker's queue per key, from `GET /api/v1/devices`.
 
-The tracker's answer is stood in for (`tuner.rpc.tracker_queue`): a real tracker and server are in
+The tracker's answer is stood in for (`tuner.measurers.rpc.tracker_queue`): a real tracker and server are in
 tests/service/test_rpc_devices.py; here the page is under test.
 """
 
@@ -17,11 +17,11 @@ def settings(sqlite_url, tmp_path):
 
 
 def test_devices_page_shows_the_tracker_queue(api_server, page, screenshots, monkeypatch):
-    import tuner.rpc
-    from tuner.rpc import DeviceQueue
+    import tuner.measurers.rpc
+    from tuner.measurers.rpc import DeviceQueue
 
     queue = [DeviceQueue("rasp4", 2, 1, 3), DeviceQueue("x86-avx2", 1, 1, 0)]
-    monkeypatch.setattr(tuner.rpc, "tracker_queue", lambda address, timeout_s=5.0: queue)
+    monkeypatch.setattr(tuner.measurers.rpc, "tracker_queue", lambda address, timeout_s=5.0: queue)
     page.goto(f"{api_server.url}/")
     page.click("nav a[data-nav='devices']")
     page.wait_for_selector("#devices-table tbody tr")
@@ -34,7 +34,7 @@ def test_devices_page_shows_the_tracker_queue(api_server, page, screenshots, mon
     def unreachable(address, timeout_s=5.0):
         raise ConnectionError(f"the RPC tracker at {address} does not answer: refused")
 
-    monkeypatch.setattr(tuner.rpc, "tracker_queue", unreachable)
+    monkeypatch.setattr(tuner.measurers.rpc, "tracker_queue", unreachable)
     page.reload()
     page.wait_for_selector("text=Could not load devices")
     assert "does not answer" in page.locator("[role=status]").inner_text()

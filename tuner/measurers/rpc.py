@@ -19,7 +19,7 @@ A key without any server makes the job wait (polling the tracker) up to `wait_s`
 is raised: the job fails with that reason and keeps its trials; no trial is ever written for it. So does a
 device the tracker lists but that failed `MAX_DEVICE_FAILURES` times in a row.
 
-Layering: `tuner` never imports `service`. TVM is imported inside functions.
+Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import tvm
+from tvm import rpc
+
+from compiler.arrays import check_close
 from compiler.build import Pipeline, compile_module
 
-from .measure import LocalMeasurer, _child_arrays, one_line
+from .child import child_arrays, one_line
+from .local import LocalMeasurer
 
 log = logging.getLogger("altune.rpc")
 
@@ -83,8 +89,6 @@ def tracker_queue(address: str, timeout_s: float = 5.0) -> list[DeviceQueue]:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as e:
         raise ConnectionError(f"the RPC tracker at {address} does not answer: {e}") from e
-    from tvm import rpc
-
     tracker = rpc.connect_tracker(host, port)
     try:
         summary = tracker.summary()
@@ -121,14 +125,8 @@ def _child_run_rpc(
     hook: Any,
     config: dict,
 ) -> dict:
-    """`measure._child_run` on a leased device: {"latencies_ms"...}, {"error"...} (the candidate's fault) or
+    """`child.child_run` on a leased device: {"latencies_ms"...}, {"error"...} (the candidate's fault) or
     {"device_error", "phase"} (the device's)."""
-    import numpy as np
-    import tvm
-    from tvm import rpc
-
-    from compiler.arrays import check_close
-
     def phase(name: str) -> None:
         with open(rpc_options["phase_path"], "w") as f:
             f.write(name)
@@ -160,7 +158,7 @@ def _child_run_rpc(
         lib = session.load_module(remote_name)
         dev = session.cpu(0) if target.kind.name == "llvm" else session.device(target.kind.name, 0)
         out_shape, out_dtype = output_spec
-        args = [tvm.runtime.tensor(a, dev) for a in _child_arrays(inputs_path)]
+        args = [tvm.runtime.tensor(a, dev) for a in child_arrays(inputs_path)]
         args.append(tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev))
     except Exception as e:
         return {"device_error": f"could not lease or prepare a device {key!r}: {one_line(e)}", "phase": "request"}

@@ -46,8 +46,10 @@ user's own layouts (the untransformed program, nothing converted) are one more
 layout point, tried first in the joint stage: a layout is kept only where its
 gains pay for its conversions.
 
-Layering: `tuner` never imports `service`; it imports `compiler`. TVM, numpy,
-torch and xgboost are imported inside functions.
+The search is this module; what it keeps per layout and the helpers of a round are `alt_points`, and
+where it starts beyond the paper (a oneDNN-like first layout, known loop nests) `alt_seeds`.
+
+Layering: `tuner` never imports `service`; it imports `compiler`.
 """
 
 from __future__ import annotations
@@ -55,120 +57,26 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from compiler.target import VectorUnit, vector_unit
+import numpy as np
 
-from .cost_model import CostModel, CostModelKind, make_cost_model
-from .layout_space import (
-    TIED,
-    LayoutSpace,
-    has_layout,
-    interface_space,
-    join_config,
-    layout_program,
-    split_config,
-)
-from .features import MSFeatures, knob_features
-from .measure import Measurer
-from .search import Proposal, Search, never, noop, pick, seat_seeds
-from .space import (
-    LATER_KNOBS,
-    REGISTER_ROWS,
-    Config,
-    InvalidConfig,
-    LoopSpace,
-    ScheduleFailed,
-    config_key,
-    divisors,
-    loop_space,
-    sample_unique,
-)
-from .task import Task, Trial
+from compiler.layout import GROUP_PARAM, LayoutError
 
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
-
-    from compiler.layout import LayoutProgram
+from ..cost_models import CostModel, CostModelKind, make_cost_model
+from ..features import MSFeatures
+from ..measurers.base import Candidate, Measurer
+from ..ppo import Critic, LayoutActor, LoopActor, action_of, factor_of
+from ..spaces.base import Config, InvalidConfig, ScheduleFailed, config_key, sample_unique
+from ..spaces.layout import LayoutSpace, has_layout, interface_space, join_config, split_config
+from ..spaces.loop import LoopSpace, loop_space
+from ..task import Task, Trial
+from .alt_points import IDENTITY, LayoutPoint, point_features, random_directions, walk
+from .alt_seeds import first_layout, loop_seeds
+from .base import Proposal, Search, never, noop
+from .picks import pick, seat_seeds
 
 log = logging.getLogger(__name__)
-
-GENERIC_KNOB_FEATURES = 17  # the layout-independent tail of `knob_features` (order, parallel, volumes, ...)
-IDENTITY = "as-given"  # key of the user's own layouts (the untransformed program, no conversion)
-
-
-def first_layout(template: Any, unit: VectorUnit | None = None) -> dict[str, int]:
-    """A oneDNN-like starting point for a vector `unit` (this machine's when None): channel tiles of one
-    vector, a short tile of the last spatial axis whose register row the unit's accumulators hold.
-
-    The row tile is the one of 4-16 outputs whose `blocked_config` register block holds the most rows (the
-    largest divisor within `REGISTER_ROWS` and the accumulators), the longer tile where they tie: 14 with
-    AVX-512's 28 accumulators, but 8 of a 56-wide row with AVX2's 12, where 14 holds only 7 rows (conv2d_resnet's
-    seed on znver3: 1.5-1.7 ms in `N H W/8 O/8 8 8`, 1.9-2.5 ms in `N H W/14 O/8 14 8`; 7 accumulators are fewer
-    than two FMA pipes of 4 cycles' latency keep busy).
-
-    A GEMM's weight is packed as BLAS packs it, in panels of `nt` columns each contiguous along the whole
-    reduction (`kt` = K: `K/K N/16 K 16`); with `kt` 1 (`K N/16 16`) a panel's rows lie a whole row of the
-    weight apart, 2 KiB on the 512^3 GEMM, all in two of L1's 64 sets: its blocked seed ran 3.4 ms there
-    against 1.8 ms with the panels contiguous (cascadelake). The dot-product form packs its own panels.
-    """
-    from compiler.layout import GROUP_PARAM, OUTER_SUFFIX
-
-    unit = vector_unit() if unit is None else unit
-    dot = any(p.name == GROUP_PARAM for p in template.params)
-    choice = {}
-    for p in template.params:
-        if p.name in TIED:
-            continue
-        if p.name == GROUP_PARAM:  # the dot-product form's one group
-            choice[p.name] = max(p.candidates)
-            continue
-        if p.name in ("ot", "it", "nt"):
-            limit = unit.lanes
-        elif p.name == "mt":
-            limit = 8
-        elif p.name == "kt" and template.kind == "gemm" and not dot:
-            limit = p.extent
-        else:
-            limit = 1
-        choice[p.name] = max((c for c in p.candidates if c <= limit), default=min(p.candidates))
-    spatial = [p for p in template.params if p.tensor == "output" and p.name not in ("ot", "mt", "nt")
-               and not p.name.endswith(OUTER_SUFFIX)]  # second-level factors start at 1
-    if spatial:  # the innermost spatial axis: a register row of 4-16 outputs
-        last = spatial[-1]
-        rows = min(REGISTER_ROWS, unit.accumulators)
-
-        def held(tile: int) -> tuple[int, int]:
-            return max(d for d in divisors(tile) if d <= rows), tile
-
-        fits = [c for c in last.candidates if 4 <= c <= 16] or [1]
-        choice[last.name] = max(fits, key=held)
-    return choice
-
-
-@dataclass
-class LayoutPoint:
-    """One layout tried: its program, loop space, measuring task and what was learned there."""
-
-    choice: dict[str, int]
-    prog: Any  # LayoutProgram
-    space: LoopSpace
-    task: Task
-    ms: MSFeatures | None
-    name: str
-    identity: bool = False  # the user's own layouts: the untransformed program
-    best: list[tuple[float, Config]] = field(default_factory=list)  # (latency, loop config), best first
-    trials: int = 0
-    actor: Any = None  # its LoopActor, made on first use
-    swept: set[str] = field(default_factory=set)  # keys of the best configs whose placements were tried
-    joint_ms: float | None = None  # best latency measured in the joint stage
-    loop_trials: int = 0  # trials measured in the loop stage
-
-    @property
-    def best_ms(self) -> float | None:
-        return self.best[0][0] if self.best else None
 
 
 class ALTSearch(Search):
@@ -217,8 +125,6 @@ class ALTSearch(Search):
             seeds: a layout's first visit measures known nests (`seed_configs`) and the joint stage tries the
                 oneDNN-like layout (`first_layout`) first; False: neither (the unseeded ablation).
         """
-        import numpy as np
-
         if task.workload is None:
             raise ValueError("the ALT search needs task.workload (the layout template comes from it)")
         super().__init__(task, space, measurer)
@@ -242,11 +148,8 @@ class ALTSearch(Search):
         self.current: str | None = None  # layout of the running joint episode
         self.episode_rounds = 0
         self._features: dict[str, np.ndarray] = {}
-        self._walks: list[tuple[str, int]] = []  # (config key, position in the loop actor's pending steps)
         self._reference: tuple[list, Any] | None = None
         self.upper: float | None = None  # U of eq. (3)
-        from .ppo import Critic, LayoutActor
-
         self.ppo, self.seeded = ppo, seeds
         width = max(2 * len(self.free), 1)
         self.layout_actor = LayoutActor(width, max(len(self.free), 1), Critic(width, seed=seed), seed=seed)
@@ -262,12 +165,8 @@ class ALTSearch(Search):
         return LayoutSpace.key(choice)
 
     def point(self, choice: dict[str, int]) -> LayoutPoint:
-        """The `LayoutPoint` of a choice (built on first use). Raises `LayoutError` if it does not apply.
-
-        Candidates run as the artifact will: data and output in the user's layouts (converted
-        inside the program), constants packed beforehand. So the search weighs what a layout
-        gains against what its conversions cost, as the user will pay both.
-        """
+        """The `LayoutPoint` of a choice (built on first use; its task runs as the artifact will, see the module
+        doc). Raises `LayoutError` if it does not apply."""
         choice = self.full_choice(choice)
         k = self.key(choice)
         if k in self.points:
@@ -286,8 +185,6 @@ class ALTSearch(Search):
     @property
     def dot_form(self) -> bool:
         """Whether the template is in the dot-product form (an int8 / bf16 operator, `compiler.layout.templates`)."""
-        from compiler.layout import GROUP_PARAM
-
         return any(q.name == GROUP_PARAM for q in self.template.params)
 
     def identity_point(self) -> LayoutPoint:
@@ -310,6 +207,11 @@ class ALTSearch(Search):
         if not has_layout(config) and self.template.params:
             return self.identity_point()
         return self.point(split_config(config)[0])
+
+    def measured_as(self, config: Config) -> tuple[Task, Candidate]:
+        """In its layout's task (inputs packed, the reference computed once), as the search measured it."""
+        point = self.point_of(config)
+        return point.task, Candidate(config, point.space.apply(split_config(config)[1]).mod)
 
     def key_of(self, config: Config) -> str:
         if not has_layout(config) and self.template.params:
@@ -340,8 +242,6 @@ class ALTSearch(Search):
         return min(scored, key=lambda p: p.best_ms) if scored else None
 
     def _choice_of(self, action: Sequence[float]) -> dict[str, int]:
-        from .ppo import factor_of
-
         return {p.name: factor_of(p.candidates, p.extent, a) for p, a in zip(self.free, action)}
 
     def next_layout(self) -> LayoutPoint:
@@ -350,10 +250,6 @@ class ALTSearch(Search):
         (untried ones preferred). In the dot-product form (an int8 / bf16 template with a `group`) the start
         comes before the user's layouts, which no instruction fits: a small budget's joint stage has a round
         or two."""
-        from compiler.layout import LayoutError
-
-        from .ppo import action_of
-
         started = any(k != IDENTITY for k in self.points)
         if self.template.params and IDENTITY not in self.points and (started or not self.dot_form):
             return self.identity_point()
@@ -439,21 +335,8 @@ class ALTSearch(Search):
         return "joint" if self.count < self.joint_budget else "loop"
 
     def features(self, p: LayoutPoint, configs: Sequence[Config], schedules: Sequence[Any] | None = None) -> np.ndarray:
-        import numpy as np
-
-        lay = [float(p.identity)] + [math.log2(p.choice.get(q.name, 1)) for q in self.template.params]
-        rows = [lay + knob_features(p.space, c)[-GENERIC_KNOB_FEATURES:] for c in configs]
-        out = np.asarray(rows, dtype=np.float32)
-        if p.ms is None:
-            return out
-        if schedules is None:
-            schedules = []
-            for c in configs:
-                try:
-                    schedules.append(p.space.apply(c))
-                except Exception:  # noqa: BLE001
-                    schedules.append(None)
-        return np.concatenate([out, p.ms.extract(schedules)], axis=1)
+        """Feature rows of loop configurations in layout `p` for the shared cost model (`alt_points.point_features`)."""
+        return point_features(p, self.template.params, configs, schedules)
 
     def _remember(self, p: LayoutPoint, loops: Config, latency: float | None, stage: str | None) -> None:
         p.trials += 1
@@ -483,8 +366,6 @@ class ALTSearch(Search):
                 self.upper = 2 * trial.latency_ms
         self.count = len(prior)
         if rows:
-            import numpy as np
-
             self.model.update(np.stack(rows), lats)
         # replay the finished joint episodes into the layout actor; continue the last one
         joint = [t for t in prior if t.stage == "joint"]
@@ -493,8 +374,6 @@ class ALTSearch(Search):
             k = self.key_of(t.config)
             if not episodes or episodes[-1] != k:
                 episodes.append(k)
-        from .ppo import action_of
-
         for i, k in enumerate(episodes):
             if k not in self.points:
                 continue
@@ -537,8 +416,6 @@ class ALTSearch(Search):
         return out
 
     def generate_candidates(self, n: int) -> list[Proposal]:
-        import numpy as np
-
         # the round's randomness depends only on (seed, measurements so far): a resumed search
         # draws what the uninterrupted one would have drawn at the same point
         self.rng = np.random.default_rng([self.seed, self.count])
@@ -655,55 +532,29 @@ class ALTSearch(Search):
         return out
 
     def seed_configs(self, p: LayoutPoint) -> list[tuple[Config, str]]:
-        """The known loop nests a layout's first round measures, with their sources: in the user's layouts
-        `untuned_config` ("untuned": small memory-bound operators run fastest so) and `blocked_config`
-        both ways, vectors and a column of scalars ("blocked": register blocking of the rows, as a depthwise
-        conv wants); in the first tiled layout
+        """The known loop nests a layout's first round measures, with their sources (`alt_seeds.loop_seeds`): in
+        the user's layouts `untuned_config` and `blocked_config` both ways; in the first tiled layout
         `blocked_config`, oneDNN's blocking, with one output vector and, where it differs, with several (in the
         dot-product form also in its least layout); none elsewhere."""
-        seeds = [(p.space.untuned_config(), "untuned")] if p.identity else []
         # ALT-OL (a fixed layout) gets the same seeds, so "vs ALT-OL" compares searches, not seeds
         start = self.full_choice(first_layout(self.template, self.space.unit))
         first = self.fixed is not None or self.key(p.choice) == self.key(start)
         # in the dot-product form also the least dot layout (rows from the loops, not a row tile: the data is
         # converted by a padded row copy, not a gather into tiles; 0.39 ms against 0.49 on an int8 3025x127x255)
         least = self.dot_form and self.key(p.choice) == self.key(self.full_choice({}))
-        if p.identity or first or least:
-            try:
-                seeds.append((p.space.blocked_config(), "blocked"))
-                # in the user's layouts also the other register block (a column of scalar accumulators, or
-                # vectors): the layout has one round to show what it can do before the joint stage moves
-                # on, and a strided depthwise conv runs 4.6x faster in the column (0.38 vs 1.75 ms)
-                if p.identity:
-                    other = p.space.blocked_config(column=bool(seeds[-1][0]["vectorize"]))
-                    if other != seeds[-1][0]:
-                        seeds.append((other, "blocked"))
-                else:  # and the register block of several output vectors, where it holds more sums (a GEMM's)
-                    wide = p.space.blocked_config(wide=True)
-                    if wide != seeds[-1][0]:
-                        seeds.append((wide, "blocked"))
-            except InvalidConfig as e:
-                log.info("no blocked loop nest in %s: %s", p.name, e)
-        return seeds
+        return loop_seeds(p, p.identity or first or least)
 
-    def loop_actor(self, p: LayoutPoint) -> Any:
-        from .ppo import LoopActor
-
-        from .ppo import Critic
-
+    def loop_actor(self, p: LayoutPoint) -> LoopActor:
         if p.actor is None:
             n = len(p.space.knobs)
             p.actor = LoopActor(n, n, Critic(n, seed=self.seed), seed=self.seed)
         return p.actor
 
-    def _directions(self, actor: Any, state: list[float], n_knobs: int, n: int) -> list[list[int]]:
+    def _directions(self, actor: LoopActor, state: list[float], n_knobs: int, n: int) -> list[list[int]]:
         """`n` walks' directions: the loop actor's, or (the ablation) random with the untrained actor's odds."""
         if self.ppo:
             return actor.directions(state, n)
-        still = math.exp(3.0) / (math.exp(3.0) + 2)  # LoopActor starts with the "keep" logit 3 above the others
-        draws = self.rng.random((n, n_knobs))
-        signs = self.rng.choice((-1, 1), size=(n, n_knobs))
-        return [[0 if u < still else int(sg) for u, sg in zip(row, srow)] for row, srow in zip(draws, signs)]
+        return random_directions(self.rng, n_knobs, n)
 
     @staticmethod
     def loop_state(p: LayoutPoint, config: Config) -> list[float]:
@@ -711,26 +562,9 @@ class ALTSearch(Search):
 
     def walk(self, space: LoopSpace, config: Config, directions: Sequence[int]) -> Config:
         """One step per knob in its direction, in random order, keeping each step that stays valid."""
-        out = dict(config)
-        knobs = space.knobs
-        for i in self.rng.permutation(len(knobs)):
-            d = directions[int(i)]
-            if not d:
-                continue
-            knob = knobs[int(i)]
-            j = knob.choices.index(out[knob.name]) + d
-            if not 0 <= j < len(knob.choices):
-                continue
-            candidate = {**out, knob.name: knob.choices[j]}
-            try:
-                out = space.validate(candidate)
-            except InvalidConfig:
-                continue
-        return out
+        return walk(space, config, directions, self.rng)
 
     def notify_results(self, trials: Sequence[Trial]) -> None:
-        import numpy as np
-
         rows, lats = [], []
         rewarded: set[Any] = set()
         for trial in trials:
@@ -763,36 +597,3 @@ class ALTSearch(Search):
                 actor.update()
         if rows:
             self.model.update(np.stack(rows), lats)
-
-
-def layout_of_config(task: Task, config: Config) -> LayoutProgram | None:
-    """The program (user interface kept: data and output in the user's layouts) of a layout configuration."""
-    if not has_layout(config):
-        return None
-    if task.workload is None:
-        raise InvalidConfig("a layout configuration needs task.workload")
-    choice, _ = split_config(config)
-    return layout_program(task.workload, choice, keep_interface=True)
-
-
-def apply_layout_config(task: Task, config: Config) -> tvm.IRModule:
-    """"main" (data and output in the user's layouts, constants packed) + "pack_constants"."""
-    import tvm
-
-    prog = layout_of_config(task, config)
-    assert prog is not None
-    _, loops = split_config(config)
-    space = interface_space(prog, vector_unit(task.target))
-    # A configuration searched is one of this space; one stored by an older version (searched in the
-    # stored-layout program) may name other producers' knobs or a write_at this space does not
-    # offer: fit those to the space's first choice.
-    known = {k.name: k for k in space.knobs}
-    loops = {k: v for k, v in loops.items() if k in known and v in known[k].choices}
-    for name, knob in known.items():
-        loops.setdefault(name, LATER_KNOBS.get(name, knob.choices[0]))
-    main = space.apply(loops).mod["main"]
-    funcs = {"main": main}
-    if prog.constants:
-        funcs["pack_constants"] = prog.pack_func
-    return tvm.IRModule(funcs)
-

@@ -1,4 +1,4 @@
-"""Measurers: build and run scheduled candidates, check them, time them.
+"""`LocalMeasurer`: build and run scheduled candidates on this machine, check them, time them.
 
 `LocalMeasurer` builds and runs every candidate in a separate process
 (`tvm.support.popen_pool.PopenPoolExecutor`, one worker, a timeout per
@@ -18,182 +18,30 @@ compared with the output of the untransformed program (computed once per task
 in the same kind of child process, which also times the untuned program: the
 task's baseline).
 
-Layering: `tuner` never imports `service`. TVM and numpy are imported inside functions.
+Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
 
-import abc
 import concurrent.futures
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from compiler.arrays import ATOL, RTOL, arg_specs, check_close, device, loaded, random_inputs
-from compiler.build import Pipeline, compile_module
+import numpy as np
+import tvm
+from tvm.support.popen_pool import PopenPoolExecutor
 
-from .space import Config
+from compiler.arrays import ATOL, RTOL, arg_specs
+from compiler.build import Pipeline
+from compiler.target import host_cores
 
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
-
-    from .task import Task
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A configuration and the scheduled module it gives."""
-
-    config: Config
-    mod: tvm.IRModule
-
-
-@dataclass(frozen=True)
-class MeasureResult:
-    """Latencies of one candidate (one per timed repeat), or why there are none."""
-
-    latencies_ms: list[float] | None
-    error: str | None
-    build_s: float = 0.0
-    run_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Measurer(abc.ABC):
-    """Measures candidates of a task on a device."""
-
-    @abc.abstractmethod
-    def measure_one(self, task: Task, candidate: Candidate) -> MeasureResult:
-        """Builds, checks and times one candidate; failures are results, never raised."""
-
-    def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
-        """`measure_one` for each candidate, in order (built ahead, together)."""
-        self.prebuild([(task, c) for c in candidates])
-        return [self.measure_one(task, c) for c in candidates]
-
-    def prebuild(self, batch: Sequence[tuple[Task, Candidate]]) -> None:
-        """Builds candidates that `measure_one` will be asked for next, together, before any runs.
-
-        A hint: candidates not measured afterwards cost only their build, and a
-        measurer that cannot build ahead ignores it.
-        """
-
-    def baseline_ms(self, task: Task) -> float | None:
-        """Median latency of the untransformed program, None where unknown."""
-        return None
-
-    def close(self) -> None:
-        """Releases worker processes and temporary files."""
-
-    def __enter__(self) -> Measurer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def default_inputs(prim_func: tvm.tirx.PrimFunc, seed: int = 0) -> list[np.ndarray]:
-    """Random arrays for every parameter but the output, reproducible from `seed` (`compiler.arrays`)."""
-    return random_inputs(arg_specs(prim_func)[:-1], seed)
-
-
-def untransformed_module(prim_func: tvm.tirx.PrimFunc) -> tvm.IRModule:
-    import tvm
-
-    return tvm.IRModule({"main": prim_func.with_attr("global_symbol", "main")})
-
-
-def one_line(e: BaseException) -> str:
-    """"ErrorType: the last non-empty line of its message" (TVM's errors end with the reason), at most 500 chars."""
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return f"{type(e).__name__}: {lines[-1].strip() if lines else ''}"[:500]
-
-
-# ---------------------------------------------------------------------------
-# What runs in the child process (module-level, so cloudpickle sends a reference).
-
-_CHILD_CACHE: dict[str, Any] = {}
-
-
-def _child_arrays(path: str) -> Any:
-    import numpy as np
-
-    if path not in _CHILD_CACHE:
-        with np.load(path) as data:
-            _CHILD_CACHE[path] = [loaded(data[f"arr_{i}"]) for i in range(len(data.files))]
-    return _CHILD_CACHE[path]
-
-
-def _child_build(mod_json: str, target_config: dict, pipeline: Pipeline, lib_path: str,
-                 hook: Callable[[dict], None] | None, config: dict) -> float:
-    """Compiles the module into the shared library `lib_path`; returns the build time in s."""
-    import tvm
-
-    if hook is not None:
-        hook(config)
-    start = time.perf_counter()
-    compile_module(tvm.ir.load_json(mod_json), tvm.target.Target(target_config), pipeline).export_library(lib_path)
-    return time.perf_counter() - start
-
-
-def _child_run(
-    mod_json: str | None,
-    lib_path: str | None,
-    output_spec: tuple[tuple[int, ...], str],
-    target_config: dict,
-    pipeline: Pipeline,
-    inputs_path: str,
-    expected_path: str | None,
-    write_expected: bool,
-    repeat: int,
-    min_repeat_ms: int,
-    rtol: float,
-    atol: float,
-    hook: Callable[[dict], None] | None,
-    config: dict,
-) -> dict:
-    """Builds the module (or loads the library built ahead), runs it once, checks (or writes) its output,
-    times it."""
-    import numpy as np
-    import tvm
-
-    target = tvm.target.Target(target_config)
-    if lib_path is not None:
-        lib = tvm.runtime.load_module(lib_path)
-        build_s = 0.0  # the builder reports it
-    else:
-        if hook is not None:
-            hook(config)
-        start = time.perf_counter()
-        lib = compile_module(tvm.ir.load_json(mod_json), target, pipeline).jit()
-        build_s = time.perf_counter() - start
-    dev = device(target)
-    out_shape, out_dtype = output_spec
-    args = [tvm.runtime.tensor(a, dev) for a in _child_arrays(inputs_path)]
-    args.append(tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev))
-    start = time.perf_counter()
-    lib["main"](*args)
-    out = args[-1].numpy()
-    if write_expected:
-        assert expected_path is not None
-        np.save(expected_path, out)
-    elif expected_path is not None:
-        if expected_path not in _CHILD_CACHE:
-            _CHILD_CACHE[expected_path] = loaded(np.load(expected_path))
-        expected = _CHILD_CACHE[expected_path]
-        mismatch = check_close(out, expected, rtol, atol)
-        if mismatch is not None:
-            return {"error": mismatch, "build_s": build_s}
-    timer = lib.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    latencies = [float(r) * 1e3 for r in timer(*args).results]
-    return {"latencies_ms": latencies, "build_s": build_s, "run_s": time.perf_counter() - start}
-
-
-# ---------------------------------------------------------------------------
+from ..task import Task
+from .base import Candidate, Measurer, MeasureResult
+from .child import child_build, child_run, default_inputs, one_line, untransformed_module
 
 
 @dataclass
@@ -242,8 +90,6 @@ class LocalMeasurer(Measurer):
                 our LICM by default). The untransformed reference is always built with TVM's
                 default pipeline, so a pass of ours that computed wrong would fail the check.
         """
-        from compiler.target import host_cores
-
         self.timeout_s = timeout_s
         self.repeat = repeat
         self.min_repeat_ms = min_repeat_ms
@@ -261,8 +107,6 @@ class LocalMeasurer(Measurer):
     # -- worker pools -----------------------------------------------------------
 
     def _get_pool(self, kind: str) -> Any:
-        from tvm.support.popen_pool import PopenPoolExecutor
-
         if kind not in self._pools:
             self._pools[kind] = PopenPoolExecutor(
                 max_workers=1 if kind == "run" else self.build_workers, timeout=self.timeout_s,
@@ -304,15 +148,13 @@ class LocalMeasurer(Measurer):
             return {"error": f"{'build or run' if kind == 'run' else 'build'} failed: {one_line(e)}"}
 
     def _call(self, timeout_s: float, *args: Any) -> dict:
-        """Runs `_child_run(*args)` in the measuring process; failures come back as {"error": ...}."""
+        """Runs `child_run(*args)` in the measuring process; failures come back as {"error": ...}."""
         pool = self._get_pool("run")
         pool._timeout = timeout_s  # the child's own watchdog (PopenPoolExecutor has one timeout)
-        return self._outcome("run", pool.submit(_child_run, *args), timeout_s)
+        return self._outcome("run", pool.submit(child_run, *args), timeout_s)
 
     def prebuild(self, batch: Sequence[tuple[Task, Candidate]]) -> None:
         """Compiles the candidates to shared libraries, `build_workers` at a time, and waits for all."""
-        import tvm
-
         for mod, built in self._built.values():  # an earlier batch's, never measured
             if "lib" in built:
                 os.remove(built["lib"])
@@ -331,7 +173,7 @@ class LocalMeasurer(Measurer):
             except Exception as e:  # noqa: BLE001 - measure_one reports it
                 self._built[id(c.mod)] = (c.mod, {"error": f"cannot serialize the module: {one_line(e)}"})
                 continue
-            futures.append((c, path, pool.submit(_child_build, mod_json, dict(task.target.export()), self.pipeline, path,
+            futures.append((c, path, pool.submit(child_build, mod_json, dict(task.target.export()), self.pipeline, path,
                                                  self.child_hook, dict(c.config))))
         stuck: list = []
         for c, path, future in futures:
@@ -361,9 +203,6 @@ class LocalMeasurer(Measurer):
 
     def prepare(self, task: Task) -> _Prepared:
         """Writes the task's inputs, computes the reference output and the baseline (once per task)."""
-        import numpy as np
-        import tvm
-
         entry = self._prepared.get(id(task))
         if entry is not None and entry[0] is task:
             return entry[1]
@@ -408,9 +247,7 @@ class LocalMeasurer(Measurer):
         return MeasureResult(result["latencies_ms"], None, result["build_s"], result["run_s"], result.get("extra", {}))
 
     def _check_and_time(self, task: Task, candidate: Candidate, built: dict) -> dict:
-        """`_child_run`'s answer for the candidate, from the library built ahead if `built` has one."""
-        import tvm
-
+        """`child_run`'s answer for the candidate, from the library built ahead if `built` has one."""
         prepared = self.prepare(task)
         if prepared.error is not None:
             return {"error": prepared.error}
@@ -428,18 +265,3 @@ class LocalMeasurer(Measurer):
             self.min_repeat_ms, self.rtol, self.atol, self.child_hook, dict(candidate.config),
         )
         return {**result, "build_s": built.get("build_s", 0.0) + result.get("build_s", 0.0)}
-
-
-MeasurerKind = Literal["local", "rpc"]
-
-
-def make_measurer(kind: MeasurerKind, **options: Any) -> Measurer:
-    """The measurer called `kind` (options go to its constructor): "local" (`LocalMeasurer`), or "rpc"
-    (`tuner.rpc.RpcMeasurer`: `tracker="host:port"`, `key=` a device key, and `LocalMeasurer`'s options)."""
-    if kind == "local":
-        return LocalMeasurer(**options)
-    if kind == "rpc":
-        from .rpc import RpcMeasurer
-
-        return RpcMeasurer(**options)
-    raise ValueError(f"unknown measurer: {kind}")

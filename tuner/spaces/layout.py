@@ -8,26 +8,27 @@ A configuration without `layout.*` knobs is the user's own layouts: the untransf
 
 `LayoutSpace` is a `SearchSpace` like `LoopSpace`, so the searches work through one interface; its
 `knobs` are the layout knobs, and each layout's loop knobs are `loops_of(config).knobs` (they differ
-from layout to layout). `tuner.alt.ALTSearch` walks it with its PPO agents and cost model.
+from layout to layout). `tuner.searches.alt.ALTSearch` walks it with its PPO agents and cost model.
+`apply_layout_config` gives the module a layout configuration deploys as.
 
-Layering: `tuner` never imports `service`; it imports `compiler`. TVM and numpy are imported inside functions.
+Layering: `tuner` never imports `service`; it imports `compiler`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import tvm
+
+from compiler.layout import GROUP_PARAM, LayoutError, LayoutProgram, apply_layout, dot_template, layout_template
 from compiler.target import VectorUnit, vector_unit
 
-from .space import Config, InvalidConfig, Knob, LoopSpace, SearchSpace, loop_space
-from .task import Task
-
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
-
-    from compiler.layout import LayoutProgram
+from ..task import Task
+from .base import Config, InvalidConfig, Knob, SearchSpace
+from .loop import LoopSpace, loop_space
+from .loop_knobs import LATER_KNOBS
 
 LAYOUT_PREFIX = "layout."
 TIED = {"kot": "ot", "kit": "it"}  # weight factors follow the consumer's (contiguous weight vectors)
@@ -59,8 +60,6 @@ def interface_space(prog: LayoutProgram, unit: VectorUnit | None = None) -> Loop
 
 @functools.lru_cache(maxsize=64)
 def _program(workload: Any, choice_key: tuple, keep_interface: bool) -> LayoutProgram:
-    from compiler.layout import apply_layout
-
     return apply_layout(workload, dict(choice_key), keep_interface=keep_interface)
 
 
@@ -82,8 +81,6 @@ class LayoutSpace(SearchSpace):
         Raises:
             ValueError: the task carries no workload.
         """
-        from compiler.layout import dot_template, layout_template
-
         if task.workload is None:
             raise ValueError("the ALT space needs task.workload (the layout template comes from it)")
         self.task = task
@@ -100,8 +97,6 @@ class LayoutSpace(SearchSpace):
 
     def full_choice(self, choice: dict[str, int]) -> dict[str, int]:
         """The template's defaults filled in and the tied weight factors set from the consumer's."""
-        from compiler.layout import GROUP_PARAM
-
         full = {**self.template.default(), **choice}
         for k, v in TIED.items():
             if k in full and v in full:
@@ -140,8 +135,6 @@ class LayoutSpace(SearchSpace):
         return join_config(self.full_choice({}), self.loops_of({}).untuned_config())
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Config]:
-        from compiler.layout import LayoutError
-
         out: list[Config] = []
         for _ in range(8 * n):
             if len(out) == n:
@@ -155,8 +148,6 @@ class LayoutSpace(SearchSpace):
         return out
 
     def validate(self, config: Config) -> Config:
-        from compiler.layout import LayoutError
-
         choice, loops = split_config(config)
         if self.is_identity(config):
             return self.loops_of(config).validate(loops)
@@ -179,8 +170,6 @@ class LayoutSpace(SearchSpace):
     def neighbors(self, config: Config) -> list[Config]:
         """One loop knob changed in the same layout, or one layout factor moved to the next candidate
         (with that layout's untuned loops)."""
-        from compiler.layout import LayoutError
-
         choice, loops = split_config(config)
         if self.is_identity(config):
             return self.loops_of(config).neighbors(loops)
@@ -197,3 +186,33 @@ class LayoutSpace(SearchSpace):
                     except LayoutError:
                         continue
         return near
+
+
+def layout_of_config(task: Task, config: Config) -> LayoutProgram | None:
+    """The program (user interface kept: data and output in the user's layouts) of a layout configuration."""
+    if not has_layout(config):
+        return None
+    if task.workload is None:
+        raise InvalidConfig("a layout configuration needs task.workload")
+    choice, _ = split_config(config)
+    return layout_program(task.workload, choice, keep_interface=True)
+
+
+def apply_layout_config(task: Task, config: Config) -> tvm.IRModule:
+    """"main" (data and output in the user's layouts, constants packed) + "pack_constants"."""
+    prog = layout_of_config(task, config)
+    assert prog is not None
+    _, loops = split_config(config)
+    space = interface_space(prog, vector_unit(task.target))
+    # A configuration searched is one of this space; one stored by an older version (searched in the
+    # stored-layout program) may name other producers' knobs or a write_at this space does not
+    # offer: fit those to the space's first choice.
+    known = {k.name: k for k in space.knobs}
+    loops = {k: v for k, v in loops.items() if k in known and v in known[k].choices}
+    for name, knob in known.items():
+        loops.setdefault(name, LATER_KNOBS.get(name, knob.choices[0]))
+    main = space.apply(loops).mod["main"]
+    funcs = {"main": main}
+    if prog.constants:
+        funcs["pack_constants"] = prog.pack_func
+    return tvm.IRModule(funcs)

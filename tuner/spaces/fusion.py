@@ -9,21 +9,25 @@ step of the tile loops (`unroll`) and, for a catalog subgraph, its operators' la
 as the user wrote it, else the channel block of `compiler.layout.subgraph_layout`). The pass decides
 the rest (which spaces fuse where, the intermediate tiles) from these.
 
-Layering: `tuner` never imports `service`. TVM is imported inside functions.
+Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import tvm
+from tvm import s_tir, tirx
+
+from compiler.layout import LayoutError, subgraph_layout
+from compiler.passes.basteln import BastelnError, Fused, basteln, spaces_of
 from compiler.target import VectorUnit, vector_unit
+from compiler.workloads.subgraphs import Subgraph
 
-from .space import Config, InvalidConfig, Knob, ScheduleFailed, SearchSpace, config_key, divisors, tvm_error
-
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
+from .base import Config, InvalidConfig, Knob, ScheduleFailed, SearchSpace, config_key, known_nests, tvm_error
+from .divisors import divisors
 
 THRESHOLDS = (0, 25, 100)
 REGISTERS = (1, 2, 4, 8)
@@ -35,8 +39,6 @@ LATER_KNOBS = {"register2": 1, "layout": 0, "tensorize": 0}
 
 def reductions(prim_func: tvm.tirx.PrimFunc) -> int:
     """How many reduction blocks (complex operators) `prim_func`'s root holds."""
-    from tvm import s_tir, tirx
-
     sch = s_tir.Schedule(prim_func)
     return sum(1 for rv in sch.get_child_blocks(sch.get_sblock("root"))
                if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(rv).iter_vars))
@@ -48,19 +50,11 @@ class FusionSpace(SearchSpace):
     def __init__(self, prim_func: tvm.tirx.PrimFunc | tvm.IRModule, unit: VectorUnit | None = None,
                  workload: Any = None):
         """`workload`: the task's catalog subgraph, if it is one (it offers the `layout` knob)."""
-        import tvm as _tvm
-        from compiler.passes.basteln import basteln
-
-        self.prim_func = prim_func["main"] if isinstance(prim_func, _tvm.IRModule) else prim_func
-        from compiler.workloads.subgraphs import Subgraph
-
+        self.prim_func = prim_func["main"] if isinstance(prim_func, tvm.IRModule) else prim_func
         self.workload = workload if isinstance(workload, Subgraph) else None
         self._programs: dict[int, Any] = {0: self.prim_func}
         unit = self.unit = unit or vector_unit()
         probe = basteln(self.prim_func)  # the output anchor's spatial extents, from the pass's own analysis
-        from compiler.passes.basteln import spaces_of
-        from tvm import s_tir
-
         spaces = {s.name: s for s in spaces_of(s_tir.Schedule(self.prim_func))}
         self.extents = [e for _, e in spaces[probe.outputs[0]].spatial]
         lanes = unit.lanes
@@ -78,8 +72,6 @@ class FusionSpace(SearchSpace):
     def program(self, layout: int) -> tvm.tirx.PrimFunc:
         """The program basteln schedules: the task's own (0) or its operators in blocked layouts."""
         if layout not in self._programs:
-            from compiler.layout import subgraph_layout
-
             self._programs[layout] = subgraph_layout(self.workload, layout)
         return self._programs[layout]
 
@@ -127,6 +119,11 @@ class FusionSpace(SearchSpace):
         return [{**base, **(blocked if layout else plain), "layout": layout}
                 for layout in reversed(self._knob("layout").choices)]
 
+    def seed_configs(self) -> list[tuple[Config, str]]:
+        """The pass's default (`untuned_config`) and oneDNN-like blocking in each layout (`blocked_configs`)."""
+        blocked = self.blocked_configs()
+        return known_nests(self.untuned_config(), blocked)
+
     def _knob(self, name: str) -> Knob:
         return next(k for k in self._knobs if k.name == name)
 
@@ -149,13 +146,8 @@ class FusionSpace(SearchSpace):
     def apply(self, config: Config) -> tvm.s_tir.Schedule:
         return self.fused(config).sch
 
-    def fused(self, config: Config) -> Any:
+    def fused(self, config: Config) -> Fused:
         """basteln's result for `config` (`compiler.passes.basteln.Fused`: the schedule and its decisions)."""
-        from tvm import s_tir
-
-        from compiler.layout import LayoutError
-        from compiler.passes.basteln import BastelnError, basteln
-
         config = self.validate(config)
         try:
             return basteln(self.program(config["layout"]), [config[f"tile.{i}"] for i in range(len(self.extents))],
