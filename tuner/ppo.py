@@ -20,7 +20,7 @@ rewards): rewards are standardized by the actor's running mean and deviation
 (a layout episode updates with one step, so a batch normalization would have
 nothing to normalize), advantage = reward - V(state), PPO's clipped surrogate
 with a few epochs per `update`, value loss on the critic, and an entropy bonus.
-The caller's rewards are log speedups over a reference (see `tuner.alt`), not
+The caller's rewards are log speedups over a reference (see `tuner.searches.alt`), not
 eq. (3)'s U - latency, which scores every layout alike when U is the untuned
 latency.
 

@@ -105,7 +105,8 @@ def tune(
             ablation of the agents: the seeds, the cost model and random walks).
         seeds: the first round measures the space's known nests (`seed_configs`: the untuned nest,
             oneDNN-like register blocking) and ALT starts its layouts from the oneDNN-like one
-            (`alt.first_layout`); False: neither, what the search finds on its own (the unseeded ablation).
+            (`searches.alt_seeds.first_layout`); False: neither, what the search finds on its own (the unseeded
+            ablation).
         remeasure: after the search, measure this many of the best trials (prior ones included)
             again and keep the fastest then (`remeasure_best`); 0: keep the search's best. Skipped
             when `should_stop()` says so. `remeasure_count(budget)` is the service's choice.

@@ -10,7 +10,7 @@ tvm = pytest.importorskip("tvm")
 
 from compiler.target import AVX2  # noqa: E402
 from tuner import InvalidConfig, task_from_spec  # noqa: E402
-from tuner.spaces.fusion import FusionSpace, is_fusion_config, reductions  # noqa: E402
+from tuner.spaces import FusionSpace, is_fusion_config, reductions  # noqa: E402
 
 SEPARABLE = {"operator": "depthwise_pointwise", "params": {"channels": 8, "height": 10, "width": 10, "out_channels": 16},
              "target": "host"}

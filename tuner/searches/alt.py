@@ -3,7 +3,7 @@
 Cross exploration (Fig. 8), in two stages over one measurement budget:
 
 1. joint (`joint_fraction` of the budget, 30% by default): the layout actor
-   (`ppo.LayoutActor`) picks the split factors of the operator's layout template
+   (`tuner.ppo.LayoutActor`) picks the split factors of the operator's layout template
    (`compiler.layout.layout_template`; the weight's factors are tied to the
    consumer's: kot = ot, kit = it); the search then runs `rounds_per_layout`
    rounds of loop tuning in that layout and rewards the layout with the log
@@ -17,7 +17,7 @@ Cross exploration (Fig. 8), in two stages over one measurement budget:
    takes the rest.
 
 A round of loop tuning in a layout: a batch (`batch_size`, the paper's episode
-length 128) of loop configurations -- walks of the loop actor (`ppo.LoopActor`,
+length 128) of loop configurations -- walks of the loop actor (`tuner.ppo.LoopActor`,
 one direction per knob) from the best configurations measured in this layout (or,
 before any, from the model's best of a sampled batch), mutations of them, and
 fresh samples -- is ranked by one XGBoost cost model shared by all layouts

@@ -43,7 +43,8 @@ SPACES: dict[str, Callable[[Program, Any, VectorUnit | None], SearchSpace]] = {
 }
 
 
-def make_space(kind: SpaceKind, prim_func: Program, workload: Any = None, unit: VectorUnit | None = None) -> SearchSpace:
+def make_space(kind: SpaceKind, prim_func: Program, workload: Any = None,
+               unit: VectorUnit | None = None) -> SearchSpace:
     """The search space called `kind` over `prim_func` ("fusion": `FusionSpace`, which offers a catalog subgraph's
     `workload` in blocked layouts too), for the vector unit `unit` (the task's target's,
     `compiler.target.vector_unit`; this machine's when None).

@@ -118,7 +118,7 @@ class LoopSeeds:
         (`_vector_block_axes`, which `_apply` puts under the rows), the most accumulators the unit holds. On
         znver5 a bf16 255^3 GEMM ran 0.066 ms with 8 rows x 2 vectors against 0.084 with one vector, an int8
         127x1000x127 0.048 against 0.095 with 8 x 3; an int8 conv's 11 rows x 2 vectors tied with one (1.12 ms)
-        or spilled (1.64 against 1.15 as seeds), so both are seeds (`tuner.alt`). Where blocks tie in
+        or spilled (1.64 against 1.15 as seeds), so both are seeds (`tuner.searches.alt`). Where blocks tie in
         accumulators, the wide one takes more rows (8 x 2 rather than 4 x 4: 0.066 against 0.086 ms)."""
         config: Config = {k.name: 1 for k in self._knobs if k.name.startswith("tile.")}
         *outer, block, lane = self.structure.spatial  # (a unit block or rows axis has no knob)
