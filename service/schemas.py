@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
 from compiler.workloads import EPILOGUES
-from tuner import MAX_SEED
 
+MAX_SEED = 2**31 - 1  # the largest search seed: `tuner.task.MAX_SEED` (the API process does not import tuner)
 MAX_INT32 = 2**31 - 1  # ids, counts and sizes: the database stores them as `integer` (32 bits on PostgreSQL)
 MAX_INT64 = 2**63 - 1  # offsets: SQL's OFFSET takes a 64-bit integer
 

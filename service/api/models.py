@@ -49,10 +49,9 @@ from service.api.uploads import Upload, receive_upload
 from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
 from service.models import Job, TuningTask
 from service.quotas import QuotaExceeded, check_new_job, check_submission
-from service.schemas import MAX_INT32, ErrorPublic, JobPublic, ZooModelPublic, ZooModelsPublic
+from service.schemas import MAX_INT32, MAX_SEED, ErrorPublic, JobPublic, ZooModelPublic, ZooModelsPublic
 from service.settings import Settings
 from service.tokens import Caller
-from tuner import MAX_SEED
 
 router = APIRouter(prefix="/models", tags=["models"])
 
