@@ -91,7 +91,7 @@ def default_schedule_latency(measurer: Measurer, task: Task) -> tuple[list[float
     return result.latencies_ms, result.error
 
 
-def tunable(prim_func: Any) -> bool:
+def tunable(prim_func: tvm.tirx.PrimFunc) -> bool:
     """A task the search can tune: one reduction (`LoopSpace`) or several (basteln's `FusionSpace`)."""
     try:
         make_space("fusion" if reductions(prim_func) > 1 else "loop", prim_func)
@@ -119,7 +119,7 @@ def _median(values: list[float]) -> float:
 class GraphLayoutSearch:
     """The joint stage over one model (see the module docstring)."""
 
-    def __init__(self, graph: ModelGraph, target: Any, measurer: Any, *, seed: int = 0, fusion: str = "none",
+    def __init__(self, graph: ModelGraph, target: tvm.target.Target, measurer: Measurer, *, seed: int = 0, fusion: str = "none",
                  max_tensor_elements: int | None = None, joint_trials: int = 4,
                  known: dict[str, float] | None = None,
                  on_measure: Callable[[ModelTask, Trial], None] | None = None,
@@ -312,6 +312,7 @@ class GraphLayoutSearch:
                                   dict(self.costs))
 
 
-def search_layouts(graph: ModelGraph, target: Any, measurer: Any, budget: int, **kwargs: Any) -> LayoutSearchResult:
+def search_layouts(graph: ModelGraph, target: tvm.target.Target, measurer: Measurer, budget: int,
+                   **kwargs: Any) -> LayoutSearchResult:
     """`GraphLayoutSearch(graph, target, measurer, **kwargs).run(budget)`."""
     return GraphLayoutSearch(graph, target, measurer, **kwargs).run(budget)

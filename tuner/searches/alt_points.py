@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from compiler.layout import LayoutProgram
+
 from ..features import MSFeatures
+from ..ppo import LoopActor
 from ..spaces.base import Config, InvalidConfig
 from ..spaces.loop import LoopSpace
 from ..task import Task
@@ -27,7 +30,7 @@ class LayoutPoint:
     """One layout tried: its program, loop space, measuring task and what was learned there."""
 
     choice: dict[str, int]
-    prog: Any  # LayoutProgram
+    prog: LayoutProgram | None  # None: the user's own layouts
     space: LoopSpace
     task: Task
     ms: MSFeatures | None
@@ -35,7 +38,7 @@ class LayoutPoint:
     identity: bool = False  # the user's own layouts: the untransformed program
     best: list[tuple[float, Config]] = field(default_factory=list)  # (latency, loop config), best first
     trials: int = 0
-    actor: Any = None  # its LoopActor, made on first use
+    actor: LoopActor | None = None  # made on first use
     swept: set[str] = field(default_factory=set)  # keys of the best configs whose placements were tried
     joint_ms: float | None = None  # best latency measured in the joint stage
     loop_trials: int = 0  # trials measured in the loop stage

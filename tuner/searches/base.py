@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import tvm
+
 from ..cost_models.base import pairwise_accuracy
 from ..measurers.base import Candidate, Measurer
 from ..spaces.base import Config, InvalidConfig, ScheduleFailed, SearchSpace, config_key
@@ -30,7 +32,7 @@ class Proposal:
     """A configuration chosen for measurement, with its module and why it was chosen."""
 
     config: Config
-    mod: Any  # tvm.IRModule
+    mod: tvm.IRModule
     predicted: float | None = None
     source: str = "model"  # "model", "random", "start_from"
     extra: dict[str, Any] = field(default_factory=dict)
