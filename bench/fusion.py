@@ -147,9 +147,10 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, meta
     from bench.baselines import metaschedule as tune_metaschedule
     from compiler.passes.basteln import basteln
     from compiler.workloads import make_workload
-    from tuner import LocalMeasurer, apply_config, task_from_spec, tune
+    from tuner import LocalMeasurer, apply_config
+    from tuner.operator import task_from_request, tune_operator
+    from tuner.request import TuneRequest
     from tuner.spaces.fusion import FusionSpace
-    from tuner.tune import remeasure_count
 
     w = make_workload(case.operator, case.params)
     # a folder per case: every case exports "ours", "part0", ... and they must not replace each other's
@@ -157,11 +158,11 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, meta
     folder.mkdir(parents=True, exist_ok=True)
     row: dict[str, Any] = {"case": case.name, "operator": case.operator, "params": case.params, "flops": w.flops,
                            "programs": {}}
-    spec = {"operator": case.operator, "params": case.params, "target": "host"}
-    task = task_from_spec(spec)
+    request = TuneRequest(case.operator, case.params, budget=budget, seed=seed)
+    task = task_from_request(request)
     start = time.perf_counter()
     with LocalMeasurer() as measurer:
-        result = tune(task, budget, seed=seed, measurer=measurer, remeasure=remeasure_count(budget))
+        result = tune_operator(task, request, measurer=measurer)
     row["ours_tune_s"] = time.perf_counter() - start
     pick = result.final  # the fastest of the best few re-measured, as a job picks
     row["ours_config"] = pick.config if pick else None
@@ -182,9 +183,11 @@ def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, meta
             mod = basteln(func).sch.mod
             parts.append(("tvm", _export(mod, target, folder, f"part{i}"), _specs(func)))
         else:
-            ptask = task_from_spec({**part, "target": "host"})
+            prequest = TuneRequest(part["operator"], part["params"], part.get("dtype", "float32"),
+                                   part.get("epilogue", "none"), budget=share, seed=seed)
+            ptask = task_from_request(prequest)
             with LocalMeasurer() as measurer:
-                presult = tune(ptask, share, seed=seed, measurer=measurer, remeasure=remeasure_count(share))
+                presult = tune_operator(ptask, prequest, measurer=measurer)
             if presult.final is None:
                 parts.append(None)
                 continue

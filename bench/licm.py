@@ -329,14 +329,15 @@ def topi_program(case: Case, target: Any) -> Any:
 def layout_programs(target_name: str) -> list[tuple[str, str, Any, Any]]:
     """(case name, layout, scheduled module, task) of the quick suite: user's and ALT's first tiled layout."""
     from bench.ops import QUICK
-    from tuner import LayoutSpace, apply_config, task_from_spec
+    from tuner import LayoutSpace, apply_config
+    from tuner.operator import task_from_request
+    from tuner.request import TuneRequest
     from tuner.searches.alt_seeds import first_layout
     from tuner.spaces.layout import join_config
 
     out = []
     for case in QUICK:
-        task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
-                               "epilogue": case.epilogue, "target": target_name})
+        task = task_from_request(TuneRequest(case.operator, case.params, case.dtype, case.epilogue, target_name))
         space = LayoutSpace(task)
         choices = [("user", {})]
         if space.template.params:

@@ -266,9 +266,10 @@ def _layout_of(trial: Any) -> str | None:
     return trial.extra.get("layout") if trial is not None else None
 
 
-def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, programs: dict[str, Any],
+def run_ours(task: Any, request: Any, inputs: list, expected: Any, programs: dict[str, Any],
              folder: Path, *, prefix: str = "ours", **options: Any) -> dict:
-    """Tunes `task` with our tuner (`options` go to `tune`), then builds and checks the configuration it picks.
+    """Tunes `task` as an operator job does (`tuner.operator.tune_operator`; `options` go on to `tune`: the
+    ablations), then builds and checks the configuration it picks.
 
     The best few configurations are measured again at the end (`remeasure_count(budget)`, as a job
     does) and the fastest then is the pick. A configuration in tuned layouts runs as the artifact
@@ -276,11 +277,10 @@ def run_ours(task: Any, budget: int, seed: int, inputs: list, expected: Any, pro
     correct program goes into `programs` under `prefix` (exported to `folder`): `run_case` times it
     with the others.
     """
-    from tuner import tune
-    from tuner.tune import remeasure_count
+    from tuner.operator import tune_operator
 
     start = time.perf_counter()
-    result = tune(task, budget, seed=seed, remeasure=remeasure_count(budget), **options)
+    result = tune_operator(task, request, **options)
     named = (lambda key: f"{prefix}_{key}") if prefix != "ours" else (lambda key: key)
     row: dict[str, Any] = {
         f"{prefix}_tune_s": time.perf_counter() - start,
@@ -369,11 +369,13 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
     from dataclasses import replace
 
     from bench.baselines import metaschedule, untuned_latency
-    from tuner import task_from_spec
+    from tuner.operator import task_from_request
+    from tuner.request import TuneRequest
 
-    # the task a job of this spec would tune (the worker and `altune tune` build it the same way)
-    task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
-                           "epilogue": case.epilogue, "target": target_name})
+    # the task a job of this request would tune (the worker and `altune tune` build it the same way)
+    request = TuneRequest(case.operator, case.params, case.dtype, case.epilogue, target_name, budget=budget, seed=seed,
+                          layout_levels=options.layout_levels)
+    task = task_from_request(request)
     wl, target = task.workload, task.target
     inputs = wl.random_inputs(seed)
     expected = wl.reference(inputs)
@@ -394,15 +396,14 @@ def run_case(case: Case, target_name: str, budget: int, seed: int, options: Opti
         folder = Path(tmp)
         row["layout_levels"] = options.layout_levels
         row["seeds"] = options.seeds
-        row.update(run_ours(task, budget, seed, inputs, expected, programs, folder,
-                            layout_levels=options.layout_levels, seeds=options.seeds))
+        row.update(run_ours(task, request, inputs, expected, programs, folder, seeds=options.seeds))
         if options.loop_only:  # ALT-OL: loops only, in the fixed channels-last layout (NHWO / MN)
-            row.update(run_ours(task, budget, seed, inputs, expected, programs, folder, prefix="ours_loop_only",
+            row.update(run_ours(task, request, inputs, expected, programs, folder, prefix="ours_loop_only",
                                 layout={}, seeds=options.seeds))
         if options.ablation:  # what the agents and the model add over the seeds, at the same budget
             for prefix, tune_options in ABLATIONS.items():
-                row.update(run_ours(task, budget, seed, inputs, expected, programs, folder, prefix=prefix,
-                                    layout_levels=options.layout_levels, seeds=options.seeds, **tune_options))
+                row.update(run_ours(task, request, inputs, expected, programs, folder, prefix=prefix,
+                                    seeds=options.seeds, **tune_options))
 
         row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_trials=None,
                    metaschedule_correct=None, metaschedule_error=None)
@@ -465,7 +466,8 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
         ValueError: the report was measured on another target than `target` resolves to here.
     """
     from compiler.target import target_key
-    from tuner import task_from_spec
+    from tuner.operator import task_from_request
+    from tuner.request import TuneRequest
 
     check_report(earlier)
     if earlier["target"] != target_key(target):
@@ -476,8 +478,7 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
         print(f"[{i + 1}/{len(earlier['cases'])}] {old['name']}: re-timing ...", file=log, flush=True)
         row = dict(old)
         case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"), _dtype(row))
-        task = task_from_spec({"operator": case.operator, "params": case.params, "dtype": case.dtype,
-                               "epilogue": case.epilogue, "target": target})
+        task = task_from_request(TuneRequest(case.operator, case.params, case.dtype, case.epilogue, target))
         inputs = task.workload.random_inputs(seed)
         expected = task.workload.reference(inputs)
         task = replace(task, name=case.name, inputs=inputs, expected=expected)

@@ -206,3 +206,9 @@ def _min_sql(column, value: float | None):
     if value is None:
         return column
     return case((or_(column.is_(None), column > value), value), else_=column)
+
+
+def trials_of(session: Any, task_id: int) -> list[Trial]:
+    """A task's trials as the tuner's `Trial`s, in index order (a resumed search's prior)."""
+    return [Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error, predicted=r.predicted,
+                  stage=r.stage, extra=r.extra) for r in TrialRow.where_task(session, task_id)]

@@ -40,9 +40,9 @@ from compiler.workloads.model.exchange import load_graph
 from compiler.workloads.pt2 import ModelError
 from service import sandbox
 from service.db import session_scope
-from service.job_run import JobRun, LeaseLost, measurer_for
+from service.job_run import JobRun, LeaseLost, measurer_for, trials_of
 from service.model_build import GRAPH_FILES, build_in_child, copy_regular
-from service.models import Job, Schedule, TrialRow, TuningTask
+from service.models import Job, Schedule, TuningTask
 from service.requests import model_tune_request, schedule_key
 from service.settings import Settings
 from tuner import Trial
@@ -148,7 +148,7 @@ def _run_model_job(run: JobRun, work: Path) -> None:
         spec, blocks, report = dict(job.spec), job.layout_blocks, job.report or {}
         request = model_tune_request(spec, job.budget, run.settings)
         rows = {r.workload_key: r.id for r in TuningTask.where_job(s, run.job_id)}
-        trials = {key: TrialRow.trials_of(s, row_id) for key, row_id in rows.items()}
+        trials = {key: trials_of(s, row_id) for key, row_id in rows.items()}
     # nothing of the upload runs here: torch loads, translates and runs it in the sandbox, and what comes back is
     # data, checked as such (`compiler.workloads.model.exchange`)
     graph, _expected, torch_ms = prepare_model(run.settings, spec, work, should_stop=run.stop_check)

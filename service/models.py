@@ -232,14 +232,6 @@ class TrialRow(Base):
         return list(session.scalars(select(cls).where(cls.task_id == task_id).order_by(cls.index)).all())
 
     @classmethod
-    def trials_of(cls, session: Session, task_id: int) -> list[Any]:
-        """A task's trials as the tuner's `Trial`s, in index order (a resumed search's prior)."""
-        from tuner.task import Trial
-
-        return [Trial(index=r.index, config=r.config, latencies_ms=r.latencies_ms, error=r.error,
-                      predicted=r.predicted, stage=r.stage, extra=r.extra) for r in cls.where_task(session, task_id)]
-
-    @classmethod
     def stage_summary(cls, session: Session, job_id: int) -> tuple[dict[str, int], datetime | None]:
         """Trials per stage of a job, and when its last trial was measured."""
         rows = session.execute(

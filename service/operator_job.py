@@ -11,8 +11,8 @@ from sqlalchemy import update
 
 from compiler.build import write_artifact
 from service.db import session_scope
-from service.job_run import JobRun, LeaseLost, measurer_for
-from service.models import Job, Schedule, ScheduleKey, TrialRow, TuningTask
+from service.job_run import JobRun, LeaseLost, measurer_for, trials_of
+from service.models import Job, Schedule, ScheduleKey, TuningTask
 from service.requests import schedule_key, tune_request
 from tuner import Trial, apply_config, layout_of_config
 from tuner.operator import task_from_request, tune_operator
@@ -79,7 +79,7 @@ def _prepare(run: JobRun, key: ScheduleKey, budget: int) -> tuple[int, list[Tria
                               workload_key=key.workload_key, weight=1, budget=budget)
             s.add(task)
             s.flush()
-        prior = TrialRow.trials_of(s, task.id)
+        prior = trials_of(s, task.id)
         known = Schedule.find_by_key(s, key)
         tried = [t.config for t in prior]
         start_from = [known.config] if known is not None and known.config not in tried else []

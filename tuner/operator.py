@@ -46,7 +46,7 @@ def task_from_request(request: TuneRequest, *, max_tensor_elements: int | None =
 
 
 
-def tune_operator(task: Task, request: TuneRequest, *, measurer: Measurer, prior: Sequence[Trial] = (),
+def tune_operator(task: Task, request: TuneRequest, *, measurer: Measurer | None = None, prior: Sequence[Trial] = (),
                   start_from: Sequence[dict] = (), on_trial: Callable[[Trial], None] = lambda _trial: None,
                   should_stop: Callable[[], bool] = lambda: False, **search: Any) -> TuneResult:
     """Tunes the operator a request describes; `tune`'s result (its `final` is the pick to serve).
@@ -54,7 +54,8 @@ def tune_operator(task: Task, request: TuneRequest, *, measurer: Measurer, prior
     Args:
         task: `task_from_request(request)`.
         request: the budget, seed and layout levels.
-        measurer: where candidates are measured (the caller closes it).
+        measurer: where candidates are measured (the caller closes it); None: a `LocalMeasurer` `tune` makes and
+            closes.
         prior: trials already measured (a resumed job): counted in the budget, never measured again.
         start_from: known good configurations (stored schedules), measured first.
         on_trial: called with each trial the moment it is measured.

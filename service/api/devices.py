@@ -29,8 +29,9 @@ def device_keys(settings: Settings) -> list[DevicePublic]:
     return [DevicePublic(key=q.key, total=q.total, free=q.free, pending=q.pending) for q in queue]
 
 
-def check_device(key: str, settings: Settings) -> None:
-    """A job's `device`: the server has a tracker, and a server of that key is registered with it.
+def check_device(key: str, settings: Settings, loc: tuple[str, ...] = ("body", "device")) -> None:
+    """A job's `device` (at `loc` in the request): the server has a tracker, and a server of that key is
+    registered with it.
 
     Raises:
         HTTPException: 422 saying what to change, 503 when the tracker does not answer.
@@ -38,13 +39,13 @@ def check_device(key: str, settings: Settings) -> None:
     from service.api.deps import invalid
 
     if settings.rpc_tracker is None:
-        raise invalid(("body", "device"), f"device {key!r} asked for, but this server has no RPC tracker: start "
+        raise invalid(loc, f"device {key!r} asked for, but this server has no RPC tracker: start "
                                           "it with ALTUNE_RPC_TRACKER=HOST:PORT, or leave `device` out to measure "
                                           "on the worker")
     keys = {d.key: d for d in device_keys(settings)}
     if key not in keys or keys[key].total == 0:
         known = ", ".join(k for k, d in keys.items() if d.total) or "none"
-        raise invalid(("body", "device"), f"no device {key!r} is registered with the RPC tracker at "
+        raise invalid(loc, f"no device {key!r} is registered with the RPC tracker at "
                                           f"{settings.rpc_tracker} (registered keys: {known}); start one with "
                                           f"python -m tvm.exec.rpc_server --tracker {settings.rpc_tracker} "
                                           f"--key {key}")

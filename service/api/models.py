@@ -44,6 +44,7 @@ from service import sandbox
 from service.api.auth import WriteCaller, in_auth_thread, too_many
 from service.api.common import check_target, errors
 from service.api.deps import SettingsDep, invalid
+from service.api.devices import check_device
 from service.api.slots import RETRY_SECONDS, SubmissionSlot
 from service.api.uploads import Upload, receive_upload
 from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
@@ -111,6 +112,8 @@ def _check_spec(spec: ModelJobSpec, settings: Settings, loc: str) -> None:
         check_target(spec.target)
     except TargetError as e:
         raise invalid(("body", loc, "target"), str(e)) from None
+    if spec.device is not None:
+        check_device(spec.device, settings, ("body", loc, "device"))
 
 
 def _model_error(e: ModelError, loc: tuple[str, ...]) -> Exception:
