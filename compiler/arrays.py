@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from compiler.target import target_info
+
 if TYPE_CHECKING:
     import numpy as np
     import tvm
@@ -105,7 +107,4 @@ def check_close(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, at
 
 def device(target: tvm.target.Target | Any) -> tvm.runtime.Device:
     """The device a program compiled for `target` runs on (device 0 of its kind; the CPU for llvm)."""
-    import tvm  # heavy: the catalog and the sandbox's parent import arrays without it
-
-    kind = target.kind.name if hasattr(target, "kind") else str(target)
-    return tvm.cpu(0) if kind == "llvm" else tvm.device(kind, 0)
+    return target_info(target).device()

@@ -1,4 +1,10 @@
-"""Target names -> TVM targets, with the host CPU detected (never hard-coded).
+"""Targets as data: `TARGETS` holds a `TargetInfo` per target name a job may give (how it resolves to a TVM
+target, its key, its device, its vector unit, its default pipeline, the search spaces that apply), and
+`target_info` looks one up by name or TVM target, failing loudly. A new target is one `TargetInfo` and one
+line in `TARGETS`. "cuda" is not one yet: nothing schedules GPU threads, so it is refused everywhere
+(`target_info`, `resolve_target`, `check_available`) until a GPU search space exists.
+
+Host detection, never hard-coded:
 
 Without `mcpu` LLVM emits generic x86-64 code (no AVX-512), roughly 5x slower on
 a tuned matmul here, so "host" and "llvm" always carry the detected CPU and core
@@ -25,14 +31,12 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import tvm
-
-TARGET_NAMES = ("host", "llvm", "cuda")
-
 
 HOST_CPU_ENV = "ALTUNE_HOST_CPU"
 
@@ -95,6 +99,11 @@ class VectorUnit:
         return self.registers - 4
 
     @property
+    def bits(self) -> int:
+        """The width of one vector register in bits (512 for AVX-512)."""
+        return self.lanes * 32
+
+    @property
     def register_tile(self) -> int:
         """fp32 values all registers hold: a register block larger than this spills."""
         return self.registers * self.lanes
@@ -105,16 +114,20 @@ AVX2 = VectorUnit(lanes=8, registers=16)
 
 
 def vector_unit(target: Any = None) -> VectorUnit:
-    """The vector unit of an LLVM target (this machine's, as `resolve_target("host")` describes it, when None).
+    """The vector unit of a target (this machine's, as `resolve_target("host")` describes it, when None).
 
-    From the CPU features LLVM enables for the target's CPU and `-mattr` (TVM's `llvm_get_vector_width`
-    answers 512 for an AVX2 CPU too): x86 with AVX-512 16 lanes and 32 registers (zmm0-31), with AVX 8 and
-    16 (ymm0-15), else 4 and 16 (xmm); AArch64 4 lanes and 32 registers (v0-31).
+    Raises:
+        ValueError: for a target `target_info` does not know (a GPU target: not supported yet).
     """
     if target is None:
         return _host_vector_unit()
-    if target.kind.name != "llvm":  # a GPU target: the CPU's, its host's (the loop spaces are CPU spaces)
-        return vector_unit(target.host) if target.host is not None else _host_vector_unit()
+    return target_info(target).vector_unit(target)
+
+
+def _llvm_vector_unit(target: tvm.target.Target) -> VectorUnit:
+    """An LLVM target's vector unit, from the CPU features LLVM enables for the target's CPU and `-mattr` (TVM's
+    `llvm_get_vector_width` answers 512 for an AVX2 CPU too): x86 with AVX-512 16 lanes and 32 registers
+    (zmm0-31), with AVX 8 and 16 (ymm0-15), else 4 and 16 (xmm); AArch64 4 lanes and 32 registers (v0-31)."""
     from tvm.target import codegen  # heavy: the API imports target for its names without TVM
 
     triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
@@ -124,6 +137,13 @@ def vector_unit(target: Any = None) -> VectorUnit:
     if "avx512f" in features:
         return AVX512
     return AVX2 if "avx" in features else VectorUnit(lanes=4, registers=16)
+
+
+def vector_lanes(target: Any, dtype: str = "float32") -> int:
+    """How many `dtype` values one vector register of the target holds (16 for float32 on AVX-512)."""
+    import tvm  # heavy: the API imports target for its names without TVM
+
+    return max(1, vector_unit(target).bits // tvm.DataType(dtype).bits)
 
 
 @functools.cache
@@ -204,26 +224,7 @@ def cuda_arch() -> str | None:
 
 
 class TargetError(ValueError):
-    """A target name this machine cannot tune for: unknown, or a GPU target on a host without a GPU."""
-
-
-def available_targets() -> tuple[str, ...]:
-    """The target names this machine can tune and measure for: the CPU always, "cuda" where a GPU is visible."""
-    return tuple(name for name in TARGET_NAMES if name != "cuda" or cuda_arch() is not None)
-
-
-def check_available(name: str) -> None:
-    """Raises TargetError, saying what to use instead, unless this machine can serve target `name`."""
-    if name not in TARGET_NAMES:
-        raise TargetError(f"unknown target {name!r}; known: {', '.join(TARGET_NAMES)}")
-    if name not in available_targets():
-        raise TargetError(f"target {name!r} cannot be served: this server has no CUDA device; "
-                          f"available: {', '.join(available_targets())}")
-
-
-def _check(name: str) -> None:
-    if name not in TARGET_NAMES:
-        raise ValueError(f"unknown target {name!r}; valid names: {', '.join(TARGET_NAMES)}")
+    """A target name this machine cannot tune for: unknown, or one not supported yet (a GPU target)."""
 
 
 def _llvm_config() -> dict:
@@ -233,55 +234,133 @@ def _llvm_config() -> dict:
     return config
 
 
+def _llvm_key() -> str:
+    mattr = f" -mattr={','.join(host_mattr())}" if host_mattr() else ""
+    return f"llvm -mcpu={host_cpu()}{mattr} -num-cores={host_cores()}"
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What altune knows of one target a job may name.
+
+    Attributes:
+        name: the name a job spec gives ("host").
+        kind: TVM's target kind ("llvm"); a TVM target of this kind is looked up to the first such entry.
+        description: one line for the catalog.
+        config: how it resolves: the TVM target's config, detected on this machine (`resolve`).
+        key_of: its key in DB rows beside workload keys (`key`); names that compile the same code share it.
+        device_type: the device a program built for it runs on (`device`: device 0 of this type).
+        vector_unit: its vector unit, from a resolved TVM target (`VectorUnit.bits`: the width in bits).
+        pipeline: the TIR pipeline its builds use by default (`compiler.pipeline.Pipeline`).
+        spaces: the search spaces that apply to it (`tuner.spaces`' names).
+    """
+
+    name: str
+    kind: str
+    description: str
+    config: Callable[[], dict] = field(repr=False)
+    key_of: Callable[[], str] = field(repr=False)
+    device_type: str
+    vector_unit: Callable[[Any], VectorUnit] = field(repr=False)
+    pipeline: str = "licm"
+    spaces: tuple[str, ...] = ("loop", "fusion", "layout")
+
+    def resolve(self) -> tvm.target.Target:
+        """The TVM target (detected CPU and core count; built once per process)."""
+        return _resolve(self.name)
+
+    def key(self) -> str:
+        """e.g. "llvm -mcpu=znver4 -num-cores=2", "llvm -mcpu=znver4 -mattr=-avx512f,... -num-cores=2" (a CPU
+        without some of its model's vector units)."""
+        return self.key_of()
+
+    def device(self) -> tvm.runtime.Device:
+        """Device 0 of `device_type` (`tvm.cpu(0)` for the CPU)."""
+        import tvm  # heavy: the API imports target for its names without TVM
+
+        return tvm.device(self.device_type, 0)
+
+    @property
+    def is_cpu(self) -> bool:
+        """Whether programs for it run on the CPU: our CPU default schedules and tensor instructions apply."""
+        return self.device_type == "cpu"
+
+    def vector_bits(self, target: Any = None) -> int:
+        """The width of one vector register in bits, of `target` (this entry resolved, when None)."""
+        return self.vector_unit(self.resolve() if target is None else target).bits
+
+
+_CPU = dict(kind="llvm", config=_llvm_config, key_of=_llvm_key, device_type="cpu", vector_unit=_llvm_vector_unit)
+TARGETS: dict[str, TargetInfo] = {
+    "host": TargetInfo(name="host", description="this machine's CPU (detected -mcpu, -mattr, cores)", **_CPU),
+    "llvm": TargetInfo(name="llvm", description="the same as host: LLVM for this machine's CPU", **_CPU),
+}
+TARGET_NAMES = tuple(TARGETS)
+# target kinds TVM has and altune does not schedule yet -> why
+UNSUPPORTED = {"cuda": "nothing schedules GPU threads (no GPU search space yet); use host or llvm"}
+
+
+def target_info(target: str | tvm.target.Target) -> TargetInfo:
+    """The `TargetInfo` of a target name (a job's "host") or of a TVM target (by its kind).
+
+    Raises:
+        ValueError: "target cuda is not supported yet: ..." for a kind in `UNSUPPORTED`; "unknown target: ..."
+            for anything else not in `TARGETS`.
+    """
+    if isinstance(target, str):
+        name = target
+        found = TARGETS.get(name)
+    else:
+        name = str(target.kind.name)
+        found = next((info for info in TARGETS.values() if info.kind == name), None)
+    if found is not None:
+        return found
+    if name in UNSUPPORTED:
+        raise ValueError(f"target {name} is not supported yet: {UNSUPPORTED[name]}")
+    raise ValueError(f"unknown target: {name!r}; known: {', '.join(TARGETS)}")
+
+
+def available_targets() -> tuple[str, ...]:
+    """The target names this machine can tune and measure for."""
+    return TARGET_NAMES
+
+
+def check_available(name: str) -> None:
+    """Raises TargetError, saying what to use instead, unless this machine can serve target `name`."""
+    try:
+        target_info(name)
+    except ValueError as e:
+        raise TargetError(str(e)) from None
+
+
 def resolve_target(name: str) -> tvm.target.Target:
-    """Turns a target name from a job spec into a TVM target.
+    """Turns a target name from a job spec into a TVM target (`TargetInfo.resolve`).
 
     Args:
-        name: "host" or "llvm" (this CPU, detected `mcpu` and `num-cores`), or
-            "cuda" (GPU 0's `arch` where a GPU is visible, else plain cuda; host
-            code for this CPU).
+        name: a name in `TARGETS` ("host" or "llvm": this CPU, detected `mcpu`, `mattr` and `num-cores`).
 
     Returns:
         The target.
 
     Raises:
-        ValueError: for a name not in `TARGET_NAMES`.
+        ValueError: for a name not in `TARGETS` (cuda: not supported yet).
     """
-    _check(name)
-    return _resolve(name)
+    return target_info(name).resolve()
 
 
 @functools.cache
 def _resolve(name: str) -> tvm.target.Target:
     import tvm  # heavy: the API imports target for its names without TVM
 
-    if name in ("host", "llvm"):
-        return tvm.target.Target(_llvm_config())
-    config: dict = {"kind": "cuda"}
-    arch = cuda_arch()
-    if arch is not None:
-        config["arch"] = arch
-    return tvm.target.Target(config, host=_llvm_config())
+    return tvm.target.Target(TARGETS[name].config())
 
 
 def target_key(name: str) -> str:
-    """A stable string for a target name, stored in DB rows beside workload keys.
+    """A stable string for a target name, stored in DB rows beside workload keys (`TargetInfo.key`).
 
     "host" and "llvm" give the same key, since they compile the same code.
 
-    Args:
-        name: a name in `TARGET_NAMES`.
-
-    Returns:
-        e.g. "llvm -mcpu=znver4 -num-cores=2", "llvm -mcpu=znver4 -mattr=-avx512f,... -num-cores=2"
-        (a CPU without some of its model's vector units) or "cuda -arch=sm_90".
-
     Raises:
-        ValueError: for a name not in `TARGET_NAMES`.
+        ValueError: for a name not in `TARGETS`.
     """
-    _check(name)
-    if name in ("host", "llvm"):
-        mattr = f" -mattr={','.join(host_mattr())}" if host_mattr() else ""
-        return f"llvm -mcpu={host_cpu()}{mattr} -num-cores={host_cores()}"
-    arch = cuda_arch()
-    return "cuda" if arch is None else f"cuda -arch={arch}"
+    return target_info(name).key()

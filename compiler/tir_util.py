@@ -1,7 +1,8 @@
 """Small helpers over TVM 0.27's TIR that its Python API does not expose, written once for every pass: the
-identity of a node (`key`), substitution of variables in expressions and statements (`subst`, `subst_stmt`,
-and `substitute` for TE expressions with their tensor loads), a rebuilding expression rewriter (`rewrite`), a
-statement walk, constant extents, and the linear coefficient of a variable in an index.
+identity of a node (`key`), the operands of an expression and rebuilding it from new ones (`expr_shape`,
+`children`, `rebuild`), the rewriter built on them (`rewrite`), substitution of variables in expressions and
+statements (`subst`, `subst_stmt`, and `substitute` for TE expressions with their tensor loads), a statement
+walk, constant extents, and the linear coefficient of a variable in an index.
 
 Layering: the bottom of `compiler` (imports only TVM); `compiler` never imports `tuner` or `service`.
 """
@@ -33,49 +34,98 @@ def subst(e: Any, vmap: dict[int, Any]) -> Any:
     return rewrite(e, lambda x: vmap.get(key(x), x) if isinstance(x, ir_expr.Var) else None)
 
 
+_SHAPES: dict[type, str] = {}  # expression class -> how its operands are held (found once per class)
+
+
+def expr_shape(e: Any) -> str:
+    """How expression `e` holds its operands: "var", "const", "binary" (a, b), "unary" (a), "select", "cast", "ramp", "broadcast", "call", "load" or "leaf"."""
+    cls = type(e)
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = ("var" if issubclass(cls, tvm.ir.Var) else
+                 "const" if issubclass(cls, (tirx.IntImm, tirx.FloatImm)) else
+                 "binary" if issubclass(cls, (prim.BinaryOpExpr, prim.CmpExpr, tirx.And, tirx.Or)) else
+                 "unary" if issubclass(cls, (tirx.Not, tirx.BitwiseNot)) else
+                 "select" if issubclass(cls, tirx.Select) else
+                 "cast" if issubclass(cls, tirx.Cast) else
+                 "ramp" if issubclass(cls, tirx.Ramp) else
+                 "broadcast" if issubclass(cls, tirx.Broadcast) else
+                 "call" if issubclass(cls, tvm.ir.Call) else
+                 "load" if issubclass(cls, tvm.ir.TensorLoad) else "leaf")
+        _SHAPES[cls] = shape
+    return shape
+
+
+def children(e: Any) -> list[Any]:
+    """The operands of expression `e`, by its `expr_shape` (none for a name, a constant or a leaf)."""
+    shape = expr_shape(e)
+    if shape == "binary":
+        return [e.a, e.b]
+    if shape in ("var", "const", "leaf"):
+        return []
+    if shape in ("unary",):
+        return [e.a]
+    if shape in ("cast", "broadcast"):
+        return [e.value]
+    if shape == "select":
+        return [e.condition, e.true_value, e.false_value]
+    if shape == "ramp":
+        return [e.base, e.stride]
+    return list(e.args if shape == "call" else e.indices)
+
+
+def rebuild(e: Any, operands: list[Any]) -> Any:
+    """`e` with new operands, in the order `children` gives them (the same object where none changed)."""
+    old = children(e)
+    if all(a.same_as(b) for a, b in zip(old, operands, strict=True)):
+        return e
+
+    shape = expr_shape(e)
+    if shape == "binary":
+        return type(e)(*operands)
+    if shape == "unary":
+        return type(e)(operands[0])
+    if shape == "select":
+        return tirx.Select(*operands)
+    if shape == "cast":
+        return tirx.Cast(dtype_of(e), operands[0])
+    if shape == "ramp":
+        return tirx.Ramp(operands[0], operands[1], e.lanes)
+    if shape == "broadcast":
+        return tirx.Broadcast(operands[0], e.lanes)
+    if shape == "call":
+        return tvm.ir.Call(e.op, operands, e.attrs, e.ty_args, ret_ty=e.ty)
+    assert shape == "load", f"cannot rebuild a {type(e).__name__}"
+    return tirx.BufferLoad(e.source, operands)
+
+
+def dtype_of(e: Any) -> str:
+    """The element type of expression `e` ("float32", "int32x16" for a vector)."""
+    return str(e.ty.dtype) if hasattr(e.ty, "dtype") else str(e.ty)
+
+
 def rewrite(e: Any, fn: Callable[[Any], Any | None]) -> Any:
     """`e` rebuilt with `fn(x)` in place of each sub-expression `x` where it is not None (pre-order: what `fn`
-    returns is not visited again); the same object where nothing changed."""
+    returns is not visited again); the same object where nothing changed.
+
+    Raises:
+        UnsupportedExpr: for a node it cannot rebuild (not an operand shape of `expr_shape`, a `Let`, a
+            string or a shuffle).
+    """
 
     def go(x: Any) -> Any:
         done = fn(x)
         if done is not None:
             return done
-        if isinstance(x, ir_expr.Var):
+        shape = expr_shape(x)
+        if shape in ("var", "const"):
             return x
-        if isinstance(x, prim.IntImm | prim.FloatImm) or not isinstance(x, tvm.ir.Expr):
-            return x
-        if isinstance(x, tvm.ir.TensorLoad):
-            new = [go(i) for i in x.indices]
-            return x if all(a.same_as(b) for a, b in zip(new, x.indices)) else tirx.BufferLoad(x.source, new)
-        if isinstance(x, ir_expr.Call):
-            args = [go(a) for a in x.args]
-            if all(a.same_as(b) for a, b in zip(args, x.args)):
-                return x
-            return ir_expr.Call(x.op, args, x.attrs, x.ty_args, ret_ty=x.ty)
-        if isinstance(x, prim.Select):
-            parts = [go(x.condition), go(x.true_value), go(x.false_value)]
-            same = all(a.same_as(b) for a, b in zip(parts, [x.condition, x.true_value, x.false_value]))
-            return x if same else prim.Select(*parts)
-        if isinstance(x, prim.Cast):
-            v = go(x.value)
-            return x if v.same_as(x.value) else prim.Cast(str(x.ty.dtype), v)
-        if isinstance(x, prim.Not):
-            a = go(x.a)
-            return x if a.same_as(x.a) else prim.Not(a)
-        if isinstance(x, prim.Ramp):
-            base, stride = go(x.base), go(x.stride)
-            return x if base.same_as(x.base) and stride.same_as(x.stride) else prim.Ramp(base, stride, x.lanes)
-        if isinstance(x, prim.Broadcast):
-            v = go(x.value)
-            return x if v.same_as(x.value) else prim.Broadcast(v, x.lanes)
+        if shape != "leaf":
+            return rebuild(x, [go(c) for c in children(x)])
         if isinstance(x, prim.Let):
             v, body = go(x.value), go(x.body)
             return x if v.same_as(x.value) and body.same_as(x.body) else prim.Let(x.var, v, body)
-        if hasattr(x, "a") and hasattr(x, "b"):
-            a, b = go(x.a), go(x.b)
-            return x if a.same_as(x.a) and b.same_as(x.b) else type(x)(a, b)
-        if type(x).__name__ in ("StringImm", "Shuffle"):
+        if not isinstance(x, tvm.ir.Expr) or type(x).__name__ in ("StringImm", "Shuffle"):
             return x  # no loop variable in a string; a shuffle only appears after our rewrites
         raise UnsupportedExpr(f"cannot rewrite in a {type(x).__name__}: {x}")
 

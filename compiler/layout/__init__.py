@@ -6,7 +6,6 @@ from .primitives import (
     DecoupleAt,
     Fold,
     Fuse,
-    Layout,
     LayoutError,
     Pad,
     Primitive,
@@ -30,6 +29,7 @@ from .program import (
 from .propagate import Graph, Plan, propagate
 from .rewrite import CONVERT_PREFIX, Rewritten, rewrite
 from .templates import GROUP_PARAM, OUTER_SUFFIX, LayoutTemplate, TemplateParam
+from .tensor_layout import Layout
 
 __all__ = [
     "ACTIVATIONS",

@@ -31,10 +31,11 @@ from compiler.tir_util import key
 from compiler.workloads import TensorSpec
 from compiler.workloads.model.layouts import dot_instruction
 
-from .primitives import Layout, LayoutError
+from .primitives import LayoutError
 from .propagate import Graph, Plan, propagate
 from .rewrite import conversion, rewrite
 from .templates import GROUP_PARAM, OUTER_SUFFIX, LayoutTemplate, conv_template, gemm_template
+from .tensor_layout import Layout
 
 if TYPE_CHECKING:
 

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from compiler.tir_util import key
 
-from .primitives import Layout, LayoutError, substitute
+from .primitives import LayoutError, substitute
+from .tensor_layout import Layout
 
 if TYPE_CHECKING:
     from tvm import te

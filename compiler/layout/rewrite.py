@@ -28,7 +28,8 @@ from tvm import ir, sym, te, tirx
 from compiler.passes.tensorize.mark import DOT_GROUP
 from compiler.tir_util import key
 
-from .primitives import AccessContext, Layout, substitute
+from .primitives import AccessContext, substitute
+from .tensor_layout import Layout
 
 if TYPE_CHECKING:
 

@@ -38,9 +38,10 @@ from tvm import sym, tirx
 
 from compiler.tir_util import key
 
-from .primitives import Layout, LayoutError, substitute
+from .primitives import LayoutError, substitute
 from .propagate import Graph
 from .rewrite import GroupedReduction
+from .tensor_layout import Layout
 
 _SPATIAL_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
 OUTER_SUFFIX = "2"  # a second-level factor's name: its first-level factor's and this ("ot2")

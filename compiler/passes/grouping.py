@@ -26,6 +26,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from compiler.target import host_caches
+from compiler.tir_util import const_extent
 
 MAX_BYTES = 64 * 1024 * 1024
 MAX_COMPLEX = 3  # functions with a reduction in one chain
@@ -45,13 +46,14 @@ def _has_reduction(func: Any) -> bool:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
     except Exception:  # no root block (an opaque or lowered function): not ours to fuse
         return False
-    return any(any(iv.iter_type == tirx.IterVar.CommReduce and _extent(iv) > 1 for iv in sch.get(b).iter_vars)
+    return any(any(iv.iter_type == tirx.IterVar.CommReduce and _longer_than_one(iv) for iv in sch.get(b).iter_vars)
                for b in blocks)
 
 
-def _extent(iv: Any) -> int:
-    ext = iv.dom.extent
-    return int(ext.value) if hasattr(ext, "value") else 1 << 30
+def _longer_than_one(iv: Any) -> bool:
+    """Whether an iteration variable runs over more than one value (a symbolic extent: taken as more)."""
+    extent = const_extent(iv)
+    return extent is None or extent > 1
 
 
 def _tensor_bytes(ty: Any) -> int:

@@ -26,7 +26,7 @@ div/mod chains of a layout, and padding conditions `3 <= h && h < 59 && 3 <= w &
 
 Where it runs: at the end of TVM's default TIR pipeline, after its last `StmtSimplify` and
 `CommonSubexprElim`, so nothing substitutes our integer `Bind`s back (the paper had to patch TVM's
-simplifier for that) and the CSE names are hoisted too. `compiler.build.compile_module` selects the
+simplifier for that) and the CSE names are hoisted too. `compiler.pipeline.compile_module` selects the
 pipeline; every build of operator candidates, model tasks and artifacts goes through it.
 
 Only scalar expressions move (a vector `Ramp` stays, its base is hoisted); integer `+`/`*` are
@@ -45,7 +45,8 @@ from typing import Any
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.ir.prim import expr as prim
+
+from compiler.tir_util import children, dtype_of, expr_shape, rebuild
 
 HOIST_THRESHOLD = 1
 UNROLLED_EXTENT = 8
@@ -94,83 +95,15 @@ def without_licm(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 
 def cost(e: Any) -> int:
     """The paper's cost: 0 for names and constants, else its operator's cost plus its operands'."""
-    shape = _shape(e)
+    shape = expr_shape(e)
     if shape in ("var", "const", "leaf", "load"):
         return 0
     own = CALL_COST if shape == "call" else OPERATOR_COST.get(type(e).__name__, 1)
-    return own + sum(cost(c) for c in _children(e))
+    return own + sum(cost(c) for c in children(e))
 
 
 # ---------------------------------------------------------------------------
-# Expressions: their operands, rebuilding them, and what they are
-
-
-_SHAPES: dict[type, str] = {}  # expression class -> how its operands are held (found once per class)
-
-
-def _shape(e: Any) -> str:
-    """"var", "const", "binary" (a, b), "unary" (a), "select", "cast", "ramp", "broadcast", "call", "load" or "leaf"."""
-    cls = type(e)
-    shape = _SHAPES.get(cls)
-    if shape is None:
-        shape = ("var" if issubclass(cls, tvm.ir.Var) else
-                 "const" if issubclass(cls, (tirx.IntImm, tirx.FloatImm)) else
-                 "binary" if issubclass(cls, (prim.BinaryOpExpr, prim.CmpExpr, tirx.And, tirx.Or)) else
-                 "unary" if issubclass(cls, (tirx.Not, tirx.BitwiseNot)) else
-                 "select" if issubclass(cls, tirx.Select) else
-                 "cast" if issubclass(cls, tirx.Cast) else
-                 "ramp" if issubclass(cls, tirx.Ramp) else
-                 "broadcast" if issubclass(cls, tirx.Broadcast) else
-                 "call" if issubclass(cls, tvm.ir.Call) else
-                 "load" if issubclass(cls, tvm.ir.TensorLoad) else "leaf")
-        _SHAPES[cls] = shape
-    return shape
-
-
-def _children(e: Any) -> list[Any]:
-    shape = _shape(e)
-    if shape == "binary":
-        return [e.a, e.b]
-    if shape in ("var", "const", "leaf"):
-        return []
-    if shape in ("unary",):
-        return [e.a]
-    if shape in ("cast", "broadcast"):
-        return [e.value]
-    if shape == "select":
-        return [e.condition, e.true_value, e.false_value]
-    if shape == "ramp":
-        return [e.base, e.stride]
-    return list(e.args if shape == "call" else e.indices)
-
-
-def _rebuild(e: Any, children: list[Any]) -> Any:
-    """`e` with new operands (the same object where none changed)."""
-    old = _children(e)
-    if all(a.same_as(b) for a, b in zip(old, children, strict=True)):
-        return e
-
-    shape = _shape(e)
-    if shape == "binary":
-        return type(e)(*children)
-    if shape == "unary":
-        return type(e)(children[0])
-    if shape == "select":
-        return tirx.Select(*children)
-    if shape == "cast":
-        return tirx.Cast(_dtype(e), children[0])
-    if shape == "ramp":
-        return tirx.Ramp(children[0], children[1], e.lanes)
-    if shape == "broadcast":
-        return tirx.Broadcast(children[0], e.lanes)
-    if shape == "call":
-        return tvm.ir.Call(e.op, children, e.attrs, e.ty_args, ret_ty=e.ty)
-    assert shape == "load", f"cannot rebuild a {type(e).__name__}"
-    return tirx.BufferLoad(e.source, children)
-
-
-def _dtype(e: Any) -> str:
-    return str(e.ty.dtype) if hasattr(e.ty, "dtype") else str(e.ty)
+# Expressions: what they are (their operands and rebuilding them: `compiler.tir_util`)
 
 
 @functools.cache
@@ -199,7 +132,7 @@ def _op_name(call: Any) -> str:
 
 
 def _is_leaf(e: Any) -> bool:
-    return _shape(e) in ("var", "const", "leaf", "load")
+    return expr_shape(e) in ("var", "const", "leaf", "load")
 
 
 _PURE_OPS: dict[str, bool] = {}
@@ -250,7 +183,7 @@ class _Motion:
     # -- ranks ----------------------------------------------------------------------
 
     def rank(self, e: Any) -> int:
-        shape = _shape(e)
+        shape = expr_shape(e)
         if shape == "var":
             return self.ranks.get(e.id_, 0)
         if shape == "const":
@@ -260,10 +193,10 @@ class _Motion:
         known = self._ranks_of.get(e.id_)
         if known is not None:
             return known[1]
-        if type(e).__name__ in ("Div", "Mod", "FloorDiv", "FloorMod") and _shape(e.b) != "const":
+        if type(e).__name__ in ("Div", "Mod", "FloorDiv", "FloorMod") and expr_shape(e.b) != "const":
             rank = VARIES  # a guard in the loop may be what keeps its divisor from 0
         else:
-            rank = max((self.rank(c) for c in _children(e)), default=0)
+            rank = max((self.rank(c) for c in children(e)), default=0)
         self._ranks_of[e.id_] = (e, rank)  # e kept alive: its address is the key
         return rank
 
@@ -271,7 +204,7 @@ class _Motion:
 
     def normalize(self, e: Any) -> Any:
         """Operands first, then this node: conditional collapse, then reassociation by rank."""
-        e = _rebuild(e, [self.normalize(c) for c in _children(e)])
+        e = rebuild(e, [self.normalize(c) for c in children(e)])
         e = self.collapse(e)
         kind = _kind(e)
         if kind in _ASSOCIATIVE or kind == "Sub":
@@ -293,7 +226,7 @@ class _Motion:
 
     @staticmethod
     def _conditional(e: Any) -> tuple[Any, Any, Any]:
-        shape = _shape(e)
+        shape = expr_shape(e)
         if shape == "select":
             return e.condition, e.true_value, e.false_value
         if shape == "call" and _op_name(e).endswith(".if_then_else"):
@@ -316,8 +249,8 @@ class _Motion:
             return e
         ranks = [self.rank(t) for _, t in terms]
         # constants join the lowest-ranked group of names (x + 3 hoisted together, not a group "0 - 57" alone)
-        low = min((r for r, (_, t) in zip(ranks, terms) if _shape(t) != "const"), default=0)
-        ranks = [low if _shape(t) == "const" else r for r, (_, t) in zip(ranks, terms)]
+        low = min((r for r, (_, t) in zip(ranks, terms) if expr_shape(t) != "const"), default=0)
+        ranks = [low if expr_shape(t) == "const" else r for r, (_, t) in zip(ranks, terms)]
         ranked = sorted(((r, i, sign, t) for i, (r, (sign, t)) in enumerate(zip(ranks, terms))),
                         key=lambda r: (r[0], r[1]))
         groups: list[list[tuple[bool, Any]]] = []
@@ -351,7 +284,7 @@ class _Motion:
             part = t if part is None else op(part, t)
         if acc is None:
             if part is None:
-                part = tirx.const(0, _dtype(minus[0]))
+                part = tirx.const(0, dtype_of(minus[0]))
             for t in minus:
                 part = tirx.Sub(part, t)
             return part
@@ -381,9 +314,9 @@ class _Motion:
         """e evaluated at `depth` loops, its invariant parts replaced by names bound further out."""
         rank = self.rank(e)
         if rank < depth and _scalar(e) and not _is_leaf(e) and self.pays_between(e, rank, depth):
-            inner = _rebuild(e, [self.hoist(c, rank) for c in _children(e)])
+            inner = rebuild(e, [self.hoist(c, rank) for c in children(e)])
             return self.bind(inner, rank)
-        return _rebuild(e, [self.hoist(c, depth) for c in _children(e)])
+        return rebuild(e, [self.hoist(c, depth) for c in children(e)])
 
     def pays_between(self, e: Any, rank: int, depth: int) -> bool:
         saved = self.levels
@@ -400,7 +333,7 @@ class _Motion:
         if key in level.names:
             return level.names[key]
         self.count += 1
-        var = tirx.Var(f"licm{self.count}", _dtype(e))
+        var = tirx.Var(f"licm{self.count}", dtype_of(e))
         self.ranks[var.id_] = rank
         level.binds.append(tirx.Bind(var, e))
         level.names[key] = var
@@ -487,7 +420,7 @@ class _Motion:
         value = self.normalize(s.value)
         rank = self.rank(value)
         if rank < self.depth and self.pays_between(value, rank, self.depth):
-            value = _rebuild(value, [self.hoist(c, rank) for c in _children(value)])
+            value = rebuild(value, [self.hoist(c, rank) for c in children(value)])
             self.ranks[s.var.id_] = rank
             self.levels[rank].binds.append(tirx.Bind(s.var, value))
             return None

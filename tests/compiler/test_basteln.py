@@ -394,7 +394,7 @@ def test_a_blocked_conv_gets_an_outer_product_register_block_of_columns_and_chan
     inner = [sch.get(loop) for loop in loops[-3:]]
     # 3 output columns (the largest divisor of 6 up to 4) x 2 channel blocks of 8 lanes, inside the reduction
     unrolled, vectorized = tvm.tirx.ForKind.UNROLLED, tvm.tirx.ForKind.VECTORIZED
-    assert [(int(l.extent), l.kind) for l in inner] == [(3, unrolled), (2, unrolled), (8, vectorized)], inner
+    assert [(int(lp.extent), lp.kind) for lp in inner] == [(3, unrolled), (2, unrolled), (8, vectorized)], inner
     assert int(sch.get(loops[-4]).extent) == 16  # the reduction over the 16 input channels
     inputs = w.random_inputs()
     np.testing.assert_allclose(run(sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
@@ -410,7 +410,7 @@ def test_a_depthwise_conv_blocks_its_columns_in_registers_not_its_channel_blocks
     sch = fused.sch
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("depthwise_update"))]
     # 7 of the 14 columns (the largest divisor up to 8; the 2 channel blocks would give 2), then 16 lanes
-    assert [(int(l.extent), l.kind) for l in loops[-2:]] == [(7, tvm.tirx.ForKind.UNROLLED),
+    assert [(int(lp.extent), lp.kind) for lp in loops[-2:]] == [(7, tvm.tirx.ForKind.UNROLLED),
                                                              (16, tvm.tirx.ForKind.VECTORIZED)], loops[-2:]
     inputs = w.random_inputs(1)
     np.testing.assert_allclose(run(sch.mod, inputs, w.output.shape), w.reference(inputs), rtol=1e-4, atol=1e-4)
@@ -434,7 +434,7 @@ def test_a_row_longer_than_a_vector_puts_its_vectors_outside_the_reduction_in_a_
     inner = [sch.get(loop) for loop in loops[-4:]]
     unrolled, vectorized = tvm.tirx.ForKind.UNROLLED, tvm.tirx.ForKind.VECTORIZED
     # the reduction (48), 4 rows, 2 of the row's 4 vectors, 16 lanes
-    assert [(int(l.extent), l.kind) for l in inner][1:] == [(4, unrolled), (2, unrolled), (16, vectorized)], inner
+    assert [(int(lp.extent), lp.kind) for lp in inner][1:] == [(4, unrolled), (2, unrolled), (16, vectorized)], inner
     assert int(inner[0].extent) == 48
     xs = [np.random.default_rng(i).standard_normal(s).astype("float32") for i, s in enumerate([(16, 32), (32, 48), (48, 64)])]
     want = np.maximum(xs[0] @ xs[1], 0) @ xs[2]

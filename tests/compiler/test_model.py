@@ -360,7 +360,7 @@ def test_a_conversion_that_moves_nothing_is_a_reshape(host_target):
     from torch import nn
     from tvm import relax
 
-    from compiler.workloads.model.layouts import keeps_order
+    from compiler.workloads.model.carry import keeps_order
     from compiler.workloads.model.tasks import conversions
 
     bb = relax.BlockBuilder()

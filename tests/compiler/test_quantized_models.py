@@ -14,7 +14,7 @@ from compiler.workloads import model as M  # noqa: E402
 from compiler.workloads import zoo  # noqa: E402
 from compiler.workloads.pt2 import ModelError, load_exported_program  # noqa: E402
 
-import torch.ao.quantization.fx._decomposed  # noqa: E402, F401 - registers torch.ops.quantized_decomposed
+import torch.ao.quantization.fx._decomposed  # noqa: E402, F401, F811 - registers torch.ops.quantized_decomposed
 
 Q = torch.ops.quantized_decomposed
 

@@ -1,4 +1,4 @@
-"""Target names -> TVM targets with the detected host CPU."""
+"""Targets as data (`TARGETS`, `target_info`): target names -> TVM targets with the detected host CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from compiler.target import TARGET_NAMES, host_mattr, resolve_target, target_key
+from compiler.target import TARGET_NAMES, TARGETS, check_available, host_mattr, resolve_target, target_info, target_key
 
 
 @pytest.mark.parametrize("name", ["host", "llvm"])
@@ -42,20 +42,51 @@ def test_features_the_kernel_does_not_report_are_turned_off():
         assert (feature in enabled) == (feature in flags), (feature, sorted(enabled))
 
 
-def test_cuda_target_resolves_without_a_gpu():
-    target = resolve_target("cuda")
-    assert target.kind.name == "cuda"
-    assert target.host is not None and target.host.kind.name == "llvm"
-    assert target_key("cuda").startswith("cuda")
+def test_cuda_is_not_supported_yet_anywhere():
+    """Nothing schedules GPU threads: a cuda target is refused by name and as a TVM target, with the reason."""
+    import tvm
+
+    from compiler.target import TargetError
+
+    for target in ("cuda", tvm.target.Target("cuda")):
+        with pytest.raises(ValueError, match="target cuda is not supported yet: nothing schedules GPU threads"):
+            target_info(target)
+    with pytest.raises(ValueError, match="target cuda is not supported yet"):
+        resolve_target("cuda")
+    with pytest.raises(ValueError, match="target cuda is not supported yet"):
+        target_key("cuda")
+    with pytest.raises(TargetError, match="target cuda is not supported yet"):
+        check_available("cuda")
 
 
 @pytest.mark.parametrize("name", ["x86", "", "HOST"])
 def test_unknown_target_names_the_valid_ones(name):
-    with pytest.raises(ValueError, match="valid names: host, llvm, cuda"):
+    with pytest.raises(ValueError, match=f"unknown target: {name!r}; known: host, llvm"):
+        target_info(name)
+    with pytest.raises(ValueError, match="known: host, llvm"):
         resolve_target(name)
     with pytest.raises(ValueError):
         target_key(name)
-    assert TARGET_NAMES == ("host", "llvm", "cuda")
+    assert TARGET_NAMES == tuple(TARGETS) == ("host", "llvm")
+
+
+@pytest.mark.parametrize("name", ["host", "llvm"])
+def test_a_target_is_data(name):
+    """Each entry says how it resolves, its key, its device, its vector unit, its pipeline and spaces; a TVM
+    target is looked up by its kind."""
+    import tvm
+
+    from compiler.target import vector_lanes, vector_unit
+
+    info = target_info(name)
+    target = info.resolve()
+    assert target is resolve_target(name) and info.key() == target_key(name)
+    assert target_info(target).kind == info.kind == "llvm" and info.is_cpu
+    assert info.device() == tvm.cpu(0)
+    assert info.vector_bits() == vector_unit(target).bits == vector_unit(target).lanes * 32
+    assert vector_lanes(target, "float32") == vector_unit(target).lanes
+    assert vector_lanes(target, "int8") == 4 * vector_unit(target).lanes
+    assert info.pipeline == "licm" and "loop" in info.spaces
 
 
 @pytest.mark.parametrize("preset", [None, "1"])
@@ -96,8 +127,6 @@ def test_vector_unit_follows_the_features_not_the_cpu_name():
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": ["-avx512f"]})) == AVX2
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})) == AVX2
     assert vector_unit(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})).registers == 32
-    # a GPU task's (CPU) loop spaces: its host's unit
-    assert vector_unit(resolve_target("cuda")) == vector_unit(resolve_target("host"))
     from compiler.target import HOST_CPU_ENV
 
     with open("/proc/cpuinfo") as f:

@@ -202,7 +202,6 @@ def test_one_row_without_a_rows_loop_is_tensorized(dtype, host_target):
     c = sch.get_sblock("C")
     i, j, r = sch.get_loops(c)
     jo, jl = sch.split(j, [None, blk.lanes])
-    loops = [jo, i]
     if blk.group > 1:
         ro, rg = sch.split(r, [None, blk.group])
         sch.reorder(jo, i, ro, jl, rg)

@@ -12,11 +12,11 @@ from tvm import s_tir, te, tirx  # noqa: E402
 
 from compiler.build import build  # noqa: E402
 from compiler.passes.tensorize import schedule_transpose, tensorize_module  # noqa: E402
-from compiler.passes.tensorize.select import vector_bits  # noqa: E402
+from compiler.target import vector_unit  # noqa: E402
 
 
 def _lanes(target) -> int:
-    return vector_bits(target) // 32
+    return vector_unit(target).lanes
 
 
 def _run(func, target, inputs, out_shape, dtype="float32"):

@@ -57,6 +57,8 @@ import tvm
 from tvm import tirx
 from tvm.target import codegen
 
+from compiler.target import target_info
+
 
 @dataclass(frozen=True)
 class Instruction:
@@ -203,7 +205,7 @@ def target_features(target: tvm.target.Target) -> frozenset[str]:
 
 def available(target: tvm.target.Target) -> tuple[Instruction, ...]:
     """The instructions `target` has, in preference order."""
-    if str(target.kind.name) != "llvm":
+    if not target_info(target).is_cpu:
         return ()
 
     arch, features = target_arch(target), target_features(target)

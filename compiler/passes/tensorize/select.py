@@ -38,7 +38,8 @@ from tvm import tirx
 from tvm_ffi import structural_equal
 
 from ... import tir_util
-from .instructions import INSTRUCTIONS, Instruction, candidates_for, target_arch, target_features
+from ...target import vector_unit
+from .instructions import INSTRUCTIONS, Instruction, candidates_for
 from .mark import ANNOTATION
 from .transpose import match_transpose, rewrite_transpose
 
@@ -58,7 +59,7 @@ class Columns:
     vectors), each with its own loop variables."""
 
     v: Any | None
-    l: Any
+    l: Any  # noqa: E741 - the lane loop
     g: Any | None
     c: Any
     a: Any
@@ -66,7 +67,7 @@ class Columns:
     partial: bool  # its lane loop is no multiple of the lanes: the last vector is partial
 
     def vectors(self, lanes: int) -> int:
-        return (_extent(self.v) if self.v is not None else 1) * -(-_extent(self.l) // lanes)
+        return (tir_util.const_extent(self.v) if self.v is not None else 1) * -(-tir_util.const_extent(self.l) // lanes)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class OuterProduct:
 
     @property
     def accumulators(self) -> int:
-        return _extent(self.i) * sum(c.vectors(self.instruction.lanes) for c in self.columns)
+        return tir_util.const_extent(self.i) * sum(c.vectors(self.instruction.lanes) for c in self.columns)
 
 
 @dataclass
@@ -122,7 +123,7 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
                     report.used.append("elementwise")
                 why = why if kind == "outer_product" else why2 if kind == "elementwise" else f"{why}; {why2}"
             if out is None and kind in ("auto", "transpose"):
-                t, why3 = match_transpose(s, vector_bits(target), list(ranges.values()))
+                t, why3 = match_transpose(s, vector_unit(target).bits, list(ranges.values()))
                 if t is not None:
                     out = rewrite_transpose(t)
                     report.used.append(f"transpose{t.lanes}")
@@ -150,10 +151,6 @@ def tensorize(func: tvm.tirx.PrimFunc, target: tvm.target.Target, exact: bool = 
 def _unmark(s: Any) -> Any:
     annotations = {k: v for k, v in s.annotations.items() if k != ANNOTATION}
     return tirx.For(s.loop_var, s.min, s.extent, s.kind, s.body, s.thread_binding, annotations, s.step)
-
-
-def _extent(loop: Any) -> int:
-    return tir_util.const_int(loop.extent)
 
 
 def _column_kinds() -> tuple[Any, ...]:
@@ -260,16 +257,16 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
     if not groups:
         return None, ins, f"no instruction for {x.source.dtype}"
     # the group: the innermost loop's extent where an instruction sums that many, else 1 (fp32 FMA)
-    group = next((g for g in groups if g > 1 and len(loops) >= 2 and _extent(loops[-1]) == g), min(groups))
+    group = next((g for g in groups if g > 1 and len(loops) >= 2 and tir_util.const_extent(loops[-1]) == g), min(groups))
     if group > 1:
-        if len(loops) < 2 or _extent(loops[-1]) != group:
+        if len(loops) < 2 or tir_util.const_extent(loops[-1]) != group:
             return None, ins, f"no group loop of extent {' or '.join(map(str, groups))}"
         g, rest = loops[-1], loops[:-1]
     else:
         g, rest = None, loops
     if len(rest) not in (1, 2):
         return None, ins, "not lanes under the rows"
-    v, l = (None, rest[0]) if len(rest) == 1 else (rest[0], rest[1])
+    v, l = (None, rest[0]) if len(rest) == 1 else (rest[0], rest[1])  # noqa: E741
     analyzer = tvm.sym.Analyzer()
     for loop in (r, i, *loops):
         analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
@@ -296,18 +293,18 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
             return None, ins, f"the target has no instruction for {a_buf.dtype} x {b_buf.dtype} -> {c_dtype}"
         if candidates[0].exact:  # only an equivalent instruction may replace it: never a saturating one
             candidates = tuple(c for c in candidates if c.exact)
-        ins = next((c for c in candidates if _extent(l) % c.lanes == 0), None)
+        ins = next((c for c in candidates if tir_util.const_extent(l) % c.lanes == 0), None)
         if ins is None and outer is not None:
             ins = candidates[0]
         if ins is None:
-            return None, ins, (f"lane loop {_extent(l)} is no multiple of "
+            return None, ins, (f"lane loop {tir_util.const_extent(l)} is no multiple of "
                                f"{', '.join(str(c.lanes) for c in candidates)}")
     elif (str(a_buf.dtype), str(b_buf.dtype), c_dtype, group) != (ins.a_dtype, ins.b_dtype, ins.c_dtype,
                                                                    ins.group):
         return None, ins, "column nests of different types"
-    if _extent(l) % ins.lanes:
+    if tir_util.const_extent(l) % ins.lanes:
         if outer is None:
-            return None, ins, f"lane loop {_extent(l)} is no multiple of {ins.lanes}"
+            return None, ins, f"lane loop {tir_util.const_extent(l)} is no multiple of {ins.lanes}"
         partial = True  # COM (Alg. 1): the last vector computed whole on B's padding, its valid lanes stored
     checks = [
         (stride("c", l) == 1, "C is not contiguous in the lanes"),
@@ -329,13 +326,13 @@ def _match_columns(r: Any, i: Any, nest: Any, target: tvm.target.Target, exact: 
         size = 1
         for n in b_buf.shape:
             size *= int(n)
-        start = {tir_util.key(l.loop_var): l.min + (_extent(l) // ins.lanes) * ins.lanes}
+        start = {tir_util.key(l.loop_var): l.min + (tir_util.const_extent(l) // ins.lanes) * ins.lanes}
         if g is not None:
             start[tir_util.key(g.loop_var)] = g.min
         last = analyzer.const_int_bound(analyzer.simplify(tir_util.subst(b_off, start))).max_value \
             + ins.lanes * ins.group - 1
         if last >= size:
-            return None, ins, f"lane loop {_extent(l)}: a whole vector would read past {b_buf.name}"
+            return None, ins, f"lane loop {tir_util.const_extent(l)}: a whole vector would read past {b_buf.name}"
     return Columns(v, l, g, offsets["c"], offsets[a_name], offsets[b_name], partial), ins, ""
 
 
@@ -365,7 +362,7 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
         return analyzer.simplify(tir_util.subst(e, {tir_util.key(loop.loop_var): tirx.const(val, str(loop.loop_var.ty.dtype))
                                                for loop, val in binding.items()}))
 
-    rows = range(tir_util.const_int(m.i.min), tir_util.const_int(m.i.min) + _extent(m.i))
+    rows = range(tir_util.const_int(m.i.min), tir_util.const_int(m.i.min) + tir_util.const_extent(m.i))
     # the partial vectors' lanes are stored after every whole vector: TVM's StorageRewrite types the accumulators'
     # buffer by its accesses in program order and fails on a vector access after a scalar one of the same buffer
     init, update, final, final_lanes = [], [], [], []
@@ -373,8 +370,8 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
         (c_buf, c_off), (a_buf, a_off), (b_buf, b_off) = col.c, col.a, col.b
         cf, af, bf = flat_view(c_buf), flat_view(a_buf), flat_view(b_buf)
         vs = [None] if col.v is None else list(range(tir_util.const_int(col.v.min),
-                                                     tir_util.const_int(col.v.min) + _extent(col.v)))
-        l0, n_lanes = tir_util.const_int(col.l.min), _extent(col.l)
+                                                     tir_util.const_int(col.v.min) + tir_util.const_extent(col.v)))
+        l0, n_lanes = tir_util.const_int(col.l.min), tir_util.const_extent(col.l)
         starts = [l0 + u * ins.lanes for u in range(-(-n_lanes // ins.lanes))]
         cols = [(vv, ll, min(ins.lanes, l0 + n_lanes - ll)) for vv in vs for ll in starts]
         g0 = None if col.g is None else tir_util.const_int(col.g.min)
@@ -416,14 +413,6 @@ def rewrite_outer_product(m: OuterProduct) -> Any:
 _ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Min", "Max", "Cast", "IntImm", "FloatImm", "Var")
 
 
-def vector_bits(target: tvm.target.Target) -> int:
-    """The vector register width of an LLVM target, from its features."""
-    features = target_features(target)
-    if target_arch(target) == "x86":
-        return 512 if "avx512f" in features else 256 if "avx" in features else 128
-    return 128
-
-
 def rewrite_elementwise(j: Any, target: tvm.target.Target) -> tuple[Any | None, str]:
     """The elementwise pattern on the marked loop `j` (module docstring): the vectorized loop, or (None, why)."""
     store = j.body
@@ -455,8 +444,8 @@ def rewrite_elementwise(j: Any, target: tvm.target.Target) -> tuple[Any | None, 
         if step not in ((1,) if buf.same_as(store.buffer) else (0, 1)):
             return None, f"{buf.name} is not contiguous in {j.loop_var.name}"
     bits = tvm.DataType(str(store.buffer.dtype)).bits
-    lanes = vector_bits(target) // bits
-    extent = _extent(j)
+    lanes = vector_unit(target).bits // bits
+    extent = tir_util.const_extent(j)
     if extent is None or extent % lanes:
         return None, f"extent {extent} is no multiple of {lanes} lanes"
     dtype = str(j.loop_var.ty.dtype)

@@ -36,7 +36,8 @@ schedules whose model does not match (`build_checked`).
 
 The package, one module a step: `..pt2` (loading an upload safely), `converters` (translate: torch.export ->
 Relax, our converters), `importer` (import_model, ImportedModel), `layouts` (the graph-level layout policy and
-its per-conv fallback), `tasks` (ModelTask, extract_tasks), `build` (build_model, run_model, time_model,
+its per-conv fallback), `legalize` (the kernels of the blocked layouts), `carry` (the layouts carried through
+the graph), `tasks` (ModelTask, extract_tasks), `build` (build_model, run_model, time_model,
 default_schedule), `check` (build_checked, reference_outputs, time_torch), `artifact` (the downloadable
 artifact). This module re-exports what the rest of altune uses.
 
@@ -84,15 +85,8 @@ from .check import (
 )
 from .converters import CONVERTERS, translate
 from .importer import ImportedModel, group_model, import_model
-from .layouts import (
-    MODEL_LAYOUTS,
-    blocked_conv_layouts,
-    conv_blocks,
-    convert_layouts,
-    depthwise_conv2d_nchwc,
-    legalize_conv2d,
-    vector_lanes,
-)
+from .layouts import MODEL_LAYOUTS, blocked_conv_layouts, conv_blocks, convert_layouts, vector_lanes
+from .legalize import depthwise_conv2d_nchwc, legalize_conv2d
 from .tasks import (
     COMPLEX_OPS,
     DEFAULT_MAX_TENSOR_ELEMENTS,

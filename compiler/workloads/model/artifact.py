@@ -19,6 +19,7 @@ import tvm
 
 from compiler.archive import extract_artifact
 from compiler.arrays import to_numpy, to_torch
+from compiler.target import target_info
 
 from ..operators import TensorSpec
 from .build import BuiltModel
@@ -118,7 +119,6 @@ def make_model_manifest(model: ImportedModel, built: BuiltModel, target: Any, *,
     def tensor(s: TensorSpec) -> dict:
         return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
 
-    kind = target.kind.name if hasattr(target, "kind") else str(target)
     return {
         "format": MODEL_MANIFEST_FORMAT,
         "kind": "model",
@@ -135,7 +135,7 @@ def make_model_manifest(model: ImportedModel, built: BuiltModel, target: Any, *,
         "tasks": list(tasks) or [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight,
                                   "complex": t.complex} for t in model.tasks],
         "target": str(target),
-        "device": "cpu" if kind == "llvm" else kind,
+        "device": target_info(target).device_type,
         "latency_ms": latency_ms,
         "spec": spec or {},
         # how it was checked and measured (the whole-model check, latencies of the untuned model and torch)

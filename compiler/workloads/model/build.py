@@ -24,9 +24,9 @@ from tvm.tirx import IndexMap
 from compiler.arrays import device
 from compiler.passes.basteln import basteln
 from compiler.pipeline import Pipeline, tir_pipeline
+from compiler.target import target_info, vector_lanes
 
 from .importer import ImportedModel
-from .layouts import vector_lanes
 from .tasks import func_args
 
 
@@ -160,7 +160,7 @@ def default_schedule(func: tvm.tirx.PrimFunc, target: Any) -> tvm.tirx.PrimFunc:
     """What `build_model` runs for a task without a tuned schedule on `target`: `default_cpu_schedule` with the
     target's cores and vector width on CPUs, the function as it is elsewhere. A tuned schedule is worth keeping
     only when it beats this."""
-    if target.kind.name != "llvm":
+    if not target_info(target).is_cpu:
         return func
     cores = int(target.attrs.get("num-cores", 1) or 1)
     return default_cpu_schedule(func, cores, vector_lanes(target))
@@ -244,7 +244,7 @@ def build_model(
                                     relax.transform.DeadCodeElimination()])(mod)
     lower = tvm.transform.Sequential(_lower_passes())
     with target:
-        if target.kind.name == "llvm":  # every function not tuned (marked "tirx.is_scheduled") gets a cheap one
+        if target_info(target).is_cpu:  # every function not tuned (marked "tirx.is_scheduled") gets a cheap one
             mod = _default_schedules(target)(mod)
         ex = relax.build(mod, target=target, relax_pipeline=lower, tir_pipeline=tir_pipeline(pipeline))
     dev = device(target)

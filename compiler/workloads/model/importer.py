@@ -17,6 +17,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm.relax.frontend import detach_params
 
 from compiler.passes.grouping import MAX_BYTES, Chain, group_chains
+from compiler.target import vector_lanes
 
 from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
@@ -29,10 +30,9 @@ from .layouts import (
     convert_layouts,
     group_blocks,
     layout_groups,
-    legalize_conv2d,
     unlegalized,
-    vector_lanes,
 )
+from .legalize import legalize_conv2d
 from .tasks import DEFAULT_MAX_TENSOR_ELEMENTS, ModelTask, extract_tasks, flatten_sinfo, tensor_spec
 
 if TYPE_CHECKING:

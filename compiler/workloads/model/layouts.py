@@ -1,5 +1,6 @@
 """Graph-level layouts of a model: the blocked `N C/c H W c` policy for convolutions, its block factors from
-the target's vector width, and the legalizations that give TVM's operators those layouts.
+the target's vector width, the conv sites and layout groups the graph-level search chooses blocks for, and
+`convert_layouts`, which applies a choice (with `legalize`'s kernels and `carry`'s rewrites).
 
 Layering: `compiler` never imports `tuner` or `service`. torch is imported inside the functions that run the
 exported program: building and running the model needs only TVM.
@@ -7,24 +8,20 @@ exported program: building and running the model needs only TVM.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax, te, topi
-from tvm_ffi import structural_equal
+from tvm import relax
 
 from compiler.passes.tensorize.instructions import choose
-from compiler.passes.tensorize.mark import DOT_GROUP
-from compiler.target import vector_unit
+from compiler.target import target_info
+from compiler.target import vector_lanes as vector_lanes  # re-exported: callers import it from here
 
-if TYPE_CHECKING:
-    pass
-
+from .carry import carry_layouts
+from .legalize import depthwise_conv2d_nchwc as depthwise_conv2d_nchwc  # re-exported
+from .legalize import legalize_conv2d
 
 # Graph-level layouts of a model (ALT sec. 4.2): "none" keeps the operators' own layouts; "blocked"
 # puts every dense and depthwise conv2d in N C/c H W c (weights O/o I/i KH KW i o, transformed at build time) and
@@ -39,15 +36,6 @@ MODEL_LAYOUTS = ("blocked", "search", "none")
 # plain stays wholly in NCHW, with conversions where it meets blocked neighbours. The graph-level search offers it
 # for every group: on a small model a conversion can cost more than what the blocked layout saves.
 PLAIN = 0
-
-
-def vector_lanes(target: Any, dtype: str = "float32") -> int:
-    """How many `dtype` values one vector register of the target holds (16 for float32 on AVX-512)."""
-    bits = tvm.DataType(dtype).bits
-    if target.kind.name != "llvm":
-        return max(1, 128 // bits)
-
-    return max(1, vector_unit(target).lanes * 32 // bits)
 
 
 def conv_blocks(out_channels: int, in_channels: int, lanes: int) -> tuple[int, int]:
@@ -76,7 +64,7 @@ def dot_instruction(target: Any, dtype: str = "int8") -> tuple[int, int] | None:
     sign-extended pairs (AVX-512BW, AVX2: groups of 2); `vpmaddubsw` saturates its pair sums, so a model's
     full-range uint8 data never gets it. bfloat16 (-> fp32): AVX512_BF16's `vdpbf16ps`, else the pairs widened
     to fp32 FMA (AVX-512, AVX2), groups of 2."""
-    if target is None or target.kind.name != "llvm":
+    if target is None or not target_info(target).is_cpu:
         return None
     operands = next(types for types, name in DOT_OPERANDS.items() if name == dtype)
     ins = choose(target, *operands, exact=True)
@@ -148,42 +136,6 @@ def block_candidates(channels: int, lanes: int) -> tuple[int, ...]:
     ours = conv_blocks(channels, channels, lanes)[0]
     blocks = {b for b in (lanes // 4, lanes // 2, lanes, 2 * lanes) if b >= 4 and channels % b == 0}
     return tuple(sorted(blocks | {ours}))
-
-
-def conv2d_nhwc_dot(data: Any, kernel: Any, strides: Any, padding: Any, dilation: Any,
-                    out_dtype: str = "int32") -> Any:
-    """conv2d of NHWC data and a kernel packed for a dot-product instruction, `O/L KH KW I/G L G`
-    (`OHWI{L}o{G}i`), as TE:
-
-        out[n, y, x, ob, ol] = sum_{kh, kw, rc, g} pad(data)[n, y*sh + kh*dh, x*sw + kw*dw, rc*G + g]
-                                                   * kernel[ob, kh, kw, rc, ol, g]
-
-    then reshaped to NHWC (the same bytes). The output channel is two axes, a block and its L lanes, so that
-    a register block of one or two whole vectors indexes the kernel affinely; the group `g` is a reduction
-    axis of its own, the last, and the block says so (`DOT_GROUP`): the loop search (`tuner.space.LoopSpace`)
-    keeps it whole, innermost below the register block, the operand of the instruction
-    (`compiler.passes.tensorize`; `kernels.conv2d`'s layout with a general stride and dilation)."""
-    n, height, width, _ = (int(d) for d in data.shape)
-    blocks, kh_, kw_, chunks, lanes, group = (int(d) for d in kernel.shape)
-    sh, sw = (int(s) for s in strides)
-    dh, dw = (int(d) for d in dilation)
-    top, left, bottom, right = (int(p) for p in padding)
-    out_h = (height + top + bottom - (kh_ - 1) * dh - 1) // sh + 1
-    out_w = (width + left + right - (kw_ - 1) * dw - 1) // sw + 1
-    if top or left or bottom or right:
-        data = topi.nn.pad(data, (0, top, left, 0), (0, bottom, right, 0), name="data_pad")
-    kh = te.reduce_axis((0, kh_), name="kh")
-    kw = te.reduce_axis((0, kw_), name="kw")
-    rc = te.reduce_axis((0, chunks), name="rc")
-    g = te.reduce_axis((0, group), name="g")
-    out = te.compute(
-        (n, out_h, out_w, blocks, lanes),
-        lambda b, y, x, ob, ol: te.sum(
-            data[b, y * sh + kh * dh, x * sw + kw * dw, rc * group + g].astype(out_dtype)
-            * kernel[ob, kh, kw, rc, ol, g].astype(out_dtype), axis=[kh, kw, rc, g]),
-        name="conv2d_nhwc_dot", attrs={DOT_GROUP: group},
-    )
-    return topi.reshape(out, (n, out_h, out_w, blocks * lanes))
 
 
 @dataclass(frozen=True)
@@ -360,51 +312,6 @@ def convert_layouts(mod: Any, lanes: int, target: Any, *, legalize: bool = False
     return converted, left
 
 
-def legalize_conv2d(bb: Any, call: Any) -> Any:
-    """Relax's conv2d legalization, plus the blocked layout (`topi.nn.conv2d_NCHWc`), which it leaves alone."""
-    attrs = call.attrs
-    dot = re.fullmatch(r"OHWI(\d+)o(\d+)i", str(attrs.kernel_layout))
-    if str(attrs.data_layout) == "NHWC" and dot:
-        return bb.call_te(conv2d_nhwc_dot, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation,
-                          attrs.out_dtype or "int32", primfunc_name_hint="conv2d_nhwc_dot")
-    if len(attrs.data_layout) == 4 and len(attrs.kernel_layout) == 4:
-        return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
-    args = (call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation, attrs.data_layout,
-            attrs.out_layout, attrs.out_dtype or "float32")
-    if int(attrs.groups) > 1:  # `blocked_conv_layouts` blocks only depthwise among grouped convs
-        return bb.call_te(depthwise_conv2d_nchwc, *args, primfunc_name_hint="depthwise_conv2d_NCHWc")
-    return bb.call_te(topi.nn.conv2d_NCHWc, *args, primfunc_name_hint="conv2d_NCHWc")
-
-
-def depthwise_conv2d_nchwc(data: Any, kernel: Any, strides: Any, padding: Any, dilation: Any, layout: str,
-                           out_layout: str, out_dtype: str = "float32") -> Any:
-    """Depthwise conv2d in the blocked layout (TE): data `N C/c H W c`, kernel `C/c 1 KH KW 1 c`.
-
-    topi declares `nn.depthwise_conv2d_NCHWc` without a generic compute (its x86 one is gone), so it
-    is written here: out[n, C, y, x, c] = sum_{kh, kw} pad(data)[n, C, y*sh + kh*dh, x*sw + kw*dw, c]
-    * kernel[C, 0, kh, kw, 0, c].
-    """
-    assert layout == out_layout, f"depthwise in {layout}, out {out_layout}: one block for both"
-    n, chunks, height, width, block = (int(d) for d in data.shape)
-    _, _, kh_, kw_, _, kblock = (int(d) for d in kernel.shape)
-    assert kblock == block, f"kernel block {kblock} != data block {block}"
-    sh, sw = (int(s) for s in strides)
-    dh, dw = (int(d) for d in dilation)
-    top, left, bottom, right = (int(p) for p in padding)
-    out_h = (height + top + bottom - (kh_ - 1) * dh - 1) // sh + 1
-    out_w = (width + left + right - (kw_ - 1) * dw - 1) // sw + 1
-    padded = topi.nn.pad(data, (0, 0, top, left, 0), (0, 0, bottom, right, 0), name="data_pad")
-    kh = te.reduce_axis((0, kh_), name="kh")
-    kw = te.reduce_axis((0, kw_), name="kw")
-    return te.compute(
-        (n, chunks, out_h, out_w, block),
-        lambda b, oc, y, x, c: te.sum(
-            padded[b, oc, y * sh + kh * dh, x * sw + kw * dw, c].astype(out_dtype)
-            * kernel[oc, 0, kh, kw, 0, c].astype(out_dtype), axis=[kh, kw]),
-        name="depthwise_conv2d_NCHWc",
-    )
-
-
 @dataclass(frozen=True)
 class LayoutGroup:
     """Tensors of a model that must share one channel block: those joined by element-wise, pooling, concat and
@@ -521,184 +428,3 @@ def group_blocks(groups: list[LayoutGroup], choice: dict[int, int], sites: list[
         for w in g.writers:
             out[w] = (out[w][0], block[g.index])
     return {w: (PLAIN, PLAIN) if PLAIN in pair else pair for w, pair in out.items()}
-
-
-def channel_conversion(call: Any) -> tuple[str, int] | None:
-    """("block", b) when `call` converts NCHW into `N C/b H W b`, ("unblock", b) for the way back (the
-    `layout_transform`s `ConvertLayout` writes), None for any other call."""
-    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.layout_transform"):
-        return None
-    if call.attrs.pad_value is not None:
-        return None
-    src, dst = call.args[0].ty, call.ty
-    if not (isinstance(src, relax.TensorType) and isinstance(dst, relax.TensorType) and dst.shape is not None):
-        return None
-    if (src.ndim, dst.ndim) == (4, 5):
-        kind, block = "block", dst.shape[4]
-    elif (src.ndim, dst.ndim) == (5, 4):
-        kind, block = "unblock", src.shape[4]
-    else:
-        return None
-    if not isinstance(block, tvm.tirx.IntImm):
-        return None
-    want = _block_map(int(block)) if kind == "block" else _unblock_map(int(block))
-    index_map = call.attrs.index_map
-    dtype = str(index_map.initial_indices[0].ty.dtype)
-    same = structural_equal(index_map, tvm.tirx.IndexMap.from_func(want, index_dtype=dtype), map_free_vars=True)
-    return (kind, int(block)) if same else None
-
-
-def keeps_order(call: Any, max_elements: int = 1 << 20) -> bool:
-    """`call` is a `layout_transform` that moves no element in memory (the channels of a 1x1 image, or of a
-    tensor with no image left, in or out of their block; a block of 1): a reshape, which the VM does as a view,
-    without a kernel call. Its index map is evaluated on every index of a static source of at most
-    `max_elements` (False beyond, and for a map of other operations than + - * // %)."""
-    if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") == "relax.layout_transform"):
-        return False
-    src, dst = call.args[0].ty, call.ty
-    shapes = [getattr(t, "shape", None) for t in (src, dst)]
-    if any(s is None or not all(isinstance(d, tvm.tirx.IntImm) for d in s) for s in shapes):
-        return False
-    src_shape, dst_shape = ([int(d) for d in s] for s in shapes)
-    size = math.prod(src_shape)
-    if size != math.prod(dst_shape) or size > max_elements:
-        return False
-    index_map = call.attrs.index_map
-    env = list(zip(index_map.initial_indices, np.indices(src_shape, dtype=np.int64)))
-    ops = {tvm.tirx.Add: np.add, tvm.tirx.Sub: np.subtract, tvm.tirx.Mul: np.multiply,
-           tvm.tirx.FloorDiv: np.floor_divide, tvm.tirx.FloorMod: np.mod}
-
-    def value(expr: Any) -> Any:
-        if isinstance(expr, tvm.tirx.IntImm):
-            return int(expr.value)
-        if isinstance(expr, tvm.tirx.Var):
-            return next(a for v, a in env if v.same_as(expr))
-        return ops[type(expr)](value(expr.a), value(expr.b))
-
-    try:
-        moved = [np.broadcast_to(value(e), src_shape) for e in index_map.final_indices]
-    except (KeyError, StopIteration):
-        return False
-    if len(moved) != len(dst_shape) or any(((m < 0) | (m >= d)).any() for m, d in zip(moved, dst_shape)):
-        return False
-    return bool((np.ravel_multi_index(moved, dst_shape).ravel() == np.arange(size)).all())
-
-
-def _block_map(b: int) -> Any:
-    return lambda n, c, h, w: (n, c // b, h, w, c % b)
-
-
-def _unblock_map(b: int) -> Any:
-    return lambda n, c, h, w, i: (n, c * b + i, h, w)
-
-
-def _reblock_map(src: int, dst: int) -> Any:
-    return lambda n, c, h, w, i: (n, (c * src + i) // dst, h, w, (c * src + i) % dst)
-
-
-def carry_layouts(mod: Any) -> Any:
-    """Carries blocked layouts where `ConvertLayout` leaves NCHW between blocked neighbours (run after it,
-    before legalization), so that conversions between neighbours that agree cancel:
-
-    - a resize of a tensor converted out of block b is resized in block b (`ConvertLayout` does not carry a
-      block through `resize2d`), converted back after it;
-    - a channel concat is done in block b where that needs fewer conversions than NCHW (`ConvertLayout` puts a
-      concat of a blocked and a plain tensor in NCHW), counting those of its inputs (out of their blocks for
-      NCHW; into b otherwise) and of its users (into their blocks, or one back to NCHW);
-    - a conversion into block b of a tensor converted out of block b is the tensor itself; out of one block into
-      another, one conversion;
-    - a conversion that moves no element in memory (`keeps_order`: the channels of a 1x1 image, as after a
-      global pooling) is a reshape, which the VM does as a view; a reshape of a reshape, one reshape.
-
-    Conversions left unused are removed."""
-    main = mod["main"]
-    users: dict[Any, list[Any]] = {}
-    for block in main.body.blocks:
-        for binding in block.bindings:
-            for var in relax.analysis.free_vars(binding.value):
-                users.setdefault(var, []).append(binding.value)
-    for var in relax.analysis.free_vars(main.body.body):
-        users.setdefault(var, []).append(None)  # a function output: wanted in its own layout
-
-    @relax.expr_functor.mutator
-    class Carry(relax.PyExprMutator):
-        def __init__(self) -> None:
-            super().__init__(mod)
-            self.blocked: dict[Any, tuple[Any, int]] = {}  # NCHW var -> (the same tensor in block b, b)
-            self.reshaped: dict[Any, Any] = {}  # a reshape's var -> what it reshapes
-
-        def emit_layout(self, x: Any, fn: Any) -> Any:
-            return self.builder_.emit(relax.op.layout_transform(x, index_map=fn))
-
-        def visit_var_binding_(self, binding: Any) -> None:
-            value = self.visit_expr(binding.value)
-            carried = self.carry(binding.var, value)
-            value = self.builder_.normalize(value if carried is None else carried)
-            conversion = channel_conversion(value)
-            if conversion is not None and conversion[0] == "unblock":
-                self.blocked[binding.var] = (value.args[0], conversion[1])
-            if keeps_order(value):  # the same bytes in the other shape: a view, no kernel
-                value = self.builder_.normalize(relax.op.reshape(value.args[0], value.ty.shape))
-            if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.reshape":
-                if value.args[0] in self.reshaped:  # one reshape, not two: FuseOps would make a kernel of the pair
-                    value = self.builder_.normalize(relax.op.reshape(self.reshaped[value.args[0]], value.args[1]))
-                self.reshaped[binding.var] = value.args[0]
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
-
-        def carry(self, var: Any, value: Any) -> Any:
-            if not isinstance(value, relax.Call):
-                return None
-            name = getattr(value.op, "name", "")
-            conversion = channel_conversion(value)
-            if conversion is not None and conversion[0] == "block" and value.args[0] in self.blocked:
-                src, b = self.blocked[value.args[0]]
-                return src if b == conversion[1] else relax.op.layout_transform(
-                    src, index_map=_reblock_map(b, conversion[1]))
-            if name == "relax.image.resize2d" and value.attrs.layout == "NCHW" and value.args[0] in self.blocked:
-                src, b = self.blocked[value.args[0]]
-                a = value.attrs
-                resized = self.builder_.emit(relax.op.image.resize2d(
-                    src, value.args[1], [float(r) for r in a.roi], f"NCHW{b}c", a.method,
-                    a.coordinate_transformation_mode, a.rounding_method, float(a.cubic_alpha), int(a.cubic_exclude),
-                    float(a.extrapolation_value), a.out_dtype))
-                return relax.op.layout_transform(resized, index_map=_unblock_map(b))
-            if name == "relax.concat":
-                return self.concat(var, value)
-            return None
-
-        def concat(self, var: Any, value: Any) -> Any:
-            fields = value.args[0]
-            if not (isinstance(fields, relax.Tuple) and int(value.attrs.axis) in (1, -3) and var.ty.ndim == 4
-                    and all(isinstance(f, relax.Var) and f.ty.ndim == 4 for f in fields.fields)):
-                return None
-            channels = [int(f.ty.shape[1]) for f in fields.fields]
-            into = [channel_conversion(u) for u in users.get(var, [])]
-            plain_cost = sum(1 for f in fields.fields if f in self.blocked and len(users.get(f, [])) == 1)
-            plain_cost += sum(1 for c in into if c is not None)
-
-            def cost(b: int) -> int:
-                ins = sum(0 if f in self.blocked and self.blocked[f][1] == b else 1 for f in fields.fields)
-                outs = sum(1 for c in into if c is not None and c[1] != b)
-                return ins + outs + (1 if any(c is None for c in into) else 0)
-
-            blocks = {self.blocked[f][1] for f in fields.fields if f in self.blocked}
-            blocks |= {c[1] for c in into if c is not None}
-            blocks = sorted(b for b in blocks if all(c % b == 0 for c in channels))
-            if not blocks or min(map(cost, blocks)) >= plain_cost:
-                return None
-            b = min(blocks, key=lambda b: (cost(b), -b))
-            inputs = []
-            for f in fields.fields:
-                if f in self.blocked:
-                    src, fb = self.blocked[f]
-                    inputs.append(src if fb == b else self.emit_layout(src, _reblock_map(fb, b)))
-                else:
-                    inputs.append(self.emit_layout(f, _block_map(b)))
-            joined = self.builder_.emit(relax.op.concat(inputs, axis=1))
-            return relax.op.layout_transform(joined, index_map=_unblock_map(b))
-
-    carry = Carry()
-    gv = mod.get_global_var("main")
-    carry.builder_.update_func(gv, carry.visit_expr(main))
-    carried = carry.builder_.get()
-    return relax.transform.DeadCodeElimination(["main"])(relax.transform.CanonicalizeBindings()(carried))
