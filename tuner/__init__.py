@@ -7,7 +7,7 @@ Layering: `service -> tuner -> compiler`; `tuner` never imports `service`. Impor
 
 from __future__ import annotations
 
-import compiler  # noqa: F401 - sets TVM's CPU thread count before any measurement worker starts
+from compiler.target import use_all_cores
 
 from .cost_models import CostModel, RandomModel, XGBModel, make_cost_model, pairwise_accuracy
 from .measurers import Candidate, LocalMeasurer, MeasureResult, Measurer, make_measurer
@@ -26,6 +26,8 @@ from .spaces import (
 )
 from .task import MAX_SEED, Task, Trial, TuneResult, build_pipeline, task_from_spec, tune_options
 from .tune import apply_config, tune
+
+use_all_cores()  # TVM's CPU thread count (every core) before any measurement worker starts
 
 __all__ = [
     "MAX_SEED",
