@@ -1,7 +1,7 @@
-"""Carrying the blocked layouts through a model's graph: an operator between blocked convs that keeps the
-order of the channels (element-wise ones, pooling, concatenation, resize, ...) is rewritten to work on the
-blocked tensors, so no conversion sits between the convs (`carry_layouts`); `channel_conversion` is the
-layout transform where a conversion is needed.
+"""Carrying blocked layouts where `ConvertLayout` leaves NCHW between blocked neighbours (`carry_layouts`,
+after it and before legalization): resizes and channel concats done in a block, conversions that cancel
+removed, a conversion that moves no element (`keeps_order`) made a reshape. `channel_conversion` reads
+which block a `layout_transform` converts into or out of.
 
 Layering: `compiler` never imports `tuner` or `service`.
 """

@@ -1,6 +1,7 @@
-"""The legalizations that give TVM's operators the model's blocked layouts: `legalize_conv2d` (what
-`relax.transform.LegalizeOps` runs for a conv2d: the dot-product form `conv2d_nhwc_dot` for quantized and
-bfloat16 convs, the blocked depthwise `depthwise_conv2d_nchwc`, topi's own otherwise).
+"""The conv2d kernels of a model's blocked layouts, and `legalize_conv2d`, which `LegalizeOps` runs for a
+conv2d: Relax's own legalization for the 4-d layouts, plus the NHWC dot-product form (`conv2d_nhwc_dot`,
+a kernel packed for a dot-product instruction), topi's `conv2d_NCHWc` and our blocked depthwise
+(`depthwise_conv2d_nchwc`), which Relax leaves alone.
 
 Layering: `compiler` never imports `tuner` or `service`.
 """
