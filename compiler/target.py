@@ -211,7 +211,8 @@ def use_all_cores() -> None:
 
 @functools.cache
 def cuda_arch() -> str | None:
-    """The "sm_XY" of CUDA device 0, or None where no CUDA device is visible."""
+    """The "sm_XY" of CUDA device 0, or None where no CUDA device is visible. Unused until a GPU target is in
+    `TARGETS` (cuda is `UNSUPPORTED`): what a cuda `TargetInfo` will resolve with."""
     import tvm  # heavy: the API imports target for its names without TVM
 
     try:
