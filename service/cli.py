@@ -20,8 +20,19 @@ import time
 from pathlib import Path
 from urllib.parse import unquote_plus
 
+import httpx
+import uvicorn
+import uvicorn.config
+from fastapi.exceptions import RequestValidationError
+
 from compiler.workloads import EPILOGUES
+from service.api import create_app
+from service.api.jobs import validate_operator_job
+from service.db import SchemaOutdatedError, StorageError, check_schema, is_embedded, session_scope, upgrade
+from service.models import Token
+from service.schemas import OperatorJobCreate
 from service.settings import Settings
+from service.tokens import LIMITS, create_token, revoke_token
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -55,15 +66,13 @@ def _spec_from_args(args: argparse.Namespace) -> dict:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> None:
-    from service.db import upgrade
-
     settings = _settings(args)
     upgrade(settings.resolved_database_url)
     print(f"database at {settings.resolved_database_url} is up to date")
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
-    from service.db import check_schema
+    # the worker imports the tuner (TVM, xgboost, torch): only the processes that tune load it, not `altune serve`
     from service.worker import Worker
 
     settings = _settings(args)
@@ -212,8 +221,6 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def _migrated(settings: Settings) -> str:
     """The database URL, migrated first if it is the embedded SQLite file; exits naming the fix otherwise."""
-    from service.db import SchemaOutdatedError, StorageError, check_schema, is_embedded, upgrade
-
     url = settings.resolved_database_url
     logging.getLogger("alembic").setLevel(logging.WARNING)  # a line per migration step says nothing to a user
     try:
@@ -229,10 +236,6 @@ def _migrated(settings: Settings) -> str:
 
 def first_token(url: str) -> str | None:
     """On a database without tokens: create an admin token named "first-admin" and return it (else None)."""
-    from service.db import session_scope
-    from service.models import Token
-    from service.tokens import create_token
-
     with session_scope(url) as session:
         if Token.any_exists(session):
             return None
@@ -276,8 +279,6 @@ class RedactTokens(logging.Filter):
 
 def serve_log_config() -> dict:
     """uvicorn's logging configuration with `RedactTokens` on its access log."""
-    import uvicorn.config
-
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     config.setdefault("filters", {})["redact_tokens"] = {"()": RedactTokens}
     config["loggers"]["uvicorn.access"]["filters"] = ["redact_tokens"]
@@ -285,9 +286,7 @@ def serve_log_config() -> dict:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import uvicorn
 
-    from service.api import create_app
 
     settings = _settings(args)
     url = _migrated(settings)
@@ -307,9 +306,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_token_create(args: argparse.Namespace) -> None:
-    from service.db import session_scope
-    from service.tokens import create_token
-
     url = _migrated(_settings(args))
     limits = {k: getattr(args, k) for k in ("max_queued", "max_running", "max_trials_per_day",
                                             "max_upload_bytes_per_day")}
@@ -323,10 +319,6 @@ def cmd_token_create(args: argparse.Namespace) -> None:
 
 
 def cmd_token_list(args: argparse.Namespace) -> None:
-    from service.db import session_scope
-    from service.models import Token
-    from service.tokens import LIMITS
-
     url = _migrated(_settings(args))
     with session_scope(url) as session:
         rows = Token.where_all(session)
@@ -340,9 +332,6 @@ def cmd_token_list(args: argparse.Namespace) -> None:
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> None:
-    from service.db import session_scope
-    from service.tokens import revoke_token
-
     url = _migrated(_settings(args))
     try:
         with session_scope(url) as session:
@@ -353,8 +342,6 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> None:
-    import httpx
-
     spec = _spec_from_args(args)
     token = args.token or os.environ.get("ALTUNE_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -382,10 +369,7 @@ def cmd_submit(args: argparse.Namespace) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> None:
     """Tune locally, no server and no database: print progress, write the artifact."""
-    from fastapi.exceptions import RequestValidationError
 
-    from service.api.jobs import validate_operator_job
-    from service.schemas import OperatorJobCreate
 
     settings = _settings(args)
     try:
@@ -393,6 +377,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
     except RequestValidationError as e:
         raise SystemExit(f"invalid job: {e.errors()}") from None
 
+    # the tuner and the compiler (TVM, torch): loaded by this command only, not by the CLI's others
     from compiler.build import write_artifact
     from service.job_run import measurer_for
     from service.requests import tune_request

@@ -12,7 +12,12 @@ from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -105,9 +110,7 @@ def session_scope(url: str, connections: int = WORKER_CONNECTIONS) -> Iterator[S
         session.close()
 
 
-def alembic_config(url: str):
-    from alembic.config import Config
-
+def alembic_config(url: str) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -116,9 +119,6 @@ def alembic_config(url: str):
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Apply the Alembic migrations up to `revision`; an SQLite file's folder is created first."""
-    from alembic import command
-    from sqlalchemy.engine import make_url
-
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no ./var
@@ -132,9 +132,6 @@ def is_embedded(url: str) -> bool:
 
 def check_schema(url: str) -> None:
     """Raise SchemaOutdatedError unless the database is at the newest migration."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
     head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
     try:
         with get_engine(url).connect() as conn:

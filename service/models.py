@@ -15,6 +15,7 @@ from sqlalchemy import (
     JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
     func, select,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, selectinload
 
 from service.db import utcnow
@@ -312,9 +313,9 @@ class Schedule(Base):
         """
         dialect = session.get_bind().dialect.name
         if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
+            insert = postgresql.insert
         elif dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
+            insert = sqlite.insert
         else:
             raise ValueError(f"unsupported database for schedules: {dialect}")
         stmt = insert(cls).values(workload_key=key.workload_key, target_key=key.target_key, device=key.device,

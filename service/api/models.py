@@ -45,6 +45,7 @@ from service.api.auth import WriteCaller, in_auth_thread, too_many
 from service.api.common import check_target, errors
 from service.api.deps import SettingsDep, invalid
 from service.api.devices import check_device
+from service.api.jobs import job_public
 from service.api.slots import RETRY_SECONDS, SubmissionSlot
 from service.api.uploads import Upload, receive_upload
 from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
@@ -141,8 +142,6 @@ def _create(session: Any, name: str, spec: ModelJobSpec, imported: sandbox.Model
 
 
 def _public(session: Any, job: Job) -> JobPublic:
-    from service.api.jobs import job_public  # jobs imports this module's neighbours; a cycle at import time
-
     return job_public(session, job)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from fastapi import HTTPException, Request
+from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import invalid
@@ -52,8 +53,6 @@ async def receive_upload(request: Request, folder: Path, *, max_file_bytes: int,
             multipart body or a field over `max_field_bytes`.
         RequestValidationError: 422 ("body", `file_field`) when there is no file part.
     """
-    from python_multipart.multipart import parse_options_header
-
     kind, params = parse_options_header(request.headers.get("content-type", ""))
     if kind != b"multipart/form-data" or not params.get(b"boundary"):
         raise invalid(("body", file_field), "Field required (send multipart/form-data with a file part)")
@@ -81,8 +80,6 @@ class _Parser:
 
     def __init__(self, boundary: bytes, folder: Path, file_field: str, max_file_bytes: int,
                  max_field_bytes: int) -> None:
-        from python_multipart.multipart import MultipartParser
-
         self.folder, self.file_field = folder, file_field
         self.max_file_bytes, self.max_field_bytes = max_file_bytes, max_field_bytes
         self.parser = MultipartParser(boundary, {
@@ -147,8 +144,6 @@ class _Parser:
         self._header, self._value = b"", b""
 
     def _headers_finished(self) -> None:
-        from python_multipart.multipart import parse_options_header
-
         _, options = parse_options_header(self._disposition)
         if b"name" not in options:
             raise HTTPException(400, 'a broken multipart body: a part without Content-Disposition "name"')
