@@ -1,4 +1,4 @@
-"""What the worker keeps of its own, and what makes a stored schedule valid.
+"""A job's spec read once into a typed request, what the worker keeps of its own, and what makes a stored schedule valid.
 
 Migration 0005 moves a model job's report and joint-stage blocks out of the user's spec into their own columns,
 and keys schedules by (workload, target, device, pipeline, space version): a schedule stored before, or for
@@ -78,3 +78,12 @@ def test_a_schedule_serves_only_its_own_device_pipeline_and_space_version(db_url
         assert [Schedule.find_by_key(s, o).config for o in others] == [{"other": 0}, {"other": 1}, {"other": 2}]
     model = model_tune_request({"target": "host", "device": "board", "licm": False}, 16, Settings())
     assert (model.device, model.pipeline, model.budget) == ("board", "default", 16)
+
+
+def test_the_apis_seed_bound_is_the_tuners():
+    """The API checks a seed against its own constant (it imports no tuner); every seed it admits must be one the
+    tuner's generators (torch, numpy, xgboost) take."""
+    from service.schemas import MAX_SEED
+    from tuner.task import MAX_SEED as TUNER_MAX_SEED
+
+    assert MAX_SEED == TUNER_MAX_SEED
