@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
-    func, select,
+    func, or_, select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, selectinload
@@ -336,10 +336,12 @@ class Schedule(Base):
         workload: str | None = None,
         search: str | None = None,
         target_key: str | None = None,
+        target_kind: str | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> tuple[list[Schedule], int]:
-        """Schedules matching an exact workload key and/or a substring of it, newest first, and their count."""
+        """Schedules matching an exact workload key and/or a substring of it, an exact target key or a target kind
+        ("llvm": every CPU target), newest first, and their count."""
         query = select(cls)
         if workload:
             query = query.where(cls.workload_key == workload)
@@ -347,6 +349,8 @@ class Schedule(Base):
             query = query.where(cls.workload_key.contains(search))
         if target_key:
             query = query.where(cls.target_key == target_key)
+        if target_kind:
+            query = query.where(or_(cls.target_key == target_kind, cls.target_key.startswith(f"{target_kind} ")))
         count = session.scalar(select(func.count()).select_from(query.subquery())) or 0
         rows = session.scalars(query.order_by(cls.updated_at.desc()).limit(limit).offset(offset)).all()
         return list(rows), count

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -50,10 +51,14 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+from compiler.workloads.pt2.rules import ModelError
+from compiler.workloads.spec import TensorSpec
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -123,11 +128,6 @@ def import_upload(path: str | os.PathLike, settings: Settings, *, input_shapes: 
             "file" when the child exceeded a limit or died.
         SandboxError: the child could not set itself up.
     """
-    import zipfile
-
-    from compiler.workloads.operators import TensorSpec
-    from compiler.workloads.pt2 import ModelError
-
     if not zipfile.is_zipfile(path):  # reads the end-of-archive record only; spares junk a child process
         raise ModelError("file", "not a torch.export program (.pt2): the file is not a zip archive")
     request = {
@@ -176,8 +176,6 @@ class Stopped(RuntimeError):
 
 def _run(command: str, request: dict, stdin: IO[bytes] | None, limits: Limits, files: dict[str, Path],
          collect: Callable[[Path], Any] | None, should_stop: Callable[[], str | None] | None) -> Any:
-    from compiler.workloads.pt2 import ModelError
-
     nobody = nobody_ids() if os.geteuid() == 0 else None
     with tempfile.TemporaryDirectory(prefix="altune-sandbox-") as home, \
             tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -255,8 +253,6 @@ def _death(command: str, code: int, limits: Limits, last: str) -> str:
 
 
 def nobody_ids() -> tuple[int, int]:
-    import pwd
-
     try:
         entry = pwd.getpwnam("nobody")
         return entry.pw_uid, entry.pw_gid

@@ -39,7 +39,7 @@ from starlette.concurrency import run_in_threadpool
 from compiler.target import TargetError
 from compiler.workloads import zoo
 from compiler.workloads.operators import TensorSpec
-from compiler.workloads.pt2 import ModelError
+from compiler.workloads.pt2.rules import ModelError
 from service import sandbox
 from service.api.auth import WriteCaller, in_auth_thread, too_many
 from service.api.common import check_target, errors
