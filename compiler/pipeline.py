@@ -10,27 +10,27 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import tvm
-from tvm.s_tir import transform
 from tvm.tirx import compilation_pipeline
-from tvm.tirx.transform import HoistedConditionals, HoistedLetBindings
 
-from .passes.licm import licm_pass
-from .passes.tensorize import tensorize_pass
-from .passes.vector_math import vector_math_pass
+from .passes import make_pass
 from .target import use_all_cores
 
 Pipeline = Literal["licm", "default", "hoist-expression"]
-PIPELINES: tuple[Pipeline, ...] = ("licm", "default", "hoist-expression")
+TVM_DEFAULT = "tvm-default"  # in a pipeline: TVM's default TIR passes, at this point
+# our pipelines: the passes (`compiler.passes.PASSES`) in order around TVM's default ones; "default" is TVM's
+# default pipeline alone, as TVM registers it
+PIPELINES: dict[str, tuple[str, ...]] = {
+    # what every build of ours uses unless a job turns it off: our tensorize pass in front (it touches only
+    # functions with a loop marked for a tensor instruction), then TVM's, float32 `exp` kept vectorized, our LICM
+    "licm": ("tensorize", TVM_DEFAULT, "vector_math", "licm"),
+    # the comparison `python -m bench.licm` makes: TVM's own HoistExpression in place of our LICM
+    "hoist-expression": ("tensorize", TVM_DEFAULT, "vector_math", "hoist_expression"),
+}
 
 
 def tir_pipeline(pipeline: Pipeline = "licm") -> str:
-    """The name TVM knows a TIR pipeline of ours by (registered in this process on first use).
-
-    - "licm": TVM's default pipeline, then our loop-invariant code motion (`compiler.passes.licm`);
-      what every build of ours uses unless a job turns it off;
-    - "default": TVM's default pipeline alone;
-    - "hoist-expression": TVM's default pipeline, then TVM's own `HoistExpression` with every kind of
-      conditional and let binding enabled (the comparison `python -m bench.licm` makes).
+    """The name TVM knows a TIR pipeline of ours by (registered in this process on first use): "default" is
+    TVM's default pipeline alone, the others are the passes `PIPELINES` names.
 
     Every build of ours names its pipeline here before anything it built runs, so this is also where TVM's
     CPU thread count is set (`use_all_cores`; a user's own `TVM_NUM_THREADS` wins).
@@ -39,39 +39,18 @@ def tir_pipeline(pipeline: Pipeline = "licm") -> str:
     if pipeline == "default":
         return "default"
     if pipeline not in PIPELINES:
-        raise ValueError(f"unknown TIR pipeline: {pipeline!r} (one of {', '.join(PIPELINES)})")
+        raise ValueError(f"unknown TIR pipeline: {pipeline!r} (one of default, {', '.join(PIPELINES)})")
     name = f"altune-{pipeline}"
     if name not in compilation_pipeline.PIPELINE_MAP:
-        compilation_pipeline.register_tir_pipeline(name, lambda: _then(_last_pass(pipeline)))
+        compilation_pipeline.register_tir_pipeline(name, lambda: _sequence(PIPELINES[pipeline]))
     return name
 
 
-def _last_pass(pipeline: Pipeline) -> tvm.transform.Pass:
-    if pipeline == "licm":
-        return licm_pass()
-
-    hoist = transform.HoistExpression()
-    config = {"s_tir.HoistExpression": {"hoisted_conditionals": HoistedConditionals.All.value,
-                                        "hoisted_let_bindings": HoistedLetBindings.All.value}}
-
-    @tvm.transform.module_pass(opt_level=0, name="altune.HoistExpressionAll")
-    def _hoist(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        with tvm.transform.PassContext(config=config):
-            return hoist(mod)
-
-    return _hoist
-
-
-def _then(last: tvm.transform.Pass) -> tuple:
-    """TVM's default TIR pipeline (its passes, its finalization), with `last` after its last pass.
-
-    In front of it runs our tensorize pass (`compiler.passes.tensorize`), which touches only functions
-    with a loop marked for a tensor instruction (`tensorize.mark`) and returns all others as they are; after
-    it, `compiler.passes.vector_math` (float32 `exp` as arithmetic that stays vectorized).
-    """
+def _sequence(names: tuple[str, ...]) -> tuple:
+    """TVM's (passes, finalize host, finalize device) with our passes around TVM's default ones."""
     default, finalize_host, finalize_device = compilation_pipeline.get_default_tir_pipeline(tvm.target.Target("llvm"))
-    return (tvm.transform.Sequential([tensorize_pass(), default, vector_math_pass(), last]), finalize_host,
-            finalize_device)
+    passes = [default if name == TVM_DEFAULT else make_pass(name) for name in names]
+    return tvm.transform.Sequential(passes), finalize_host, finalize_device
 
 
 def compile_module(mod: tvm.IRModule, target: tvm.target.Target, pipeline: Pipeline = "licm") -> Any:

@@ -11,6 +11,8 @@ from tvm.script import tirx as T
 
 from compiler.arrays import arg_specs, random_inputs
 from compiler.build import PIPELINES, compile_module, tir_pipeline
+from compiler.passes import PASSES, make_pass
+from compiler.pipeline import TVM_DEFAULT
 from compiler.passes.licm import cost, licm, without_licm
 
 # ---------------------------------------------------------------------------
@@ -314,10 +316,13 @@ def test_every_build_runs_the_pass_last_and_keeps_its_names():
     text = "\n".join(f.script() for _, f in lowered.functions.items())
     assert "licm" in text, "our names were substituted back or never made"
     a, b = np.random.default_rng(0).standard_normal((2, n, n)).astype("float32")
-    for pipeline in PIPELINES:
+    for pipeline in ("default", *PIPELINES):
         lib = compile_module(sch.mod, target, pipeline)
         c = tvm.runtime.tensor(np.zeros((n, n), "float32"))
         lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
         np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-5, atol=1e-4, err_msg=pipeline)
     with pytest.raises(ValueError, match="unknown TIR pipeline"):
         tir_pipeline("fast")
+    with pytest.raises(ValueError, match="unknown pass: fast"):
+        make_pass("fast")
+    assert all(name in PASSES for names in PIPELINES.values() for name in names if name != TVM_DEFAULT)
