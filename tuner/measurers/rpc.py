@@ -38,6 +38,7 @@ from tvm import rpc
 
 from compiler.arrays import check_close
 from compiler.build import Pipeline, compile_module
+from compiler.target import target_info
 
 from .child import child_arrays, one_line
 from .local import LocalMeasurer
@@ -156,7 +157,7 @@ def _child_run_rpc(
             tracker.close()  # the lease is the session with the server; the tracker only brokered it
         session.upload(lib_path, remote_name)
         lib = session.load_module(remote_name)
-        dev = session.cpu(0) if target.kind.name == "llvm" else session.device(target.kind.name, 0)
+        dev = session.device(target_info(target).device_type, 0)
         out_shape, out_dtype = output_spec
         args = [tvm.runtime.tensor(a, dev) for a in child_arrays(inputs_path)]
         args.append(tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev))
