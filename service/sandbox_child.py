@@ -134,7 +134,7 @@ def _preload(command: str) -> None:
 
 
 def _preload_build() -> None:
-    """Runs the whole build on a model of its own (x @ w + x, through `build_served_from`), so that every module a
+    """Runs the whole build on a model of its own (x @ w + x, through `service.model_build.build_from_files`), so that every module a
     build imports on first use (zipfile's codecs, the linker's driver, statistics, tarfile) is loaded while the
     interpreter's files are readable."""
     import numpy as np

@@ -26,7 +26,7 @@ def conv2d_nhwc_dot(data: Any, kernel: Any, strides: Any, padding: Any, dilation
 
     then reshaped to NHWC (the same bytes). The output channel is two axes, a block and its L lanes, so that
     a register block of one or two whole vectors indexes the kernel affinely; the group `g` is a reduction
-    axis of its own, the last, and the block says so (`DOT_GROUP`): the loop search (`tuner.space.LoopSpace`)
+    axis of its own, the last, and the block says so (`DOT_GROUP`): the loop search (`tuner.spaces.loop.LoopSpace`)
     keeps it whole, innermost below the register block, the operand of the instruction
     (`compiler.passes.tensorize`; `kernels.conv2d`'s layout with a general stride and dilation)."""
     n, height, width, _ = (int(d) for d in data.shape)
