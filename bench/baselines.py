@@ -18,36 +18,38 @@ rewritten shapes; the best program here is split as Relax splits it
 (`relax.transform.SplitLayoutRewritePreproc`): a prepack function run once on the
 constants (`Prepacked`) and the compute function that is checked and timed on them.
 
-torch (`torch_operator`): the operator as an `nn.Module` whose constants are
-parameters, so `torch.compile(freezing=True)` may fold and prepack them as
+torch (`torch_operator`, in `bench.torch_operators`, re-exported here): the operator as an `nn.Module` whose
+constants are parameters, so `torch.compile(freezing=True)` may fold and prepack them as
 MetaSchedule's and our packing do; `bench.common.time_torch` times it as each variant.
 
 Only `bench` uses these (the product never times torch or MetaSchedule): bench -> tuner -> compiler.
-TVM, numpy and torch are imported inside functions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
 
 from bench.common import MIN_REPEAT_MS, REPEAT, calibrate
+from bench.torch_operators import torch_operator, torch_output, torch_threads
 from compiler.arrays import arg_specs, check_close, device, random_inputs
+from compiler.build import compile_module
+from compiler.layout.program import ACTIVATIONS
 from tuner.measurers.child import one_line
-
-if TYPE_CHECKING:
-    import numpy as np
-    import tvm
-
-    from compiler.workloads import Workload
 
 _MS_LOGGER = "tvm.s_tir.meta_schedule"
 
@@ -72,7 +74,7 @@ class Baseline:
 
     latency_ms: float | None
     tune_s: float
-    mod: Any = None  # tvm.IRModule | None; Any keeps this module importable without TVM
+    mod: tvm.IRModule | None = None
     error: str | None = None
     trials: int = 0
     correct: bool | None = None
@@ -97,16 +99,13 @@ class Prepacked:
         rewritten: names of the constants stored in another layout.
     """
 
-    pack: Any
+    pack: tvm.IRModule | None
     pack_inputs: tuple[int, ...]
     main_args: tuple[tuple[str, int], ...]
     rewritten: tuple[str, ...] = ()
 
     def args(self, inputs: Sequence[np.ndarray], target: tvm.target.Target) -> list[np.ndarray]:
         """The timed main's inputs: the untransformed `inputs`, the rewritten constants computed by `pack`."""
-        import numpy as np
-        import tvm
-
         packed: list[np.ndarray] = []
         if self.pack is not None:
             dev = device(target)
@@ -121,8 +120,6 @@ class Prepacked:
 def layout_free_indices(prim_func: tvm.tirx.PrimFunc) -> list[int]:
     """The parameters Relax would mark layout-free: the constants (every input but the activations and the
     output), found by their buffer names as `compiler.layout` names them."""
-    from compiler.layout.program import ACTIVATIONS
-
     names = [str(v.name) for v in prim_func.params]
     return [i for i, name in enumerate(names[:-1]) if name not in ACTIVATIONS]
 
@@ -139,9 +136,6 @@ def split_layout_rewrite(mod: tvm.IRModule, prim_func: tvm.tirx.PrimFunc) -> tup
     Returns:
         ("main": the compute, taking the rewritten constants; how to make its arguments).
     """
-    import tvm
-    from tvm import relax
-
     func = mod["main"]
     specs = arg_specs(prim_func)
     names = [str(v.name) for v in prim_func.params]
@@ -195,8 +189,6 @@ def time_ms(
     Returns:
         The median over repeats of the mean time per call, in ms.
     """
-    import tvm
-
     dev = tvm.cpu(0) if dev is None else dev
     timer = lib.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
     return statistics.median(timer(*args).results) * 1e3
@@ -212,8 +204,6 @@ def _output_spec(prim_func: tvm.tirx.PrimFunc) -> tuple[tuple[int, ...], str]:
 
 
 def _as_module(prog: Any) -> tvm.IRModule:
-    import tvm
-
     if isinstance(prog, tvm.IRModule):
         return prog
     func = prog if "global_symbol" in (prog.attrs or {}) else prog.with_attr("global_symbol", "main")
@@ -242,10 +232,6 @@ def build_and_run(
         (the compiled module, its arguments on the device, the output as an array): what
         `time_ms` times.
     """
-    import numpy as np
-    import tvm
-
-    from compiler.build import compile_module
 
     dev = device(target)
     lib = (tvm.compile(mod, target=target) if pipeline is None else compile_module(mod, target, pipeline)).jit()
@@ -298,9 +284,6 @@ def reference_output(
     prim_func: tvm.tirx.PrimFunc, target: tvm.target.Target, inputs: Sequence[np.ndarray]
 ) -> np.ndarray:
     """The output of the untransformed program on `inputs` (the ground truth for a schedule)."""
-    import numpy as np
-    import tvm
-
     dev = device(target)
     lib = tvm.compile(_as_module(prim_func), target=target).jit()
     shape, dtype = _output_spec(prim_func)
@@ -332,8 +315,6 @@ def fast_tvmscript_import() -> None:
     the scan; what `inspect` returns is otherwise unchanged (no source either way).
     Idempotent; run in this process and as the builder workers' initializer.
     """
-    import inspect
-
     for filename, module in _SOURCELESS_FRAMES.items():
         inspect.modulesbyfile.setdefault(filename, module)
 
@@ -443,14 +424,13 @@ def _metaschedule_in(
     num_tuning_cores: int | None,
     layout_free: bool = False,
 ) -> Baseline:
-    from tvm.s_tir import meta_schedule as ms
-
     if layout_free:
         prim_func = prim_func.with_attr("layout_free_buffers", layout_free_indices(prim_func))
     mod = _as_module(prim_func)
     cores = num_tuning_cores or target_cores(target)
     # One-time process start-up, not search: kept out of tune_s.
     fast_tvmscript_import()
+    # here, not at the top: only after `fast_tvmscript_import` does it take seconds instead of a minute
     import tvm.s_tir.tensor_intrin  # noqa: F401
 
     start = time.perf_counter()
@@ -493,161 +473,6 @@ def _metaschedule_in(
         return Baseline(None, tune_s, best, f"MetaSchedule's best program is wrong: {mismatch}", trials,
                         correct=False, work_dir=str(run_dir), prepacked=prepacked)
     return Baseline(ms_latency, tune_s, best, None, trials, correct=True, work_dir=str(run_dir), prepacked=prepacked)
-
-
-# ---------------------------------------------------------------------------
-# torch
-
-
-def _torch_op(workload: Workload) -> Callable[[list[Any]], Any]:
-    """The torch call computing `workload` (the operator and its epilogue) on torch tensors."""
-    import torch
-    import torch.nn.functional as F
-
-    p, op = workload.params, workload.operator
-    conv_kw = lambda: dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"])  # noqa: E731
-    if op in ("conv2d", "dilated_conv2d", "group_conv2d"):
-        main = lambda x, w: F.conv2d(x, w, groups=p.get("groups", 1), **conv_kw())  # noqa: E731
-    elif op == "depthwise_conv2d":
-        main = lambda x, w: F.conv2d(x, w, groups=p["channels"], **conv_kw())  # noqa: E731
-    elif op == "conv1d":
-        main = lambda x, w: F.conv1d(x, w, **conv_kw())  # noqa: E731
-    elif op == "conv3d":
-        main = lambda x, w: F.conv3d(x, w, **conv_kw())  # noqa: E731
-    elif op == "conv2d_transpose":
-        main = lambda x, w: F.conv_transpose2d(  # noqa: E731
-            x, w, stride=p["stride"], padding=p["padding"], output_padding=p["output_padding"], groups=p["groups"]
-        )
-    elif op == "dense":
-        main = F.linear
-    elif op == "batch_matmul":
-        main = torch.bmm
-    else:
-        raise ValueError(f"no torch baseline for operator: {op}")
-    bias_axis = 2 if op == "batch_matmul" else 1
-    ndim = len(workload.output.shape)
-    view = [1] * ndim
-    view[bias_axis] = -1
-    has_bias = workload.epilogue.startswith("bias")
-    has_relu = "relu" in workload.epilogue
-
-    def run(tensors: list[Any]) -> Any:
-        y = main(tensors[0], tensors[1])
-        if has_bias:
-            y = y + tensors[2].reshape(view)
-        if has_relu:
-            y = torch.relu(y)
-        return y
-
-    return run
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def torch_output(workload: Workload, inputs: Sequence[np.ndarray]) -> np.ndarray:
-    """What `torch_latency` computes, as numpy (to check it against `workload.reference`)."""
-    import torch
-
-    with torch.inference_mode():
-        return _torch_op(workload)([torch.from_numpy(a) for a in inputs]).numpy()
-
-
-def torch_operator(operator: str, params: dict, dtype: str = "float32", epilogue: str = "none",
-                   seed: int = 0) -> tuple[Any, list[Any]]:
-    """`bench.common.TorchProgram` factory: the workload as an `nn.Module` in eval mode whose constants (weight,
-    bias) are parameters, and its activation inputs; the arrays of `Workload.random_inputs(seed)`. A bfloat16
-    workload runs torch's own bfloat16 operator (oneDNN; its output rounded to bfloat16 where ours stays fp32);
-    a requantizing int8 conv2d or dense runs torch.ao's quantized operator (`_torch_quantized`).
-
-    Raises:
-        ValueError: an int8 workload torch has no operator for: the int32 output (eager torch has no uint8 x
-            int8 -> int32 convolution or matmul), a requantizing batch_matmul.
-    """
-    import torch
-
-    from compiler.layout.program import ACTIVATIONS
-    from compiler.workloads import REQUANTIZE, make_workload
-
-    workload = make_workload(operator, params, dtype, epilogue)
-    if dtype == "int8" and epilogue in REQUANTIZE and operator in ("conv2d", "dense"):
-        return _torch_quantized(workload, workload.random_inputs(seed))
-    if dtype == "int8":
-        raise ValueError("torch has no uint8 x int8 operator with an int32 output (bench.tensorize times "
-                         "torch._int_mm's int8 x int8 GEMM instead), and no quantized batch_matmul; torch.ao's "
-                         "quantized conv2d and linear are the baseline of the requantizing conv2d and dense")
-    op = _torch_op(workload)
-    arrays = workload.random_inputs(seed)
-    constant = [s.name not in ACTIVATIONS for s in workload.inputs]
-
-    def tensor(a: Any) -> Any:
-        if a.dtype.name == "bfloat16":  # ml_dtypes' bfloat16, which torch.from_numpy does not take
-            return torch.from_numpy(a.astype("float32")).to(torch.bfloat16)
-        return torch.from_numpy(a)
-
-    class Operator(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.constants = torch.nn.ParameterList(
-                [torch.nn.Parameter(tensor(a), requires_grad=False) for a, c in zip(arrays, constant) if c])
-
-        def forward(self, *activations: Any) -> Any:
-            given, kept = iter(activations), iter(self.constants)
-            return op([next(kept) if c else next(given) for c in constant])
-
-    activations = [tensor(a) for a, c in zip(arrays, constant) if not c]
-    return Operator().eval(), activations
-
-
-def _torch_quantized(workload: Workload, arrays: list[np.ndarray]) -> tuple[Any, list[Any]]:
-    """torch.ao's quantized conv2d or linear (the x86 engine's: FBGEMM / oneDNN, per-channel int8 weights
-    prepacked once) as the module of a requantizing int8 workload, and its uint8 input as a quantized tensor.
-
-    torch's requantization multiplier is `input_scale * weight_scale[c] / output_scale`: with input and output
-    scales of 1, the workload's `scale[c]` is the weight's. Its bias is float32, quantized by that product back
-    to the int32 bias. The output zero point is per tensor in torch: the first channel's stands for all (the
-    same work; the outputs of the other channels then differ, so this program is timed, not checked).
-    """
-    import numpy as np
-    import torch
-
-    torch.backends.quantized.engine = "x86"
-    p = workload.params
-    x, w, *rest = arrays
-    scale = rest[-2].astype(np.float64)
-    bias = torch.from_numpy((rest[0] * scale).astype(np.float32)) if workload.epilogue.startswith("bias") else None
-    channels = len(scale)
-    qw = torch._make_per_channel_quantized_tensor(torch.from_numpy(w), torch.from_numpy(scale),
-                                                  torch.zeros(channels, dtype=torch.long), 0)
-    relu = "relu" in workload.epilogue
-    if workload.operator == "conv2d":
-        packed = torch.ops.quantized.conv2d_prepack(qw, bias, [p["stride"]] * 2, [p["padding"]] * 2,
-                                                    [p["dilation"]] * 2, 1)
-        op = torch.ops.quantized.conv2d_relu if relu else torch.ops.quantized.conv2d
-    else:
-        packed = torch.ops.quantized.linear_prepack(qw, bias)
-        op = torch.ops.quantized.linear_relu if relu else torch.ops.quantized.linear
-    zero_point = int(rest[-1][0])
-
-    class Quantized(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.packed = packed
-
-        def forward(self, qx: Any) -> Any:
-            return op(qx, self.packed, 1.0, zero_point)
-
-    qx = torch._make_per_tensor_quantized_tensor(torch.from_numpy(x), 1.0, 0)
-    return Quantized().eval(), [qx]
 
 
 def affinity_cores() -> int:

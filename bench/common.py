@@ -20,7 +20,10 @@ run, which would steal a core from whatever runs next, and torch's OpenMP thread
 TVM's compete in one process. A TVM program travels as an exported library and its
 arguments (`TvmProgram`), a torch program as a module-level factory that builds it in
 the child (`TorchProgram`), an ONNX model as its file and inputs (`OnnxProgram`), so the
-parent never times torch, ONNX Runtime or a TVM program itself.
+parent never times torch, ONNX Runtime or a TVM program itself. The child's side is one small module per
+runtime (`bench.timing_tvm`, `bench.timing_torch`, `bench.timing_onnx`), each importing its runtime at its top;
+this module imports none of them (every child imports it for the program's description), and the child is
+`bench.child`, a process that imports only what its call names.
 
 A speedup is the baseline's latency over ours (> 1: ours is faster); the
 geomean is the geometric mean of the per-case speedups over the cases where
@@ -29,15 +32,24 @@ both latencies exist (None when there are none). Cases may carry more fields.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
+import pickle
 import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -142,8 +154,6 @@ def write_json(report: dict, path: Path | None = None, *, bench: str = "ops") ->
 
 def source_commit() -> str | None:
     """The git commit of the code that runs (suffixed "+dirty" with uncommitted changes), None outside git."""
-    import subprocess
-
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -166,27 +176,6 @@ def cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
-
-
-def environment() -> dict[str, Any]:
-    """Versions and machine facts recorded with every report."""
-    import torch
-    import tvm
-
-    from compiler.target import host_cores, host_cpu
-
-    return {
-        "commit": source_commit(),
-        "cpu": host_cpu(),
-        "cpu_model": cpu_model(),
-        "cores": host_cores(),
-        "machine": platform.machine(),
-        "tvm": tvm.__version__,
-        "torch": torch.__version__,
-        "torch_threads": host_cores(),
-        "python": platform.python_version(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
 
 
 # ---------------------------------------------------------------------------
@@ -301,59 +290,11 @@ class OnnxProgram:
     args_path: str
 
 
-def onnx_session(path: str, threads: int, *, spin: bool = True) -> Any:
-    """An ONNX Runtime CPU session of the model at `path`, all graph optimizations on (its NCHWc layout
-    rewrite for x86 included); `spin=False` for a check in a process that goes on to other work."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-
 def save_args(arrays: Sequence[Any], path: Path) -> str:
     """Writes the arguments of a `TvmProgram` (numpy arrays, the output last) to `path` (.npz)."""
-    import numpy as np
-
     with open(path, "wb") as f:
         np.savez(f, *[np.ascontiguousarray(a) for a in arrays])
     return str(path)
-
-
-def _load_args(program: TvmProgram, seed: int) -> list:
-    import numpy as np
-
-    from compiler.arrays import loaded
-
-    if program.args_path is not None:
-        with np.load(program.args_path) as data:
-            return [loaded(data[f"arr_{i}"]) for i in range(len(data.files))]
-    from compiler.arrays import random_inputs
-
-    return random_inputs([(tuple(s), d) for s, d in program.specs], seed)
-
-
-def time_library(program: TvmProgram, seed: int = 0) -> float:
-    """Child: loads the program's library and times "main" (ms: median of `REPEAT` repeats of at least
-    `MIN_REPEAT_MS`, `time_evaluator`, the method our measurer uses)."""
-    import statistics
-
-    import tvm
-
-    dev = tvm.cpu(0)
-    lib = tvm.runtime.load_module(program.lib_path)
-    args = [tvm.runtime.tensor(a, dev) for a in _load_args(program, seed)]
-    if program.vm:
-        from tvm import relax
-
-        lib = relax.VirtualMachine(lib, dev)
-    timer = lib.time_evaluator("main", dev, number=1, repeat=REPEAT, min_repeat_ms=int(MIN_REPEAT_MS))
-    timer(*args)  # a warm-up, as `calibrate` gives torch and the measurer's first run a candidate (thread pool, pages)
-    return statistics.median(timer(*args).results) * 1e3
 
 
 def calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
@@ -372,44 +313,9 @@ def calibrate(call: Callable[[], Any], min_repeat_ms: float) -> int:
         number = max(number * 2, math.ceil(target))
 
 
-def _channels_last(tensor: Any) -> Any:
-    import torch
-
-    if tensor.dim() == 4:
-        return tensor.contiguous(memory_format=torch.channels_last)
-    if tensor.dim() == 5:
-        return tensor.contiguous(memory_format=torch.channels_last_3d)
-    return tensor
-
-
-def time_torch(program: TorchProgram, threads: int) -> float:
-    """Child: builds the torch program as its variant and times it like `time_library` (ms per call, median
-    of `REPEAT` readings of at least `MIN_REPEAT_MS` each, after `calibrate`'s warm-up: `time_calls`)."""
-    import torch
-
-    torch.set_num_threads(threads)
-    fn, xs = program.factory(*program.args)
-    if program.variant not in TORCH_VARIANTS:
-        raise ValueError(f"unknown torch variant: {program.variant}")
-    if program.variant == "channels_last":
-        xs = [_channels_last(x) for x in xs]
-        if isinstance(fn, torch.nn.Module):
-            for param in fn.parameters():
-                param.data = _channels_last(param.data)
-    if program.variant == "compile":
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True
-        fn = torch.compile(fn)
-    with torch.inference_mode():
-        return time_calls(lambda: fn(*xs))
-
-
 def time_calls(call: Callable[[], Any]) -> float:
     """ms per `call()`: the median of `REPEAT` readings, each of as many calls as last `MIN_REPEAT_MS`
     (`calibrate`, which warms up first); how a torch or ONNX Runtime program is timed in its child."""
-    import statistics
-
     number = calibrate(call, MIN_REPEAT_MS)
     readings = []
     for _ in range(REPEAT):
@@ -420,30 +326,49 @@ def time_calls(call: Callable[[], Any]) -> float:
     return statistics.median(readings)
 
 
-def time_onnx(program: OnnxProgram, threads: int) -> float:
-    """Child: times an ONNX Runtime session like `time_torch` (`time_calls`)."""
-    import numpy as np
+@dataclass(frozen=True)
+class ChildFunction:
+    """A function named by its module and name, imported where it is called: in the child that times a program.
 
-    session = onnx_session(program.model_path, threads)
-    with np.load(program.args_path) as data:
-        arrays = [data[f"arr_{i}"] for i in range(len(data.files))]
-    feeds = {spec.name: a for spec, a in zip(session.get_inputs(), arrays, strict=True)}
-    return time_calls(lambda: session.run(None, feeds))
+    `time_fresh` hands the child one of these, not the function: this module stays free of TVM, torch and ONNX
+    Runtime (every child imports it for the program's description), and each child loads the one runtime it
+    times (`bench.timing_tvm`, `bench.timing_torch`, `bench.timing_onnx`)."""
+
+    module: str
+    name: str
+
+    def __call__(self, *args: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)(*args)
 
 
-def in_fresh_process(fn: Callable[..., float], *args: Any, timeout_s: float = 900, log: Any = None) -> float | None:
-    """`fn(*args)` in a new spawned process (one at a time); None when it fails (said on `log`, stderr by
-    default): a crash or a timeout of one program never hides the others."""
-    import concurrent.futures
-    import multiprocessing
-    import sys
+time_library = ChildFunction("bench.timing_tvm", "time_library")  # (TvmProgram, seed) -> ms
+time_torch = ChildFunction("bench.timing_torch", "time_torch")  # (TorchProgram, threads) -> ms
+time_onnx = ChildFunction("bench.timing_onnx", "time_onnx")  # (OnnxProgram, threads) -> ms
+CHILD = Path(__file__).resolve().parent / "child.py"
 
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+
+def in_fresh_process(fn: Callable[..., Any], *args: Any, timeout_s: float = 900, log: Any = None) -> Any:
+    """`fn(*args)` in a new process (`bench.child`: it imports what `fn` and `args` name, not this process's entry
+    module), one at a time; None when it fails (said on `log`, stderr by default): a crash or a timeout of one
+    program never hides the others. `fn` and `args` are pickled, so `fn` is a module's function or a
+    `ChildFunction`, not one of an entry script's `__main__`."""
+    with tempfile.TemporaryDirectory(prefix="altune-fresh-") as tmp:
+        call, result = Path(tmp) / "call.pkl", Path(tmp) / "result.pkl"
+        with open(call, "wb") as f:
+            pickle.dump(sys.path, f)
+            pickle.dump((fn, args), f)
         try:
-            return pool.submit(fn, *args).result(timeout=timeout_s)
-        except Exception as e:  # noqa: BLE001
-            print(f"  timing failed: {type(e).__name__}: {e}", file=log or sys.stderr, flush=True)
-            return None
+            # -P: bench/ is not put first on the child's path (its modules would shadow any of the same name)
+            done = subprocess.run([sys.executable, "-P", str(CHILD), str(call), str(result)], timeout=timeout_s,
+                                  check=False)
+            ok, value = (pickle.loads(result.read_bytes()) if result.exists()
+                         else (False, f"ChildProcessError: the child exited with {done.returncode}"))
+        except subprocess.TimeoutExpired:
+            ok, value = False, f"TimeoutError: no result in {timeout_s:g} s"
+    if ok:
+        return value
+    print(f"  timing failed: {value}", file=log or sys.stderr, flush=True)
+    return None
 
 
 @dataclass
@@ -468,9 +393,6 @@ def time_fresh(programs: Mapping[Hashable, TvmProgram | TorchProgram | OnnxProgr
         threads: torch's and ONNX Runtime's intra-op threads (default: the cores this process may use).
         log: where a line per reading goes (None: nowhere).
     """
-    import random
-    import statistics
-
     threads = threads or _affinity_cores()
     rng = random.Random(seed)
     readings: dict[Hashable, list[float]] = {name: [] for name in programs}

@@ -32,8 +32,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, Column, environment, fmt_ms, fmt_x, format_table, in_fresh_process, save_args
-from bench.common import TvmProgram, time_library
+import numpy as np
+import tvm
+from tvm import te, tirx
+
+from bench.common import RESULTS_DIR, Column, TvmProgram, fmt_ms, fmt_x, format_table, in_fresh_process, save_args
+from bench.common import time_library
+from bench.environment import environment
+from compiler.arrays import arg_specs, check_close, random_inputs
+from compiler.build import build
+from compiler.passes.basteln import basteln
+from compiler.target import resolve_target, vector_unit
 
 PIXELS, C_IN = 56 * 56, 64
 ROWS = (28, 56, 112, 224)  # the tile rows tried
@@ -43,8 +52,6 @@ WAYS = {"copies": {"threshold": 1.0}, "threshold 0": {"threshold": 0.0}, "no cop
 
 def program(case: str, pixels: int = PIXELS) -> Any:
     """The case's TensorIR function (TE), its two outputs last."""
-    from tvm import te, tirx
-
     x = te.placeholder((pixels, C_IN), name="X")
     r = te.reduce_axis((0, C_IN), "r")
     if case == "chunk":
@@ -63,8 +70,6 @@ def program(case: str, pixels: int = PIXELS) -> Any:
 
 
 def reference(case: str, args: list) -> list:
-    import numpy as np
-
     y = args[0] @ args[1]
     if case == "chunk":
         return [np.maximum(y[:, :256], 0), 0.5 * y[:, 256:]]
@@ -72,9 +77,6 @@ def reference(case: str, args: list) -> list:
 
 
 def build_way(case: str, way: str, rows: int, target: Any, pixels: int = PIXELS) -> Any:
-    from compiler.passes.basteln import basteln
-    from compiler.target import vector_unit
-
     lanes = vector_unit(target).lanes
     func = program(case, pixels)
     width = 256 if case == "chunk" else 64
@@ -86,12 +88,6 @@ def run_case(case: str, target: Any, folder: Path, seed: int, pixels: int = PIXE
              rows_grid: tuple[int, ...] = ROWS) -> tuple[dict, dict]:
     """Builds every way of `case` (the best tile rows of each by a first timing) and checks it; its row and
     its programs to time."""
-    import numpy as np
-    import tvm
-
-    from compiler.arrays import arg_specs, check_close, random_inputs
-    from compiler.build import build
-
     specs = arg_specs(program(case, pixels))
     inputs = random_inputs(specs[:-2], seed)
     expected = reference(case, inputs)
@@ -132,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_PIXELS} pixels, tiles of {QUICK_ROWS} rows")
     parser.add_argument("--json", type=Path, default=None, help="the report (default bench/results/copies-<mcpu>.json)")
     args = parser.parse_args(argv)
-
-    from compiler.target import resolve_target
 
     target = resolve_target(args.target)
     folder = Path(tempfile.mkdtemp(prefix="bench-copies-"))

@@ -37,6 +37,7 @@ Only `bench` runs this (bench -> tuner -> compiler).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -45,8 +46,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Column, environment, fmt_ms, fmt_s, fmt_share, fmt_x, format_table, geomean, peak_text, speedup
-from bench.common import RESULTS_DIR, TorchProgram, TvmProgram, time_fresh
+from tvm import te, tirx, topi
+
+from bench.baselines import metaschedule as tune_metaschedule
+from bench.common import RESULTS_DIR, Column, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_share, fmt_x, format_table
+from bench.common import geomean, peak_text, speedup, time_fresh
+from bench.environment import environment
+from bench.ops import measure_peak
+from bench.torch_programs import torch_subgraph
+from compiler.arrays import arg_specs
+from compiler.build import build
+from compiler.passes.basteln import basteln
+from compiler.target import host_cores, resolve_target, target_key
+from compiler.workloads import make_workload
+from tuner import LocalMeasurer, apply_config
+from tuner.operator import task_from_request, tune_operator
+from tuner.request import TuneRequest
+from tuner.spaces.fusion import FusionSpace
 
 
 @dataclass(frozen=True)
@@ -88,28 +104,10 @@ QUICK = ("mobilenet_v2 dw->pw", "bert-base attention")
 
 
 # ---------------------------------------------------------------------------
-# Timing in a fresh process (`bench.common.time_fresh`).
-
-
-def _torch_subgraph(operator: str, params: dict, seed: int) -> tuple[Any, list]:
-    """`bench.common.TorchProgram` factory: the subgraph in torch (its reference) and its inputs, in the child."""
-    import torch
-
-    from compiler.workloads import make_workload
-    from compiler.workloads.subgraphs import _DEFS
-
-    w = make_workload(operator, params)
-    xs = [torch.from_numpy(a) for a in w.random_inputs(seed)]
-    return (lambda *t: _DEFS[operator].reference(w.params, list(t))), xs
-
-
-# ---------------------------------------------------------------------------
 # Programs.
 
 
 def _export(mod: Any, target: Any, folder: Path, name: str) -> str:
-    from compiler.build import build
-
     path = folder / f"{name}.so"
     build(mod, target).export_library(str(path))
     return str(path)
@@ -117,8 +115,6 @@ def _export(mod: Any, target: Any, folder: Path, name: str) -> str:
 
 def _te_stage(part: dict) -> Any:
     """The operators between the complex ones, as TIR (scheduled by basteln, not searched)."""
-    from tvm import te, tirx, topi
-
     if part["te"] == "pad":
         x = te.placeholder(part["shape"], name="data")
         pad = part["padding"]
@@ -136,22 +132,12 @@ def _te_stage(part: dict) -> Any:
 
 
 def _specs(prim_func: Any) -> list:
-    from compiler.arrays import arg_specs
-
     return [(list(s), d) for s, d in arg_specs(prim_func)]
 
 
 def run_case(case: Case, budget: int, target: Any, folder: Path, seed: int, metaschedule: bool = True) -> dict:
     """Tunes every variant of one case and returns its row (latencies filled in later, by `time_all`;
     `metaschedule=False`: without MetaSchedule)."""
-    from bench.baselines import metaschedule as tune_metaschedule
-    from compiler.passes.basteln import basteln
-    from compiler.workloads import make_workload
-    from tuner import LocalMeasurer, apply_config
-    from tuner.operator import task_from_request, tune_operator
-    from tuner.request import TuneRequest
-    from tuner.spaces.fusion import FusionSpace
-
     w = make_workload(case.operator, case.params)
     # a folder per case: every case exports "ours", "part0", ... and they must not replace each other's
     folder = folder / case.operator
@@ -230,7 +216,7 @@ def time_all(rows: list[dict], threads: int, seed: int, rounds: int = 1) -> None
                 key = f"{row['case']}: {part_name}"
                 where[key] = (row, part_name)
                 programs[key] = (TvmProgram(part[1], specs=tuple(part[2])) if part[0] == "tvm" else
-                                 TorchProgram(_torch_subgraph, (row["operator"], row["params"], seed), part[1]))
+                                 TorchProgram(torch_subgraph, (row["operator"], row["params"], seed), part[1]))
     timings = time_fresh(programs, seed=seed, rounds=rounds, threads=threads, log=sys.stdout)
     for key, ms in timings.ms.items():
         row, name = where[key]
@@ -272,9 +258,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="fresh-process readings per program, in a new shuffled order each round (median)")
     parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/fusion-<mcpu>.json)")
     args = parser.parse_args(argv)
-
-    from bench.ops import measure_peak
-    from compiler.target import host_cores, resolve_target, target_key
 
     target = resolve_target("host")
     cases = [c for c in CASES if (not args.quick or c.name in QUICK)
@@ -319,8 +302,6 @@ def main(argv: list[str] | None = None) -> int:
               "environment": environment(), "peak": peak, "cases": rows, "geomean": geo}
     out = args.out or RESULTS_DIR / f"fusion-{mcpu}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    import json
-
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"wrote {out}")
     return 0

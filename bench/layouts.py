@@ -27,7 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+import tuner
 from compiler.layout import Layout, apply_layout
+from compiler.target import resolve_target
+from compiler.workloads import make_workload
 
 PARAMS = dict(batch=1, in_channels=3, height=224, width=224, out_channels=64, kernel=7, stride=2, padding=3)
 
@@ -54,15 +61,11 @@ def layouts_for(workload: Any) -> dict[str, Any]:
 
 
 def _time_ms(lib: Any, args: list, repeat: int = 7) -> float:
-    import tvm
-
     timer = lib.time_evaluator("main", tvm.cpu(0), number=1, repeat=repeat, min_repeat_ms=100)
     return statistics.median(timer(*args).results) * 1e3
 
 
 def _tune_with_tuner(prog: Any, xs: list, expected: Any, target: Any, budget: int, seed: int) -> tuple[Any, int]:
-    import tuner
-
     task = tuner.Task(name=f"layouts:{prog.name}", workload_key=prog.workload.key, prim_func=prog.prim_func,
                       target=target, inputs=prog.pack_inputs(xs), expected=prog.pack_output(expected))
     result = tuner.tune(task, budget, seed=seed)
@@ -72,9 +75,6 @@ def _tune_with_tuner(prog: Any, xs: list, expected: Any, target: Any, budget: in
 
 
 def _tune_with_metaschedule(prog: Any, target: Any, budget: int, seed: int, work_dir: Path) -> tuple[Any, int]:
-    import tvm
-    from tvm.s_tir import meta_schedule as ms
-
     mod = tvm.IRModule({"main": prog.prim_func})
     database = ms.tune_tir(mod, target, str(work_dir), max_trials_global=budget,
                            num_trials_per_iter=min(64, budget), seed=seed)
@@ -86,19 +86,9 @@ def _tune_with_metaschedule(prog: Any, target: Any, budget: int, seed: int, work
 
 def run(budget: int, search: str, seed: int = 0) -> dict:
     """Tunes the layer under every layout; returns the rows of the table."""
-    import numpy as np
-    import tvm
-
-    from compiler.target import resolve_target
-    from compiler.workloads import make_workload
 
     if search == "auto":
-        try:
-            import tuner
-
-            search = "tuner" if hasattr(tuner, "tune") and hasattr(tuner, "Task") else "metaschedule"
-        except ImportError:
-            search = "metaschedule"
+        search = "tuner" if hasattr(tuner, "tune") and hasattr(tuner, "Task") else "metaschedule"
     target = resolve_target("host")
     workload = make_workload("conv2d", PARAMS, epilogue="bias_relu")
     xs = workload.random_inputs(seed=seed)

@@ -36,7 +36,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, environment, geomean
+import numpy as np
+import tvm
+from tvm import te, topi
+from tvm.tirx import compilation_pipeline
+
+from bench.common import RESULTS_DIR, geomean
+from bench.environment import environment
+from bench.ops_cases import QUICK
+from compiler.arrays import arg_specs, random_inputs
+from compiler.build import compile_module, tir_pipeline
+from compiler.target import host_cpu, resolve_target, target_key
+from compiler.workloads.model import default_cpu_schedule
+from compiler.workloads.model.layouts import vector_lanes
+from tuner import LayoutSpace, apply_config
+from tuner.operator import task_from_request
+from tuner.request import TuneRequest
+from tuner.searches.alt_seeds import first_layout
+from tuner.spaces.layout import join_config
 
 VARIANTS = ("default", "licm", "hoist-expression")
 NOISE = 0.01
@@ -56,15 +73,11 @@ class Case:
 
 
 def _ph(shape: Sequence[int], name: str) -> Any:
-    from tvm import te
-
     return te.placeholder(tuple(shape), name=name, dtype="float32")
 
 
 def _conv(layout: str, n: int, c: int, size: int, o: int, k: int, stride: int = 1, pad: int = 0,
           dil: int = 1) -> list:
-    from tvm import topi
-
     if layout == "nchw":
         x, w = _ph((n, c, size, size), "data"), _ph((o, c, k, k), "weight")
         return [x, w, topi.nn.conv2d_nchw(x, w, stride, pad, dil)]
@@ -73,8 +86,6 @@ def _conv(layout: str, n: int, c: int, size: int, o: int, k: int, stride: int = 
 
 
 def _conv3d(layout: str, n: int, c: int, d: int, size: int, o: int, k: int, stride: int = 1, pad: int = 0) -> list:
-    from tvm import topi
-
     if layout == "ncdhw":
         x, w = _ph((n, c, d, size, size), "data"), _ph((o, c, k, k, k), "weight")
         return [x, w, topi.nn.conv3d_ncdhw(x, w, stride, pad, 1, 1)]
@@ -83,8 +94,6 @@ def _conv3d(layout: str, n: int, c: int, d: int, size: int, o: int, k: int, stri
 
 
 def _depthwise(layout: str, n: int, c: int, size: int, k: int, stride: int = 1, pad: int = 0) -> list:
-    from tvm import topi
-
     if layout == "nchw":
         x, w = _ph((n, c, size, size), "data"), _ph((c, 1, k, k), "weight")
         return [x, w, topi.nn.depthwise_conv2d_nchw(x, w, stride, pad, 1)]
@@ -93,15 +102,11 @@ def _depthwise(layout: str, n: int, c: int, size: int, k: int, stride: int = 1, 
 
 
 def _group(n: int, c: int, size: int, o: int, k: int, groups: int, stride: int = 1, pad: int = 0) -> list:
-    from tvm import topi
-
     x, w = _ph((n, c, size, size), "data"), _ph((o, c // groups, k, k), "weight")
     return [x, w, topi.nn.group_conv2d_nchw(x, w, stride, pad, 1, groups)]
 
 
 def _transposed(dims: int, n: int, c: int, size: int, o: int, k: int, stride: int, pad: int) -> list:
-    from tvm import topi
-
     x, w = _ph((n, c, *[size] * dims), "data"), _ph((c, o, *[k] * dims), "weight")
     make = {1: topi.nn.conv1d_transpose_ncw, 2: topi.nn.conv2d_transpose_nchw,
             3: topi.nn.conv3d_transpose_ncdhw}[dims]
@@ -110,100 +115,72 @@ def _transposed(dims: int, n: int, c: int, size: int, o: int, k: int, stride: in
 
 
 def _conv1d(n: int, c: int, width: int, o: int, k: int, stride: int = 1, pad: int = 0) -> list:
-    from tvm import topi
-
     x, w = _ph((n, c, width), "data"), _ph((o, c, k), "weight")
     return [x, w, topi.nn.conv1d_ncw(x, w, stride, pad)]
 
 
 def _dense(m: int, n: int, k: int) -> list:
-    from tvm import topi
-
     x, w = _ph((m, k), "data"), _ph((n, k), "weight")
     return [x, w, topi.nn.dense(x, w)]
 
 
 def _batch_matmul(b: int, m: int, n: int, k: int) -> list:
-    from tvm import topi
-
     x, y = _ph((b, m, k), "a"), _ph((b, n, k), "b")
     return [x, y, topi.nn.batch_matmul(x, y)]
 
 
 def _pool(dims: int, kind: str, n: int, c: int, size: int, k: int, stride: int, pad: int = 0) -> list:
-    from tvm import topi
-
     x = _ph((n, c, *[size] * dims), "data")
     make = {1: topi.nn.pool1d, 2: topi.nn.pool2d, 3: topi.nn.pool3d}[dims]
     return [x, make(x, (k,) * dims, (stride,) * dims, (1,) * dims, (pad,) * dims * 2, kind)]
 
 
 def _adaptive_pool(kind: str, n: int, c: int, size: int, out: int) -> list:
-    from tvm import topi
-
     x = _ph((n, c, size, size), "data")
     return [x, topi.nn.adaptive_pool(x, (out, out), kind)]
 
 
 def _global_pool(kind: str, n: int, c: int, size: int) -> list:
-    from tvm import topi
-
     x = _ph((n, c, size, size), "data")
     return [x, topi.nn.global_pool(x, kind)]
 
 
 def _resize(method: str, n: int, c: int, size: int, out: int) -> list:
-    from tvm import topi
-
     x = _ph((n, c, size, size), "data")
     return [x, topi.image.resize2d(x, (0.0, 0.0, 0.0, 0.0), (out, out), method=method)]
 
 
 def _upsampling(method: str, n: int, c: int, size: int, scale: int) -> list:
-    from tvm import topi
-
     x = _ph((n, c, size, size), "data")
     return [x, topi.nn.upsampling(x, scale, scale, method=method)]
 
 
 def _lrn(n: int, c: int, size: int, window: int) -> list:
-    from tvm import topi
-
     x = _ph((n, c, size, size), "data")
     return [x, topi.nn.lrn(x, window)]
 
 
 def _softmax(log: bool, rows: int, cols: int) -> list:
-    from tvm import topi
-
     x = _ph((rows, cols), "data")
     return [x, (topi.nn.log_softmax if log else topi.nn.softmax)(x)]
 
 
 def _reduce(kind: str, shape: Sequence[int], axis: int) -> list:
-    from tvm import topi
-
     x = _ph(shape, "data")
     return [x, (topi.sum if kind == "sum" else topi.max)(x, axis=axis)]
 
 
 def _layout_transform(src: str, dst: str, shape: Sequence[int]) -> list:
-    from tvm import topi
-
     x = _ph(shape, "data")
     return [x, topi.layout_transform(x, src, dst)]
 
 
 def _depth_to_space(n: int, c: int, size: int, block: int) -> list:
-    from tvm import topi
-
     x = _ph((n, c, size, size), "data")
     return [x, topi.nn.depth_to_space(x, block)]
 
 
 def _pad(n: int, c: int, size: int, pad: int) -> list:
-    from tvm import topi
-
     x = _ph((n, c, size, size), "data")
     return [x, topi.nn.pad(x, (0, 0, pad, pad), (0, 0, pad, pad))]
 
@@ -314,11 +291,6 @@ QUICK_CASES = ("conv2d_nchw_n1_c64_size56_o64_k3_stride1_pad1", "depthwise_nhwc_
 
 def topi_program(case: Case, target: Any) -> Any:
     """The case's operator under the fixed schedule."""
-    import tvm
-    from tvm import te
-
-    from compiler.workloads.model import default_cpu_schedule
-    from compiler.workloads.model.layouts import vector_lanes
 
     func = te.create_prim_func(OPERATORS[case.operator](**case.params))
     cores = int(target.attrs.get("num-cores", 1) or 1)
@@ -328,13 +300,6 @@ def topi_program(case: Case, target: Any) -> Any:
 
 def layout_programs(target_name: str) -> list[tuple[str, str, Any, Any]]:
     """(case name, layout, scheduled module, task) of the quick suite: user's and ALT's first tiled layout."""
-    from bench.ops import QUICK
-    from tuner import LayoutSpace, apply_config
-    from tuner.operator import task_from_request
-    from tuner.request import TuneRequest
-    from tuner.searches.alt_seeds import first_layout
-    from tuner.spaces.layout import join_config
-
     out = []
     for case in QUICK:
         task = task_from_request(TuneRequest(case.operator, case.params, case.dtype, case.epilogue, target_name))
@@ -359,10 +324,6 @@ def layout_programs(target_name: str) -> list[tuple[str, str, Any, Any]]:
 
 def lowered_text(mod: Any, target: Any, pipeline: str) -> str:
     """The TIR a pipeline hands to LLVM (to tell whether the pass changed anything)."""
-    import tvm
-    from tvm.tirx import compilation_pipeline
-
-    from compiler.build import tir_pipeline
 
     lowering, _, _ = compilation_pipeline.get_tir_pipeline(tir_pipeline(pipeline))
     lowered = lowering(tvm.tirx.transform.BindTarget(target.with_host(target))(mod))
@@ -371,11 +332,6 @@ def lowered_text(mod: Any, target: Any, pipeline: str) -> str:
 
 def build_variants(mod: Any, target: Any, folder: Path, inputs_path: Path) -> dict:
     """Builds the three variants into `folder`, checks licm and hoist-expression against default (1e-5)."""
-    import numpy as np
-    import tvm
-
-    from compiler.arrays import arg_specs, random_inputs
-    from compiler.build import compile_module
 
     specs = arg_specs(mod["main"])
     inputs = random_inputs(specs[:-1], seed=0)
@@ -420,8 +376,6 @@ def time_in_own_process(lib_path: Path, inputs_path: Path, output: tuple, repeat
 
 def measure(name: str, operator: str, mod: Any, target: Any, repeat: int, min_repeat_ms: int) -> dict:
     """One row: builds, checks, then times default, licm and hoist-expression, each in its own process."""
-    from compiler.arrays import arg_specs
-
     row: dict[str, Any] = {"name": name, "operator": operator}
     try:
         with tempfile.TemporaryDirectory(prefix="altune-licm-") as tmp:
@@ -499,8 +453,6 @@ def table(report: dict) -> str:
 def run(cases: list[Case], layouts: bool, repeat: int, min_repeat_ms: int, target_name: str = "host",
         log: Callable[[str], None] = print) -> dict:
     """Measures the cases (and the quick suite's layouts) and returns the report."""
-    from compiler.target import resolve_target, target_key
-
     target = resolve_target(target_name)
     topi_rows = []
     for i, case in enumerate(cases):
@@ -536,8 +488,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-repeat-ms", type=int, default=100)
     parser.add_argument("--out", type=Path, help="where to write the JSON report (default bench/results/licm-CPU.json)")
     args = parser.parse_args(argv)
-
-    from compiler.target import host_cpu
 
     cases = [c for c in CASES if (not args.quick or c.name in QUICK_CASES) and (not args.cases or args.cases in c.name)]
     report = run(cases, not (args.quick or args.no_layouts), args.repeat, args.min_repeat_ms,

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,9 @@ from pathlib import Path
 
 import httpx
 
+from service.db import session_scope, upgrade
+from service.tokens import create_token
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = {"kind": "operator", "operator": "dense", "params": {"m": 64, "n": 64, "k": 64}, "dtype": "float32",
        "target": "host", "budget": 400}
@@ -45,8 +49,6 @@ REQUEST_TIMEOUT = 20.0
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -193,9 +195,6 @@ def lost_trials(base: str, token: str, load: Load, grace: float) -> tuple[int, i
 
 def start_server(folder: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
     """`altune serve` on a fresh SQLite file in `folder`, auth on: (process, URL, a write token)."""
-    from service.db import session_scope, upgrade
-    from service.tokens import create_token
-
     url = f"sqlite:///{folder / 'altune.db'}"
     upgrade(url)
     with session_scope(url) as session:

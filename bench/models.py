@@ -57,66 +57,57 @@ Python); a row's latencies are the medians over `--rounds`, and `readings_ms` ke
 (program -> ms, in the order taken). Prints a table and writes the report (the `bench.common` shape) to --json or
 under bench/results/; with --json, also after every model but the last, so that an interrupted run keeps the
 models it finished.
+
+MetaSchedule's flow and its checks are `bench.models_metaschedule`, the torch factories `bench.torch_programs`,
+ONNX Runtime's session `bench.timing_onnx` (their names re-exported here).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from collections.abc import Sequence
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
 from bench.common import (TORCH_VARIANTS, Column, OnnxProgram, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_x,
-                          format_table, geomean, geomeans, onnx_session, save_args, speedup, time_fresh, write_json)
+                          format_table, geomean, geomeans, save_args, speedup, time_fresh, write_json)
+from bench.environment import environment
+from bench.models_metaschedule import partly_read, run_metaschedule, whole_layout_free, wrong_tasks
+from bench.timing_onnx import onnx_session
+from bench.torch_programs import bf16, torch_bf16_model, torch_model, torch_quantized_model
+from compiler.arrays import check_close, to_numpy
+from compiler.target import resolve_target, target_key
+from compiler.workloads import zoo
+from compiler.workloads.model import (QUANTIZED_ATOL, QUANTIZED_RTOL, build_model, flatten_outputs, import_model,
+                                      torch_outputs)
+from compiler.workloads.model.artifact import extract_model_artifact
 from compiler.workloads.model.importer import translate_model
 from tuner import Measurer, make_measurer
 from tuner.model import ModelTuneHooks, ModelTuneResult, serve_model, tune_model
 from tuner.request import ModelTuneRequest
 from tuner.task import best_trial
 
+# what the tests and earlier callers reach through this module
+__all__ = ["DEFAULT_MODELS", "artifact_program", "bf16", "main", "onnxruntime_program", "partly_read", "run_model",
+           "run_metaschedule", "table", "torch_bf16_model", "torch_model", "torch_programs", "torch_quantized_model",
+           "tune_ours", "whole_layout_free", "wrong_tasks"]
+
+
 DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
-
-
-def torch_model(name: str, seed: int) -> tuple[Any, list]:
-    """`bench.common.TorchProgram` factory: zoo model `name` in eval mode (random weights from `seed`), its inputs."""
-    from compiler.workloads import zoo
-
-    module, inputs = zoo.create(name, seed)
-    return module, list(inputs)
-
-
-def torch_quantized_model(name: str, seed: int) -> tuple[Any, list]:
-    """`bench.common.TorchProgram` factory of `--quantize`: zoo model `name` quantized by torchao's PT2E flow
-    (`zoo.quantized`; its inductor lowering runs the quantized convs and linears with oneDNN's int8 kernels)."""
-    from compiler.workloads import zoo
-
-    module, inputs = zoo.quantized(name, seed)
-    return module, list(inputs)
-
-
-def torch_bf16_model(name: str, seed: int) -> tuple[Any, list]:
-    """`bench.common.TorchProgram` factory of `--bf16`: zoo model `name` in bfloat16 (`module.to(torch.bfloat16)`,
-    its floating inputs too; torch's CPU kernels for bf16 are oneDNN's, with AVX512_BF16 / AMX where present)."""
-    module, inputs = torch_model(name, seed)
-    return bf16(module, inputs)
-
-
-def bf16(module: Any, inputs: Sequence[Any]) -> tuple[Any, list]:
-    """`module` and its floating `inputs` in bfloat16 (token ids stay integers)."""
-    import torch
-
-    return module.to(torch.bfloat16), [x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs]
 
 
 def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None:
     """None when `outs` match `expected`; a quantized model's within `compiler.workloads.model.tolerance`'s bound
     (a value rounded across a quantization step moves what follows by one step)."""
-    from compiler.arrays import check_close
-    from compiler.workloads.model import QUANTIZED_ATOL, QUANTIZED_RTOL
-
     if len(outs) != len(expected):
         return f"{len(outs)} outputs, expected {len(expected)}"
     bounds = {"rtol": QUANTIZED_RTOL, "atol": QUANTIZED_ATOL} if quantized else {}
@@ -183,10 +174,6 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
 
 def artifact_program(artifact: Path, inputs: list, folder: Path) -> TvmProgram:
     """The served artifact (lib.so, its packed params) as a program for `time_fresh`."""
-    import numpy as np
-
-    from compiler.workloads.model.artifact import extract_model_artifact
-
     extract_model_artifact(artifact, folder)
     with np.load(folder / "params.npz", allow_pickle=False) as npz:
         params = [npz[f"p{i}"] for i in range(len(npz.files))]
@@ -215,167 +202,8 @@ def _ours_in(variant: str, ep: Any, target_name: str, budget: int, seed: int, op
     return facts, None
 
 
-def run_metaschedule(ep: Any, target: Any, budget: int, seed: int, work_dir: Path, trials_per_iter: int,
-                     quantized: bool = False, translated: bool = False) -> dict:
-    """MetaSchedule's Relax flow at the same budget, weights layout-free and prepacked once (TVM's
-    `static_shape_tuning_pipeline(cpu_weight_prepack=True)`, step by step so that the tuning gets our builder);
-    returns its executable, the transformed parameters and the tuning time. A `quantized` program, which TVM's
-    importer cannot read (torch's quantized_decomposed operators), is given our translation
-    (`compiler.workloads.model.translate`: the quantized convs and linears as u8 x s8 -> s32 operators, the
-    program ours starts from too); so is a bfloat16 one (`translated`: TVM's converters make its convs and matmuls
-    float32 and then fail on the bf16 bias), and one with an operator TVM's importer lacks (text_cnn's `amax`;
-    `metaschedule_importer` says which importer made the program MetaSchedule tuned)."""
-    import numpy as np
-    import tvm
-    import tvm_ffi
-    from tvm import relax
-    from tvm.relax.frontend.torch import from_exported_program
-    from tvm.s_tir import meta_schedule as ms
-
-    from bench.baselines import fast_tvmscript_import, quiet_metaschedule, target_cores
-
-    from compiler.workloads.model import translate
-
-    importer = "ours" if quantized or translated else "tvm"
-    if importer == "tvm":
-        try:
-            program = from_exported_program(ep, keep_params_as_input=True)
-        except AssertionError as e:  # "Unsupported function types ['amax.default']"
-            if "Unsupported function types" not in str(e):
-                raise
-            importer = "ours"
-    if importer == "ours":
-        program = translate(ep)
-    mod, params = relax.frontend.detach_params(program)
-    cores = target_cores(target)
-    fast_tvmscript_import()
-    import tvm.s_tir.tensor_intrin  # noqa: F401 - start-up, not search
-
-    run_dir = Path(tempfile.mkdtemp(prefix="ms-model-", dir=work_dir))
-    start = time.perf_counter()
-    with target:
-        # the steps of static_shape_tuning_pipeline before tuning: the weights (parameters after the
-        # inputs) marked layout-free in the fused PrimFuncs
-        mod = tvm.transform.Sequential([
-            relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(),
-            relax.get_pipeline("zero"), relax.transform.AttachAttrLayoutFreeBuffers(),
-        ])(mod)
-    mod, partly = whole_layout_free(mod)
-    with quiet_metaschedule(run_dir / "logs"):
-        extracted = ms.relax_integration.extract_tasks(mod, target)
-        # its task scheduler first gives every task one iteration in turn: iterations larger than the budget's
-        # share per task would spend it all before the last tasks (MobileNet-V2's 34 at 64 reached 18 of 34)
-        trials_per_iter = min(trials_per_iter, max(1, budget // max(1, len(extracted))))
-        contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(extracted, str(run_dir), seed=seed)
-        database = ms.tune.tune_tasks(
-            tasks=contexts, task_weights=weights, work_dir=str(run_dir), max_trials_global=budget,
-            num_trials_per_iter=trials_per_iter,
-            builder=ms.builder.LocalBuilder(max_workers=cores, initializer=fast_tvmscript_import),
-        )
-    tune_s = time.perf_counter() - start
-    records = database.get_all_tuning_records()
-    with target, tvm.transform.PassContext(opt_level=3):
-        # and after: the database applied, the layout rewrites split off and lifted into main_transform_params
-        applied = relax.transform.MetaScheduleApplyDatabase(str(run_dir))(mod)
-        final = tvm.transform.Sequential([
-            relax.transform.SplitLayoutRewritePreproc(), relax.transform.LiftTransformParams(),
-            relax.transform.FoldConstant(),
-        ])(applied)
-        ex = tvm.compile(final, target=target)
-    vm = relax.VirtualMachine(ex, tvm.cpu(0))
-    transformed = vm["main_transform_params"]([tvm.runtime.tensor(p, tvm.cpu(0)) for p in params["main"]])
-    return {"ex": ex, "params": [np.ascontiguousarray(t.numpy()) for t in transformed],
-            "check": lambda: wrong_tasks(mod, applied, target), "metaschedule_not_layout_free": partly,
-            "metaschedule_importer": importer,
-            "metaschedule_tune_s": tune_s, "metaschedule_trials": len(records),
-            "metaschedule_trials_per_iter": trials_per_iter, "metaschedule_tasks": len(extracted),
-            "metaschedule_tuned_tasks": len({tvm_ffi.structural_hash(r.workload.mod) for r in records})}
-
-
-def partly_read(prim_func: Any) -> list[int]:
-    """The parameters of `prim_func` that some block reads only part of: a read region that, over the block's
-    iteration domain, covers less than the buffer (a `strided_slice` of a weight, as BERT's position table)."""
-    from tvm import s_tir, sym, tirx
-
-    sch = s_tir.Schedule(prim_func)
-    func = sch.mod["main"]
-    params = list(enumerate(func.params))
-    analyzer = sym.Analyzer()
-    partly = set()
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        block = sch.get(rv)
-        dom = {iv.var: sym.IntervalSet(iv.dom.min, iv.dom.min + iv.dom.extent - 1) for iv in block.iter_vars}
-        for region in block.reads:
-            i = next((j for j, b in params if b.same_as(region.source)), None)
-            if i is None:
-                continue
-            for r, size in zip(region.region, region.source.shape):
-                lo = analyzer.int_set(r.min, dom).min_value
-                hi = analyzer.int_set(r.min + r.extent - 1, dom).max_value
-                bounded = isinstance(lo, tirx.IntImm) and isinstance(hi, tirx.IntImm)  # not a gather's index
-                if bounded and (lo.value > 0 or hi.value < int(size) - 1):
-                    partly.add(i)
-    return sorted(partly)
-
-
-def whole_layout_free(mod: Any) -> tuple[Any, list[str]]:
-    """`mod` with every partly read parameter (`partly_read`) taken out of its PrimFunc's `layout_free_buffers`,
-    and the names of those taken out (`function: parameter`). MetaSchedule's `RewriteLayout` packs a layout-free
-    buffer by the index map of the part that is read, over the whole buffer, so the rows not read overwrite the
-    ones read (BERT-tiny's position table, 128 of 512 rows read: `p_positions_global[v1 % 128, v2]`); such a
-    buffer is left in its layout, and everything else stays as TVM's flow marks it."""
-    import tvm
-
-    out, taken = {}, []
-    for gv, func in mod.functions.items():
-        free = func.attrs.get("layout_free_buffers") if isinstance(func, tvm.tirx.PrimFunc) and func.attrs else None
-        if free:
-            partly = set(partly_read(func))
-            kept = [int(i) for i in free if int(i) not in partly]
-            taken += [f"{gv.name_hint}: {func.params[int(i)].name}" for i in free if int(i) in partly]
-            if len(kept) < len(free):
-                func = func.with_attr("layout_free_buffers", kept)
-        out[gv] = func
-    return tvm.IRModule(out, attrs=mod.attrs), taken
-
-
-def wrong_tasks(before: Any, after: Any, target: Any, seed: int = 0) -> list[str]:
-    """The PrimFuncs whose schedule (in `after`, the database applied, layout rewrites still inside) computes
-    something other than the same function in `before` on random inputs: how a wrong whole-model output is
-    traced to a task. Integer inputs are 0 (indices in range: TVM's fast `take` does not check them); where a
-    function has several outputs, the last is compared."""
-    import numpy as np
-    import tvm
-    from tvm_ffi import structural_equal
-
-    from bench.baselines import build_and_run, random_args
-    from compiler.arrays import check_close
-
-    originals = {gv.name_hint: func for gv, func in before.functions.items() if isinstance(func, tvm.tirx.PrimFunc)}
-    wrong = []
-    for gv, func in after.functions.items():
-        orig = originals.get(gv.name_hint)
-        if orig is None or not isinstance(func, tvm.tirx.PrimFunc) or structural_equal(orig, func):
-            continue
-        inputs = [a if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else np.zeros_like(a)
-                  for a in random_args(orig, seed)]
-        outs = []
-        for f in (orig, func):
-            mod = tvm.IRModule({"main": f.with_attr("global_symbol", "main")})
-            outs.append(build_and_run(mod, orig, target, inputs)[2])
-        if check_close(outs[1], outs[0]) is not None:  # a task's tolerance, as our own measurements check
-            wrong.append(gv.name_hint)
-    return wrong
-
-
 def _run_vm(ex: Any, inputs: list, params: list) -> list:
     """Runs a VM executable once on the inputs and the parameters it takes; its outputs."""
-    import numpy as np
-    import tvm
-    from tvm import relax
-
-    from compiler.workloads.model import flatten_outputs
-
     dev = tvm.cpu(0)
     vm = relax.VirtualMachine(ex, dev)
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
@@ -393,8 +221,6 @@ def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: boo
                    bfloat16: bool = False) -> dict[str, TorchProgram]:
     """The torch variants of zoo model `name` (channels_last only where an input is 4-D or 5-D), of its
     PT2E-quantized form where `quantized`, in bfloat16 where `bfloat16`."""
-    from compiler.workloads import zoo
-
     _, inputs = zoo.create(name, seed)
     spatial = any(x.dim() in (4, 5) for x in inputs)
     factory = torch_quantized_model if quantized else torch_bf16_model if bfloat16 else torch_model
@@ -405,10 +231,6 @@ def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: boo
 def onnxruntime_program(module: Any, torch_inputs: list, expected: list, folder: Path) -> tuple[dict, OnnxProgram | None]:
     """ONNX Runtime's side: `module` exported to ONNX (`torch.onnx.export`, dynamo), run once and checked
     against torch's `expected`; (facts for the row, the program to time or None when it failed)."""
-    import logging
-
-    import torch
-
     facts: dict[str, Any] = {"onnxruntime_correct": None, "onnxruntime_error": None}
     path = folder / "model.onnx"
     try:
@@ -433,18 +255,11 @@ def onnxruntime_program(module: Any, torch_inputs: list, expected: list, folder:
 
 def run_model(name: str, target_name: str, budget: int, seed: int, options: dict, log: Any) -> dict:
     """All three on one zoo model; a failure of one is reported in the row, never raised."""
-    from compiler.target import resolve_target
-    from compiler.workloads import zoo
-    from compiler.arrays import to_numpy
-    from compiler.workloads.model import build_model, import_model, torch_outputs
-
     target = resolve_target(target_name)
     quantized, bfloat16 = options.get("quantize", False), options.get("bf16", False)
     module, torch_inputs = zoo.quantized(name, seed) if quantized else zoo.create(name, seed)
     if bfloat16:
         module, torch_inputs = bf16(module, torch_inputs)
-    import torch
-
     ep = torch.export.export(module, tuple(torch_inputs))
     inputs = [to_numpy(t) for t in torch_inputs]
     expected = torch_outputs(module, torch_inputs)
@@ -621,8 +436,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="fresh-process readings per program, in a new shuffled order each round (median)")
     args = parser.parse_args(argv)
-    from compiler.workloads import zoo
-
     variants = tuple(v for v in args.torch_variants.split(",") if v)
     if not variants or set(variants) - set(TORCH_VARIANTS):
         parser.error(f"--torch-variants: each of {', '.join(TORCH_VARIANTS)}, got {args.torch_variants!r}")
@@ -642,9 +455,6 @@ def main(argv: list[str] | None = None) -> int:
     if {v.removesuffix("+chains") for v in also} - {"blocked", "search", "none"} or args.layout in also:
         parser.error(f"--also-layouts: others of blocked, search, none (each optionally +chains) than --layout, "
                      f"got {args.also_layouts!r}")
-
-    from bench.common import environment
-    from compiler.target import target_key
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:
         options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,

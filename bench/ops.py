@@ -48,6 +48,9 @@ ResNet/MobileNet/BERT-like shapes, the table of ../shared/DESIGN.md), `full`
 sec. 7.1 set {3, 16, 32, 64, 512, 960, 1280}), `dot` (int8 and bfloat16 conv2d and
 dense on the tensor-instruction paper's shapes: the dot-product instructions). `--spec` takes a JSON list of
 operator job specs exactly as `POST /api/v1/jobs` accepts them.
+
+This module runs the cases and is the command line; the suites and options are `bench.ops_cases`, the report,
+`--merge`, `--resume` and the tables `bench.ops_report` (their names re-exported here).
 """
 
 from __future__ import annotations
@@ -58,203 +61,32 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import (TORCH_VARIANTS, Column, TorchProgram, TvmProgram, check_report, environment, fmt_ms, fmt_s,
-                          fmt_share, fmt_x, format_table, geomean, geomeans, peak_text, save_args, source_commit,
-                          speedup, time_fresh, write_json)
+import numpy as np
+import tvm
 
+from bench.baselines import metaschedule, untuned_latency
+from bench.common import (TORCH_VARIANTS, MIN_REPEAT_MS, REPEAT, TorchProgram, TvmProgram, check_report, fmt_ms,
+                          save_args, source_commit, speedup, time_fresh, write_json)
+from bench.ops_cases import (ABLATIONS, DOT, FULL, QUICK, SMOKE, SUITES, Case, Options, SpecCase, load_specs,
+                             select)
+from bench.ops_report import PICKS, ablation_table, merge, report, resumable_rows, row_dtype, table
+from bench.tensorize import peak_gflops
+from bench.torch_operators import torch_operator
+from compiler.arrays import arg_specs, check_close
+from compiler.build import compile_module
+from compiler.target import resolve_target, target_key
+from compiler.workloads import make_workload
+from tuner import apply_config, layout_of_config
+from tuner.operator import task_from_request, tune_operator
+from tuner.request import TuneRequest
 
-@dataclass(frozen=True)
-class Case:
-    """One operator instance to benchmark."""
-
-    name: str
-    operator: str
-    params: dict[str, int] = field(hash=False)
-    epilogue: str = "none"
-    dtype: str = "float32"
-
-
-def _op(operator: str, name: str, **params: int) -> Case:
-    return Case(name, operator, params)
-
-
-SMOKE = (
-    _op("conv2d", "conv2d_tiny", batch=1, in_channels=4, height=8, width=8, out_channels=8, kernel=3, padding=1),
-    _op("dense", "dense_tiny", m=16, n=16, k=16),
-)
-
-# The shapes of ../shared/DESIGN.md's reference table.
-QUICK = (
-    _op("conv2d", "conv2d_resnet", batch=1, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
-        padding=1),
-    _op("group_conv2d", "group_conv2d", batch=1, in_channels=128, height=28, width=28, out_channels=128, kernel=3,
-        padding=1, groups=4),
-    _op("depthwise_conv2d", "depthwise_mobilenet", batch=1, channels=144, height=56, width=56, kernel=3,
-        padding=1),
-    _op("dilated_conv2d", "dilated_conv2d", batch=1, in_channels=128, height=28, width=28, out_channels=128,
-        kernel=3, padding=2, dilation=2),
-    _op("conv3d", "conv3d_r3d", batch=1, in_channels=32, depth=8, height=28, width=28, out_channels=32, kernel=3,
-        padding=1),
-    _op("conv1d", "conv1d", batch=1, in_channels=64, width=256, out_channels=64, kernel=3, padding=1),
-    _op("dense", "gemm_512", m=512, n=512, k=512),
-    _op("conv2d_transpose", "conv2d_transpose", batch=1, in_channels=64, height=28, width=28, out_channels=32,
-        kernel=4, stride=2, padding=1),
-)
-
-# Three shapes per operator kind: batch 1 with few and with many channels, and
-# batch 16; channel counts from ALT sec. 7.1 ({3, 16, 32, 64, 512, 960, 1280}),
-# shapes from ResNet-18/3D-18, MobileNet-V2 and BERT layers.
-FULL = (
-    _op("conv2d", "c2d_b1_c3_stem", batch=1, in_channels=3, height=224, width=224, out_channels=64, kernel=7,
-        stride=2, padding=3),
-    _op("conv2d", "c2d_b1_c512", batch=1, in_channels=512, height=7, width=7, out_channels=512, kernel=3,
-        padding=1),
-    _op("conv2d", "c2d_b16_c64", batch=16, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
-        padding=1),
-    _op("group_conv2d", "grp_b1_c64", batch=1, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
-        padding=1, groups=4),
-    _op("group_conv2d", "grp_b1_c512", batch=1, in_channels=512, height=14, width=14, out_channels=512, kernel=3,
-        padding=1, groups=32),
-    _op("group_conv2d", "grp_b16_c32", batch=16, in_channels=32, height=28, width=28, out_channels=32, kernel=3,
-        padding=1, groups=4),
-    _op("depthwise_conv2d", "dep_b1_c32", batch=1, channels=32, height=112, width=112, kernel=3, padding=1),
-    _op("depthwise_conv2d", "dep_b1_c960", batch=1, channels=960, height=7, width=7, kernel=3, padding=1),
-    _op("depthwise_conv2d", "dep_b16_c64", batch=16, channels=64, height=56, width=56, kernel=3, stride=2,
-        padding=1),
-    _op("dilated_conv2d", "dil_b1_c64", batch=1, in_channels=64, height=56, width=56, out_channels=64, kernel=3,
-        padding=2, dilation=2),
-    _op("dilated_conv2d", "dil_b1_c512", batch=1, in_channels=512, height=14, width=14, out_channels=512,
-        kernel=3, padding=2, dilation=2),
-    _op("dilated_conv2d", "dil_b16_c32", batch=16, in_channels=32, height=28, width=28, out_channels=32,
-        kernel=3, padding=2, dilation=2),
-    _op("conv3d", "c3d_b1_c3", batch=1, in_channels=3, depth=16, height=56, width=56, out_channels=64, kernel=3,
-        padding=1),
-    _op("conv3d", "c3d_b1_c512", batch=1, in_channels=512, depth=2, height=7, width=7, out_channels=512, kernel=3,
-        padding=1),
-    _op("conv3d", "c3d_b16_c32", batch=16, in_channels=32, depth=8, height=14, width=14, out_channels=32,
-        kernel=3, padding=1),
-    _op("conv1d", "c1d_b1_c16", batch=1, in_channels=16, width=1024, out_channels=64, kernel=3, padding=1),
-    _op("conv1d", "c1d_b1_c512", batch=1, in_channels=512, width=128, out_channels=512, kernel=3, padding=1),
-    _op("conv1d", "c1d_b16_c64", batch=16, in_channels=64, width=256, out_channels=64, kernel=3, padding=1),
-    _op("dense", "gemm_b1_c1280", m=1, n=1000, k=1280),  # MobileNet-V2 classifier
-    _op("dense", "gemm_512", m=512, n=512, k=512),
-    _op("dense", "gemm_b16_bert", m=16 * 128, n=768, k=768),  # BERT-base projection, 16 sequences of 128
-    _op("conv2d_transpose", "t2d_b1_c512", batch=1, in_channels=512, height=7, width=7, out_channels=256,
-        kernel=4, stride=2, padding=1),
-    _op("conv2d_transpose", "t2d_b1_c64", batch=1, in_channels=64, height=28, width=28, out_channels=32,
-        kernel=4, stride=2, padding=1),
-    _op("conv2d_transpose", "t2d_b16_c32", batch=16, in_channels=32, height=28, width=28, out_channels=16,
-        kernel=4, stride=2, padding=1),
-)
-
-# int8 and bfloat16 (-> fp32) operator jobs on the tensor-instruction paper's Table II shapes, which divide
-# neither the instructions' lanes nor their groups (255, 127 channels; 55x55 maps): ours runs the layout
-# template's dot-product form (`compiler.layout.templates`), tensorized where the target has the instruction.
-# The int8 ones are a quantized network's layers: u8 x s8 -> s32, bias, ReLU and the requantization to uint8,
-# against torch.ao's quantized conv2d / linear (x86 engine: FBGEMM / oneDNN); torch's bf16 operators are oneDNN's.
-DOT = tuple(
-    replace(case, name=f"{case.name}_{short}", dtype=dtype, epilogue=epilogue)
-    for dtype, short, epilogue in (("int8", "i8", "bias_relu_requantize"), ("bfloat16", "bf16", "none"))
-    for case in (
-        _op("conv2d", "c2d_55x55_128_to_255", batch=1, in_channels=128, height=55, width=55, out_channels=255,
-            kernel=3, padding=1),
-        _op("conv2d", "c2d_55x55_255_to_127", batch=1, in_channels=255, height=55, width=55, out_channels=127,
-            kernel=3, padding=1),
-        _op("dense", "gemm_3025x127x255", m=3025, n=127, k=255),
-        _op("dense", "gemm_255x255x255", m=255, n=255, k=255),
-        _op("dense", "gemm_127x1000x127", m=127, n=1000, k=127),
-    )
-)
-
-SUITES: dict[str, tuple[tuple[Case, ...], int]] = {  # name -> (cases, default budget)
-    "smoke": (SMOKE, 8),
-    "quick": (QUICK, 128),
-    "full": (FULL, 300),
-    "dot": (DOT, 64),
-}
-
-
-@dataclass(frozen=True)
-class Options:
-    """What to run beside ours, and where MetaSchedule writes its run folders."""
-
-    metaschedule: bool = True
-    torch: bool = True
-    untuned: bool = True
-    work_dir: Path | None = None
-    loop_only: bool = True  # the ALT-OL ablation column
-    layout_levels: int = 1  # ours: one- or two-level layout templates
-    torch_variants: tuple[str, ...] = TORCH_VARIANTS
-    rounds: int = 1  # fresh-process readings per program (median)
-    ablation: bool = False  # also the seeds with random walks, and the XGBoost search without PPO (ABLATIONS)
-    peak: bool = True  # measure this machine's fp32 FMA peak once per run (each pick's share of it)
-    seeds: bool = True  # False: every search of ours without its known nests and oneDNN-like first layout
-
-
-# the search ablation (`--ablation`): name -> `tune` options; full ALT is "ours", ALT-OL "ours_loop_only"
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "ablation_seeds_random": {"ppo": False, "cost_model": "random"},  # (a) the seeds, random layouts and walks
-    "ablation_xgb": {"ppo": False},  # (b) the seeds, random layouts and walks, ranked by the cost model
-}
-
-
-# ---------------------------------------------------------------------------
-# Picking cases
-
-
-def select(suite: str, names: list[str] | None) -> list[Case]:
-    """The cases of `suite`, or the named ones in the given order (ValueError for an unknown name)."""
-    if suite not in SUITES:
-        raise ValueError(f"unknown suite: {suite!r}; known: {', '.join(SUITES)}")
-    cases = SUITES[suite][0]
-    if not names:
-        return list(cases)
-    by_name = {c.name: c for c in cases}
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise ValueError(f"unknown case(s) in suite {suite}: {', '.join(unknown)}; known: {', '.join(by_name)}")
-    return [by_name[n] for n in names]
-
-
-@dataclass(frozen=True)
-class SpecCase:
-    """A case from a job spec: its own target, budget and seed."""
-
-    case: Case
-    target: str
-    budget: int
-    seed: int
-
-
-def load_specs(path: Path) -> list[SpecCase]:
-    """Reads a JSON list of operator job specs, validated as `POST /api/v1/jobs` validates them.
-
-    Raises:
-        ValueError: the file is not a JSON list, or a spec is invalid (with its index).
-    """
-    from pydantic import ValidationError
-
-    from compiler.workloads import WorkloadError, validate
-    from service.schemas import OperatorJobCreate
-
-    specs = json.loads(Path(path).read_text())
-    if not isinstance(specs, list):
-        raise ValueError(f"{path}: expected a JSON list of operator job specs, got {type(specs).__name__}")
-    out = []
-    for i, raw in enumerate(specs):
-        try:
-            spec = OperatorJobCreate.model_validate(raw)
-            params = validate(spec.operator, spec.params, spec.dtype, spec.epilogue)
-        except (ValidationError, WorkloadError) as e:
-            raise ValueError(f"{path}: spec [{i}]: {e}") from e
-        name = f"{i}_{spec.operator}" + ("" if spec.epilogue == "none" else f"_{spec.epilogue}")
-        out.append(SpecCase(Case(name, spec.operator, params, spec.epilogue, spec.dtype),
-                            spec.target, spec.budget, spec.seed))
-    return out
+__all__ = ["DOT", "FULL", "QUICK", "SMOKE", "SUITES", "Case", "Options", "SpecCase", "ablation_table", "build_pick",
+           "load_specs", "main", "measure_peak", "merge", "report", "resumable_rows", "retime", "run", "run_case",
+           "run_ours", "select", "table", "torch_programs"]
 
 
 # ---------------------------------------------------------------------------
@@ -277,7 +109,6 @@ def run_ours(task: Any, request: Any, inputs: list, expected: Any, programs: dic
     correct program goes into `programs` under `prefix` (exported to `folder`): `run_case` times it
     with the others.
     """
-    from tuner.operator import tune_operator
 
     start = time.perf_counter()
     result = tune_operator(task, request, **options)
@@ -315,8 +146,6 @@ def build_pick(task: Any, config: dict, inputs: list, expected: Any, folder: Pat
                prefix: str) -> tuple[TvmProgram | None, str | None]:
     """`config` built as the artifact is (our pipeline; constants packed beforehand, not timed), exported to
     `folder` and checked against `expected`: (the program, None), or (None, why not)."""
-    from compiler.arrays import check_close
-    from tuner import apply_config, layout_of_config
 
     try:
         prog = layout_of_config(task, config)
@@ -333,11 +162,7 @@ def _export(mod: Any, prim_func: Any, target: Any, args: list, path: Path,
             pipeline: str | None = None) -> tuple[TvmProgram, Any]:
     """`mod` built once (our pipeline, or TVM's default when None), exported with its arguments for
     `time_fresh`, and run once on them; (the program, its output)."""
-    import numpy as np
-    import tvm
 
-    from compiler.arrays import arg_specs
-    from compiler.build import compile_module
 
     built = tvm.compile(mod, target=target) if pipeline is None else compile_module(mod, target, pipeline)
     built.export_library(str(path.with_suffix(".so")))
@@ -351,8 +176,6 @@ def _export(mod: Any, prim_func: Any, target: Any, args: list, path: Path,
 
 def torch_programs(case: Case, seed: int, variants: Sequence[str]) -> dict[str, TorchProgram]:
     """The torch variants of a case (channels_last only where an input is 4-D or 5-D)."""
-    from bench.baselines import torch_operator
-    from compiler.workloads import make_workload
 
     wl = make_workload(case.operator, case.params, case.dtype, case.epilogue)
     out = {}
@@ -366,11 +189,7 @@ def torch_programs(case: Case, seed: int, variants: Sequence[str]) -> dict[str, 
 
 def run_case(case: Case, target_name: str, budget: int, seed: int, options: Options) -> dict:
     """Runs ours and the baselines on one case, then times them; never raises for a failure of one of them."""
-    from dataclasses import replace
 
-    from bench.baselines import metaschedule, untuned_latency
-    from tuner.operator import task_from_request
-    from tuner.request import TuneRequest
 
     # the task a job of this request would tune (the worker and `altune tune` build it the same way)
     request = TuneRequest(case.operator, case.params, case.dtype, case.epilogue, target_name, budget=budget, seed=seed,
@@ -451,10 +270,6 @@ def _record_timings(row: dict, timings: Any) -> None:
             row[f"vs_{prefix}"] = speedup(row[f"{prefix}_ms"], row["ours_ms"])
 
 
-# the picks a report row holds: program name -> the row's key of its configuration
-PICKS = {"ours": "config", "ours_loop_only": "ours_loop_only_config", **{p: f"{p}_config" for p in ABLATIONS}}
-
-
 def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 3,
            variants: Sequence[str] = TORCH_VARIANTS, log: Any = sys.stderr) -> dict:
     """The report `earlier` with its programs timed again, searching nothing: each row's picks (ours, ALT-OL and
@@ -465,9 +280,6 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
     Raises:
         ValueError: the report was measured on another target than `target` resolves to here.
     """
-    from compiler.target import target_key
-    from tuner.operator import task_from_request
-    from tuner.request import TuneRequest
 
     check_report(earlier)
     if earlier["target"] != target_key(target):
@@ -477,7 +289,7 @@ def retime(earlier: dict, *, target: str = "host", seed: int = 0, rounds: int = 
     for i, old in enumerate(earlier["cases"]):
         print(f"[{i + 1}/{len(earlier['cases'])}] {old['name']}: re-timing ...", file=log, flush=True)
         row = dict(old)
-        case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"), _dtype(row))
+        case = Case(row["name"], row["operator"], dict(row["params"]), row.get("epilogue", "none"), row_dtype(row))
         task = task_from_request(TuneRequest(case.operator, case.params, case.dtype, case.epilogue, target))
         inputs = task.workload.random_inputs(seed)
         expected = task.workload.reference(inputs)
@@ -531,7 +343,6 @@ def run(
             run again, and all of them stay in the report.
         on_case: called with the report so far after every case (to save it as it grows).
     """
-    from compiler.target import target_key
 
     default_budget = SUITES[suite][1] if suite in SUITES else 64
     plan = []
@@ -573,167 +384,14 @@ def run(
     return report(suite, target_text, budgets or [budget or default_budget], rows, peak=peak)
 
 
-def report(suite: str, target: str, budgets: list[int], rows: list[dict], env: dict | None = None,
-           peak: dict | None = None) -> dict:
-    """The report of `rows` (see `bench.common`), with its geomeans, `env` (default: this machine's) and the
-    machine's measured fp32 peak (`bench.tensorize.peak_gflops`; None: not measured), each fp32 pick's share of it
-    in its row (`<pick>_peak_share`)."""
-    for row in rows:
-        _peak_shares(row, peak)
-    return {
-        "suite": suite,
-        "target": target,
-        "budget": max(budgets),
-        "budgets": sorted(set(budgets)),
-        "cases": rows,
-        "geomean": {**geomeans(rows), "vs_loop_only": geomean(r.get("vs_loop_only") for r in rows),
-                    **{f"vs_{p}": geomean(r.get(f"vs_{p}") for r in rows) for p in ABLATIONS
-                       if any(f"vs_{p}" in r for r in rows)}},
-        "environment": env if env is not None else environment(),
-        "peak": peak,
-    }
-
-
-def _dtype(row: dict) -> str | None:
-    """A row's dtype, from its workload key ("operator[params]:dtype:epilogue"); None without one."""
-    parts = row.get("workload_key", "").rsplit(":", 2)
-    return parts[1] if len(parts) == 3 else None
-
-
-def _peak_shares(row: dict, peak: dict | None) -> None:
-    """`<pick>_peak_share`: a float32 pick's GFLOP/s over `peak`'s (how much room a faster search could still find)."""
-    fp32 = _dtype(row) == "float32"
-    for name in PICKS:
-        ms = row.get(f"{name}_ms")
-        row[f"{name}_peak_share"] = (row["flops"] / ms / 1e6 / peak["gflops"]
-                                     if fp32 and peak and ms and row.get("flops") else None)
-
-
 def measure_peak(target: str) -> dict | None:
     """This machine's fp32 FMA peak (`bench.tensorize.peak_gflops`, in a process of its own); None if it fails."""
-    from bench.common import MIN_REPEAT_MS, REPEAT
-    from bench.tensorize import peak_gflops
-    from compiler.target import resolve_target
 
     try:
         return peak_gflops(resolve_target(target), REPEAT, int(MIN_REPEAT_MS))
     except Exception as e:  # noqa: BLE001 - a table without the peak column is still a table
         print(f"fp32 peak not measured: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return None
-
-
-def resumable_rows(path: Path, suite: str, target: str, budget: int | None) -> list[dict]:
-    """The finished cases of the report at `path`, checked to be of the same suite, target and budget.
-
-    Raises:
-        ValueError: the report is of another suite, target or budget, so its rows do not belong here.
-    """
-    from compiler.target import target_key
-
-    earlier = json.loads(Path(path).read_text())
-    check_report(earlier)
-    default_budget = SUITES[suite][1] if suite in SUITES else earlier["budget"]
-    want = {"suite": suite, "target": target_key(target), "budget": budget if budget is not None else default_budget}
-    for key, value in want.items():
-        if earlier[key] != value:
-            raise ValueError(f"--resume: {path} is a report of {key} {earlier[key]!r}, this run's is {value!r}")
-    return earlier["cases"]
-
-
-def merge(reports: list[dict]) -> dict:
-    """One report of the cases of several (a suite run in pieces), later pieces winning a case run twice.
-
-    Raises:
-        ValueError: the reports are of different targets (their latencies do not compare).
-    """
-    for r in reports:
-        check_report(r)
-    targets = sorted({r["target"] for r in reports})
-    if len(targets) != 1:
-        raise ValueError(f"reports of one target only can be merged; these are of {targets}")
-    rows = list({c["name"]: c for r in reports for c in r["cases"]}.values())
-    suites = sorted({r["suite"] for r in reports})
-    merged = report(suites[0] if len(suites) == 1 else "+".join(suites), targets[0],
-                    [b for r in reports for b in r.get("budgets", [r["budget"]])], rows,
-                    env=reports[-1].get("environment", {}), peak=reports[-1].get("peak"))
-    merged["merged_from"] = [r.get("environment", {}).get("date_utc") for r in reports]
-    return merged
-
-
-# ---------------------------------------------------------------------------
-# Output
-
-
-def _correct_cell(row: dict) -> str:
-    if row["correct"]:
-        return "yes"
-    if not row.get("ours_correct"):
-        return "NO (ours)"
-    return "NO (MS)"
-
-
-COLUMNS = (
-    Column("case", lambda r: r["name"], right=False),
-    Column("untuned ms", lambda r: fmt_ms(r.get("untuned_ms"))),
-    Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
-    Column("ALT-OL ms", lambda r: fmt_ms(r.get("ours_loop_only_ms"))),
-    Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
-    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
-    Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
-    Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
-    Column("vs OL", lambda r: fmt_x(r.get("vs_loop_only"))),
-    Column("%peak", lambda r: fmt_share(r.get("ours_peak_share"))),
-    Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
-    Column("OL tune s", lambda r: fmt_s(r.get("ours_loop_only_tune_s"))),
-    Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
-    Column("correct", _correct_cell, right=False),
-    Column("layout", lambda r: r.get("layout") or "-", right=False),
-)
-
-
-def _cpu(report: dict) -> str:
-    env = report.get("environment", {})
-    return ", ".join(str(v) for v in (env.get("cpu_model"), env.get("cpu")) if v) or "CPU unknown"
-
-
-ABLATION_COLUMNS = (
-    Column("case", lambda r: r["name"], right=False),
-    Column("(a) seeds+random ms", lambda r: fmt_ms(r.get("ablation_seeds_random_ms"))),
-    Column("(b) xgb, no PPO ms", lambda r: fmt_ms(r.get("ablation_xgb_ms"))),
-    Column("(c) ALT ms", lambda r: fmt_ms(r.get("ours_ms"))),
-    Column("(d) ALT-OL ms", lambda r: fmt_ms(r.get("ours_loop_only_ms"))),
-    Column("c vs a", lambda r: fmt_x(r.get("vs_ablation_seeds_random"))),
-    Column("c vs b", lambda r: fmt_x(r.get("vs_ablation_xgb"))),
-    Column("c vs d", lambda r: fmt_x(r.get("vs_loop_only"))),
-    Column("a %peak", lambda r: fmt_share(r.get("ablation_seeds_random_peak_share"))),
-    Column("c %peak", lambda r: fmt_share(r.get("ours_peak_share"))),
-)
-
-
-def ablation_table(report: dict) -> str:
-    """The search ablation of `--ablation` (same budget, the same seeds, or none with `--no-seeds`): (a) the seeds
-    with random layouts, walks and ranking, (b) the same ranked by the XGBoost model, (c) full ALT, (d) ALT-OL."""
-    g = report["geomean"]
-    footer = [{"name": "geomean", "vs_ablation_seeds_random": g.get("vs_ablation_seeds_random"),
-               "vs_ablation_xgb": g.get("vs_ablation_xgb"), "vs_loop_only": g.get("vs_loop_only")}]
-    seeds = "no seeds in any search" if any(r.get("seeds") is False for r in report["cases"]) else "the same seeds"
-    return "\n".join([f"search ablation, budget {report['budget']} each, {seeds}, {_cpu(report)}{peak_text(report)}",
-                      format_table(ABLATION_COLUMNS, report["cases"], footer)])
-
-
-def table(report: dict) -> str:
-    """The report as a text table, with a geomean row and the failures below it."""
-    g = report["geomean"]
-    footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
-               "vs_loop_only": g.get("vs_loop_only"),
-               "correct": all(r["correct"] for r in report["cases"]), "ours_correct": True}]
-    head = (f"suite {report['suite']}, target {report['target']} ({_cpu(report)}), "
-            f"budget {report['budget']} on-device measurements each (ours and MetaSchedule); torch = the best of "
-            f"its variants; each program timed in a fresh process; speedup = baseline ms / ours ms{peak_text(report)}")
-    notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
-    notes += [f"  {r['name']}: {r['ours_loop_only_error']}" for r in report["cases"] if r.get("ours_loop_only_error")]
-    notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
-    return "\n".join([head, format_table(COLUMNS, report["cases"], footer), *notes])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, environment, geomean
+import ml_dtypes
+import numpy as np
+import tvm
+from tvm import tirx
+
+from bench.baselines import metaschedule
+from bench.common import RESULTS_DIR, geomean
+from bench.environment import environment
+from compiler.build import compile_module
+from compiler.passes.tensorize import choose, kernels, tensorize_module, without_tensorize
+from compiler.target import host_cores, host_cpu, resolve_target, target_key
 
 VARIANTS = ("ours", "no-partition", "plain", "metaschedule", "torch")
 PEAK_ACCUMULATORS = 12  # independent FMA chains per core: more than latency x throughput (4 x 2)
@@ -96,9 +106,6 @@ QUICK = (
 
 def programs(case: Case, target: Any) -> tuple[Any, dict[str, Any]]:
     """(the untransformed PrimFunc, variant -> scheduled module) of `case` on `target`."""
-    import tvm
-
-    from compiler.passes.tensorize import kernels, without_tensorize
 
     if case.kind in kernels.ELEMENTWISE:
         lanes = kernels.blocking(target, "float32").lanes
@@ -122,10 +129,6 @@ def programs(case: Case, target: Any) -> tuple[Any, dict[str, Any]]:
 
 def data(case: Case, target: Any, seed: int = 0) -> tuple[list[Any], Any, list[Any]]:
     """(TVM inputs in call order, the float64/int64 reference output, the logical inputs for torch)."""
-    import ml_dtypes
-    import numpy as np
-
-    from compiler.passes.tensorize import kernels
 
     rng = np.random.default_rng(seed)
     if case.kind in kernels.ELEMENTWISE:
@@ -164,8 +167,6 @@ def data(case: Case, target: Any, seed: int = 0) -> tuple[list[Any], Any, list[A
 
 def save_inputs(path: Path, arrays: list) -> None:
     """The arrays to `path` (.npz); bf16 as its bits, its dtype beside it (`load_inputs` restores it)."""
-    import numpy as np
-
     np.savez(path, *[a.view(np.uint16) if a.dtype.name == "bfloat16" else a for a in arrays],
              dtypes=np.array([a.dtype.name for a in arrays]))
 
@@ -201,10 +202,6 @@ def time_in_own_process(lib_path: Path, inputs_path: Path, output: tuple, repeat
 def _export_and_check(mod: Any, target: Any, inputs: list, ref: Any, out_dtype: str, path: Path,
                       pipeline: str = "licm") -> tuple[bool, float]:
     """Builds `mod` (our pipeline), writes the library to `path`, runs it once: (correct, max relative error)."""
-    import numpy as np
-    import tvm
-
-    from compiler.build import compile_module
 
     lib = compile_module(mod, target, pipeline) if pipeline else tvm.compile(mod, target=target)
     lib.export_library(str(path))
@@ -220,7 +217,7 @@ import json, statistics, sys, time
 import numpy as np, torch
 import torch.nn.functional as F
 sys.path.insert(0, {root!r})
-from bench.baselines import calibrate
+from bench.common import calibrate
 torch.set_num_threads({threads})
 kind, dtype = {kind!r}, {dtype!r}
 {load}
@@ -259,8 +256,6 @@ print(json.dumps(statistics.median(readings)))
 
 def torch_ms(case: Case, torch_inputs: list, folder: Path, repeat: int, min_repeat_ms: int) -> float:
     """Median latency (ms) of the torch op in a fresh process."""
-    from compiler.target import host_cores
-
     path = folder / "torch_inputs.npz"
     save_inputs(path, torch_inputs)
     code = _TORCH.format(root=str(Path(__file__).resolve().parent.parent), threads=host_cores(), kind=case.kind,
@@ -275,12 +270,6 @@ def torch_ms(case: Case, torch_inputs: list, folder: Path, repeat: int, min_repe
 def peak_gflops(target: Any, repeat: int, min_repeat_ms: int, iterations: int = 200_000) -> dict:
     """The fp32 FMA peak of this machine (GFLOP/s): on every core, `PEAK_ACCUMULATORS` independent vector FMA
     chains of the target's widest fp32 FMA, timed in a process of its own."""
-    import numpy as np
-    import tvm
-    from tvm import tirx
-
-    from compiler.passes.tensorize import choose
-    from compiler.target import host_cores
 
     ins = choose(target, "float32", "float32", "float32", 1)
     lanes = ins.lanes if ins is not None else 4
@@ -316,18 +305,12 @@ def peak_gflops(target: Any, repeat: int, min_repeat_ms: int, iterations: int = 
 def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms: int, torch: bool = True,
             variants: tuple[str, ...] = VARIANTS) -> dict:
     """One row: every variant built, checked against numpy and timed in its own process."""
-    import numpy as np
-
-    from bench.baselines import metaschedule
-    from compiler.passes.tensorize import tensorize_module
 
     row: dict[str, Any] = {"name": case.name, "kind": case.kind, "dtype": case.dtype, "params": case.params,
                            "flops": case.flops}
     func, mods = programs(case, target)
     inputs, ref, torch_inputs = data(case, target)
     out_dtype = "int32" if case.dtype == "int8" else "float32"
-    import tvm
-
     _, reports = tensorize_module(tvm.tirx.transform.BindTarget(target)(mods["ours"]))
     row["instructions"] = sorted(set(reports["main"].used)) if "main" in reports else []
     row["left_alone"] = len(reports["main"].left) if "main" in reports else 0
@@ -425,9 +408,6 @@ def run(cases: list[Case], ms_budget: int, repeat: int, min_repeat_ms: int, log:
     """Measures `cases` (the `variants` of each) and the fp32 peak (unless given) and returns the report; `mcpu`:
     ours, MetaSchedule and the peak built for that CPU instead of this one (e.g. "haswell": an AVX2 target, which
     a CPU with AVX-512 also runs; torch runs what it runs on this CPU)."""
-    import tvm
-
-    from compiler.target import host_cores, resolve_target, target_key
 
     target = resolve_target("host") if mcpu is None else tvm.target.Target(
         {"kind": "llvm", "mcpu": mcpu, "num-cores": host_cores()})
@@ -482,8 +462,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mcpu", help="build ours, MetaSchedule and the peak for this LLVM CPU instead of the host's "
                                        "(e.g. haswell: AVX2 on a machine with AVX-512; torch stays the host's)")
     args = parser.parse_args(argv)
-
-    from compiler.target import host_cpu
 
     cases = [c for c in (QUICK if args.quick else CASES) if not args.cases or args.cases in c.name]
     budget = args.ms_budget if args.ms_budget is not None else (4 if args.quick else 64)

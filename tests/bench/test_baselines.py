@@ -125,7 +125,7 @@ def test_a_requantizing_int8_operator_has_torch_ao_s_as_its_baseline(operator, p
 
     import torch
 
-    from bench.baselines import _torch_quantized
+    from bench.torch_operators import _torch_quantized
 
     wl = _workload(operator, params, epilogue, "int8")
     inputs = wl.random_inputs()
