@@ -1,22 +1,60 @@
-"""Shared fixtures: one database per test, on SQLite always and on PostgreSQL where it answers."""
+"""Shared fixtures: one database per test, on SQLite always and on PostgreSQL where it answers; the markers that say
+what a slow test does. Plain helpers and factories are in tests/support/ (`from support.jobs import ...`)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-import socket
-import threading
-import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from support.auth import new_token, open_to_all
+from support.databases import reset_postgres
+from support.servers import LiveServer
+
+from service.api import create_app
+from service.db import get_engine, upgrade
+from service.settings import Settings
 
 POSTGRES_URL = os.environ.get("ALTUNE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+# What a slow test does, one marker each; every one of them implies `slow`, which `make test-fast` leaves out
+# (`-m "not slow"`). Select by what you are changing: `-m tunes`, `-m "slow and not browser"`.
+SLOW_MARKERS = {
+    "tunes": "builds and measures candidates: a search, a measurer, a worker, `altune tune`, a bench run",
+    "builds_model": "exports, imports or builds a whole model (the zoo's, the corpus', an upload's)",
+    "sandbox": "runs an upload through the sandbox's child (it imports torch and TVM, confined: seconds each)",
+    "server": "starts `altune serve`, `altune worker` or an RPC tracker as child processes",
+    "browser": "drives a headless chromium through the dashboard (playwright)",
+    "fuzz": "sends generated requests by the hundred (schemathesis)",
+    "bench": "runs a benchmark: programs built and timed in fresh processes (bench.*)",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in SLOW_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what} (implies slow)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: "not slow" must see the `slow` added here
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+# -- databases ---------------------------------------------------------------------------------------------------
 
 
 def _postgres_reason() -> str | None:
     """None when PostgreSQL answers, else why the PostgreSQL variants are skipped."""
     try:
-        import psycopg
+        import psycopg  # optional: the PostgreSQL variants skip without it
 
         url = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(url, connect_timeout=3):
@@ -33,83 +71,47 @@ def postgres_url() -> Iterator[str]:
     """A database of this test run's own on the PostgreSQL server, so parallel runs never meet."""
     if _PG_SKIP:
         pytest.skip(_PG_SKIP)
-    import uuid
-
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
     name = f"altune_test_{uuid.uuid4().hex[:10]}"
     admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-    from service.db import get_engine
-
     get_engine.cache_clear()  # engines made for the per-test URL hold connections to it
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
 
 
-def _reset_postgres(url: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request, tmp_path) -> str:
     """A migrated, empty database."""
-    from service.db import upgrade
-
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'altune.db'}"
     else:
         url = request.getfixturevalue("postgres_url")
-        _reset_postgres(url)
+        reset_postgres(url)
     upgrade(url)
     return url
 
 
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:
-    from service.db import upgrade
-
     url = f"sqlite:///{tmp_path / 'altune.db'}"
     upgrade(url)
     return url
 
 
 @pytest.fixture
-def settings(db_url, tmp_path):
-    from service.settings import Settings
-
+def settings(db_url, tmp_path) -> Settings:
     return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2)
 
 
-def new_token(url: str, scope: str = "admin", name: str | None = None, **limits: int | None) -> str:
-    """A new token in the database at `url` (as `altune token create` makes it): the token itself."""
-    from service.db import session_scope
-    from service.tokens import create_token
-
-    with session_scope(url) as session:
-        return create_token(session, scope, name, **limits)[1]  # type: ignore[arg-type]
-
-
-def open_to_all(settings):
-    """The settings with ALTUNE_ANONYMOUS=all: for servers whose tests are about tuning, streaming or the dashboard
-    and reach the API from many places (httpx, a browser) without a token; the token tests run with auth on."""
-    return settings.model_copy(update={"anonymous": "all"})
+# -- tokens and clients ------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def make_token():
-    """`make_token(url, scope, name, **limits)`: a new token (a fixture: `from conftest import` may find
-    tests/web/conftest.py first)."""
+    """`make_token(url, scope, name, **limits)`: a new token (`support.auth.new_token`)."""
     return new_token
 
 
@@ -121,71 +123,31 @@ def admin_token(settings) -> str:
 @pytest.fixture
 def client(settings, admin_token):
     """The app in-process with auth on (the default), sending an admin token with every request."""
-    from fastapi.testclient import TestClient
-
-    from service.api import create_app
-
     with TestClient(create_app(settings), headers={"Authorization": f"Bearer {admin_token}"}) as c:
+        yield c
+
+
+@pytest.fixture
+def app(settings):
+    """The app in-process with auth on and no token: each test sends what it means to (`support.auth.bearer`)."""
+    with TestClient(create_app(settings)) as c:
         yield c
 
 
 def _run_async(coro):
     """`asyncio.run(coro)` in a thread of its own: the web tests' session-wide browser (playwright's sync API)
     keeps an event loop running in this process's main thread, where `asyncio.run` then refuses to start."""
-    import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
 
 
 @pytest.fixture
 def run_async():
-    """`run_async(coro)`: `asyncio.run` that works in any test process (see `_run_async`; a fixture, since
-    `from conftest import` may find tests/web/conftest.py)."""
+    """`run_async(coro)`: `asyncio.run` that works in any test process (see `_run_async`)."""
     return _run_async
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    """The real API on a loopback port with one worker (unless `worker=False`), both in threads of this process."""
-
-    def __init__(self, settings, *, worker: bool = True) -> None:
-        import uvicorn
-
-        from service.api import create_app
-        from service.worker import Worker
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.worker = Worker(settings) if worker else None
-        self._threads = [threading.Thread(target=self.server.run, daemon=True)]
-        if self.worker is not None:
-            self._threads.append(threading.Thread(target=self.worker.run_forever, daemon=True))
-
-    def __enter__(self) -> LiveServer:
-        for t in self._threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start in 30 s"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-        self.server.should_exit = True
-        for t in self._threads:
-            t.join(60)
+# -- servers -----------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -199,8 +161,6 @@ def live_server(settings) -> Iterator[LiveServer]:
 def api_server(sqlite_url, tmp_path) -> Iterator[LiveServer]:
     """The real API on a loopback port over SQLite, without a worker: submitted jobs stay queued. Auth is on:
     `api_server.token` is an admin token."""
-    from service.settings import Settings
-
     with LiveServer(Settings(database_url=sqlite_url, data_dir=tmp_path), worker=False) as server:
         server.token = new_token(sqlite_url, "admin", "test-admin")
         yield server

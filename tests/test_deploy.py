@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import yaml
+from support.processes import ROOT
 
 from service.cli import build_parser
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_compose_file_is_valid_and_uses_real_commands():

@@ -11,6 +11,7 @@ pytest.importorskip("tvm")
 from bench import copies  # noqa: E402
 
 
+@pytest.mark.bench
 def test_quick_run_builds_and_checks_every_way_and_reports_what_was_copied(tmp_path, capsys):
     """`--rounds 0`: every way built and checked against numpy, no fresh-process timing (that path is
     `bench.common`'s, tested with the other benches)."""

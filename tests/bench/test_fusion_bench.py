@@ -10,7 +10,8 @@ import pytest
 from bench import fusion
 
 
-@pytest.mark.slow
+@pytest.mark.bench
+@pytest.mark.tunes
 @pytest.mark.timeout(600)
 def test_a_small_subgraph_is_tuned_fused_and_unfused_and_timed(tmp_path):
     from compiler.target import resolve_target

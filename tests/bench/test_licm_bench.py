@@ -3,6 +3,8 @@ timed in a process of its own, and the summary counts what it says it counts."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.licm import CASES, OPERATORS, VARIANTS, Case, run, summarize, table
 
 
@@ -14,6 +16,7 @@ def test_suite_covers_the_topi_operators_asked_for():
     assert len({c.name for c in CASES}) == len(CASES), "case names are unique"
 
 
+@pytest.mark.bench
 def test_one_case_is_built_three_ways_checked_and_timed():
     case = Case("pad_small", "pad", {"n": 1, "c": 4, "size": 8, "pad": 1})
     report = run([case], layouts=False, repeat=1, min_repeat_ms=1, log=lambda _: None)

@@ -20,6 +20,8 @@ def _small_cnn():
     return module, inputs, torch_outputs(module, inputs)
 
 
+@pytest.mark.builds_model
+@pytest.mark.bench
 def test_onnxruntime_program_is_checked_then_timed_in_a_fresh_process(tmp_path):
     module, inputs, expected = _small_cnn()
     facts, program = models.onnxruntime_program(module, inputs, expected, tmp_path)
@@ -64,6 +66,9 @@ def test_also_layouts_take_chains_and_refuse_what_is_not_a_layout(capsys):
     assert e.value.code == 2 and "--ms-trials-per-iter" in capsys.readouterr().err
 
 
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.bench
 def test_quantize_benchmarks_the_pt2e_quantized_model_on_every_side(tmp_path, capsys):
     """`--quantize`: ours tunes the torchao-quantized model (checked within a quantization step), torch times the
     quantized module, ONNX Runtime says why it is not run; the report says the models were quantized."""
@@ -82,6 +87,9 @@ def test_quantize_benchmarks_the_pt2e_quantized_model_on_every_side(tmp_path, ca
     assert "quantized_decomposed" in row["onnxruntime_error"]
 
 
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.bench
 def test_bf16_benchmarks_the_bfloat16_model_on_every_side(tmp_path):
     """`--bf16`: ours tunes the bfloat16 model (its convs in the dot-product form) and matches torch within
     bfloat16's tolerance, MetaSchedule runs from our translation, torch times the bf16 module, ONNX Runtime says
@@ -102,6 +110,7 @@ def test_bf16_benchmarks_the_bfloat16_model_on_every_side(tmp_path):
         models.main(["--models", "small_cnn", "--bf16", "--quantize"])
 
 
+@pytest.mark.tunes
 def test_metaschedule_iterations_are_cut_to_the_budgets_share_so_that_every_task_is_tuned(tmp_path):
     """MetaSchedule's task scheduler gives every task one iteration first: at 64 per iteration a budget of 4 would
     go to the first task alone (MobileNet-V2 at 1,000 reached 18 of its 34 tasks). The iteration is cut to the
@@ -125,6 +134,8 @@ def test_metaschedule_iterations_are_cut_to_the_budgets_share_so_that_every_task
     assert ms["metaschedule_tuned_tasks"] == min(ms["metaschedule_tasks"], 4), ms
 
 
+@pytest.mark.tunes
+@pytest.mark.builds_model
 def test_metaschedule_gets_our_translation_where_tvms_importer_lacks_an_operator(tmp_path):
     """TVM's importer has no `amax` (text_cnn's max over time): MetaSchedule is given our translation, the program
     ours starts from, and its build matches torch."""

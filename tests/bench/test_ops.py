@@ -15,7 +15,8 @@ def _finite(value) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
-@pytest.mark.slow
+@pytest.mark.bench
+@pytest.mark.tunes
 @pytest.mark.timeout(600)
 def test_smoke_suite_writes_a_correct_report(tmp_path, capsys):
     """Ours, MetaSchedule (weights layout-free) and torch's variants on the smoke conv at budget 4, every

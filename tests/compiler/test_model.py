@@ -81,6 +81,7 @@ def test_untuned_build_matches_torch(imported, name, host_target):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.builds_model
 def test_tuned_task_build_and_artifact(imported, host_target, tmp_path):
     from tuner import Task, apply_config, tune
 
@@ -108,6 +109,7 @@ def test_tuned_task_build_and_artifact(imported, host_target, tmp_path):
         np.testing.assert_allclose(out["output0"], expected[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.builds_model
 def test_task_layouts_pack_weights_at_build_time(imported, host_target):
     from tvm import s_tir
 
@@ -225,6 +227,7 @@ def test_conv_blocks():
     assert M.conv_blocks(512, 256, 8) == (8, 8)
 
 
+@pytest.mark.builds_model
 def test_blocked_layout_is_carried_through_the_graph(saved, host_target):
     """Graph-level layouts: every conv in N C/c H W c, element-wise and pooling tasks take the blocked
     tensors as they are, weights are packed at build time, and the model still matches torch."""

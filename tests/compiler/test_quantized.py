@@ -144,6 +144,7 @@ def test_int8_without_vnni(target):
     _check(wl, _run(tvm.IRModule({"main": wl.prim_func}), wl, xs, target), wl.reference(xs))
 
 
+@pytest.mark.tunes
 def test_int8_job_tunes_to_an_exact_artifact(tmp_path):
     """An int8 operator job, as the worker runs it: ALT's search with a tiny budget, the best into an artifact,
     the artifact's output equal to torch's bit for bit."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from support.processes import service_env
 
 from service.db import session_scope
 from service.models import Job, TrialRow
@@ -20,17 +20,16 @@ DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "
          "epilogue": "none", "target": "host", "budget": 4, "seed": 3, "layout_levels": 1}
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
 def test_altune_tune_runs_the_same_search_as_a_job(sqlite_url, tmp_path):
     """One round (budget < top_k): its picks depend only on the spec and the seed, not on the timings."""
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(DENSE))
     trials_file, artifact = tmp_path / "trials.jsonl", tmp_path / "dense.tar.gz"
     # the service's settings off; the host CPU as this process sees it (`ALTUNE_HOST_CPU`)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_") or k == "ALTUNE_HOST_CPU"}
     cli = [str(Path(sys.executable).parent / "altune"), "tune", str(spec_file), "--trials", str(trials_file),
            "--out", str(artifact)]
-    run = subprocess.run(cli, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    run = subprocess.run(cli, capture_output=True, text=True, timeout=600, env=service_env(), cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     local = [json.loads(line) for line in trials_file.read_text().splitlines()]
     assert len(local) == DENSE["budget"] and "best" in run.stdout

@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import time
 
 import httpx
 import numpy as np
 import pytest
+from support.jobs import wait_for_job
 
 from service.db import session_scope
 from service.models import Schedule, ScheduleKey, TrialRow
@@ -21,19 +21,7 @@ CONV = {"kind": "operator", "operator": "conv2d",
         "dtype": "float32", "epilogue": "bias_relu", "target": "host", "budget": 16}
 
 
-def _wait(client: httpx.Client, job_id: int, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = client.get(f"/api/v1/jobs/{job_id}")
-        assert r.status_code == 200, r.text
-        job = r.json()
-        if job["status"] not in ("queued", "running"):
-            return job
-        assert time.monotonic() < deadline, f"job still {job['status']} after {timeout} s: {job}"
-        time.sleep(0.5)
-
-
-@pytest.mark.slow
+@pytest.mark.tunes
 def test_submit_tune_download_and_run(live_server, settings, tmp_path):
     import tvm
 
@@ -42,7 +30,7 @@ def test_submit_tune_download_and_run(live_server, settings, tmp_path):
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
         r = client.post("/api/v1/jobs", json=CONV)
         assert r.status_code == 201, r.text
-        job = _wait(client, r.json()["id"])
+        job = wait_for_job(client, r.json()["id"])
         assert job["status"] == "succeeded", job["error"]
         assert job["trials_done"] == CONV["budget"] and job["best_latency_ms"] > 0
         assert job["baseline_ms"] and job["has_artifact"]
@@ -94,21 +82,21 @@ def test_submit_tune_download_and_run(live_server, settings, tmp_path):
     np.testing.assert_allclose(out.numpy(), workload.reference(inputs), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # compiler work: SQLite is enough (CI time)
 def test_second_job_of_a_workload_starts_from_the_known_schedule(live_server, settings):
     spec = CONV | {"budget": 4, "epilogue": "none"}
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
-        first = _wait(client, client.post("/api/v1/jobs", json=spec).json()["id"])
+        first = wait_for_job(client, client.post("/api/v1/jobs", json=spec).json()["id"])
         assert first["status"] == "succeeded", first["error"]
         best = first["tasks"][0]["best_config"]
-        second = _wait(client, client.post("/api/v1/jobs", json=spec | {"seed": 5}).json()["id"])
+        second = wait_for_job(client, client.post("/api/v1/jobs", json=spec | {"seed": 5}).json()["id"])
         assert second["status"] == "succeeded", second["error"]
         trials = client.get(f"/api/v1/jobs/{second['id']}/trials").json()["data"]
     assert trials[0]["config"] == best, "the known best schedule is measured first"
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # compiler work: SQLite is enough (CI time)
 def test_an_int8_operator_job_runs_the_dot_product_instruction(live_server, tmp_path):
     """An int8 dense job whose shapes divide neither the instruction's lanes nor its groups: the search measures
@@ -125,7 +113,7 @@ def test_an_int8_operator_job_runs_the_dot_product_instruction(live_server, tmp_
     with httpx.Client(base_url=live_server.url, timeout=30) as client:
         r = client.post("/api/v1/jobs", json=spec)
         assert r.status_code == 201, r.text
-        job = _wait(client, r.json()["id"])
+        job = wait_for_job(client, r.json()["id"])
         assert job["status"] == "succeeded", job["error"]
         assert f"layout.{GROUP_PARAM}" in job["tasks"][0]["best_config"], job["tasks"][0]["best_config"]
         artifact = client.get(f"/api/v1/jobs/{job['id']}/artifact")

@@ -14,115 +14,35 @@ import os
 import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
+import torch
+from sqlalchemy.engine import make_url
+from support.auth import new_token
+from support.databases import reset_postgres
+from support.jobs import DENSE, add_job, add_model_job, get_job, job_finished, trial_rows
+from support.models import save_program
+from support.processes import answers, cli_process, wait_until, worker_env
+from support.servers import free_port
 
-from service.db import session_scope
-from service.models import Job, TrialRow
+from service.db import upgrade
 
-ROOT = Path(__file__).resolve().parents[2]
-DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "dtype": "float32",
-         "epilogue": "none", "target": "host", "budget": 12, "seed": 0}
-LEASE_S = 3.0
-OUTAGE_S = 4.0  # > LEASE_S: the lease runs out during the outage, and the job must still end in the same worker
+OUTAGE_S = 4.0  # > support.processes.LEASE_S: the lease runs out during the outage, the same worker must end the job
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def new_token(url: str) -> str:
-    from service.tokens import create_token
-
-    with session_scope(url) as session:
-        return create_token(session, "admin", "test-admin")[1]
-
-
-def _answers(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _env(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_") or k == "ALTUNE_HOST_CPU"}
-    return env | {"ALTUNE_DATABASE_URL": url, "ALTUNE_DATA_DIR": str(tmp_path), "ALTUNE_LEASE_SECONDS": str(LEASE_S),
-                  "ALTUNE_POLL_SECONDS": "0.2", "PYTHONPATH": str(ROOT)} | extra
-
-
-@contextmanager
-def _process(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
-    """`python -m service.cli *args` in a session of its own; on the way out its whole group is killed."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", *args], env=env, cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the process and what it left behind (measuring processes)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
-def _add_job(url: str, spec: dict = DENSE) -> int:
-    with session_scope(url) as s:
-        job = Job(kind="operator", name=spec["operator"], spec=spec, target=spec["target"], budget=spec["budget"])
-        s.add(job)
-        s.flush()
-        return job.id
-
-
-def _job(url: str, job_id: int) -> Job:
-    with session_scope(url) as s:
-        return Job.find_or_raise_by_id(s, job_id)
-
-
-def _trials(url: str, job_id: int) -> list[tuple[int, int, float | None]]:
-    """(row id, trial index, latency) of every trial row of the job, by row id."""
-    with session_scope(url) as s:
-        rows = s.execute(select(TrialRow.id, TrialRow.index, TrialRow.latency_ms)
-                         .where(TrialRow.job_id == job_id).order_by(TrialRow.id)).all()
-        return [tuple(r) for r in rows]
-
-
-def _wait(what: str, done: Callable[[], bool], timeout: float = 300, procs: tuple[subprocess.Popen, ...] = (),
-          logs: tuple[Path, ...] = ()) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        dead = [p.args[-1] for p in procs if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            tails = "\n".join(log.read_text()[-3000:] for log in logs if log.exists())
-            raise AssertionError(f"{'processes exited: ' + str(dead) if dead else 'timed out'} waiting for {what}\n"
-                                 f"{tails}")
-        time.sleep(0.1)
-
-
-def _finished(url: str, job_id: int) -> Callable[[], bool]:
-    return lambda: _job(url, job_id).status not in ("queued", "running")
-
-
 def _assert_all_trials_kept(url: str, job_id: int, before: list[tuple], budget: int) -> list[tuple]:
-    after = _trials(url, job_id)
+    after = trial_rows(url, job_id)
     assert set(before) <= set(after), f"trials lost: {sorted(set(before) - set(after))}"
     assert sorted(index for _, index, _ in after) == list(range(budget)), "each trial index exactly once"
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.status == "succeeded", job.error
     assert job.trials_done == budget == len(after)
     return after
@@ -173,23 +93,26 @@ class EventStream(threading.Thread):
 # -- a worker killed mid-job -----------------------------------------------------------------------------------
 
 
+@pytest.mark.server
+@pytest.mark.tunes
 def test_a_worker_killed_mid_job_loses_no_trial_and_another_finishes_it(db_url, tmp_path):
-    job_id = _add_job(db_url)
-    env = _env(db_url, tmp_path)
+    job_id = add_job(db_url, DENSE)
+    env = worker_env(db_url, tmp_path)
     logs = (tmp_path / "worker-a.log", tmp_path / "worker-b.log")
-    with _process(["worker"], env, logs[0]) as a:
-        _wait("worker a to claim the job", lambda: _job(db_url, job_id).status == "running", procs=(a,), logs=logs)
-        with _process(["worker"], env, logs[1]) as b:  # idle: the job is a's while its lease holds
-            _wait("worker a's first trials", lambda: len(_trials(db_url, job_id)) >= 3, procs=(a, b), logs=logs)
+    with cli_process(["worker"], env, logs[0]) as a:
+        wait_until("worker a to claim the job", lambda: get_job(db_url, job_id).status == "running", procs=(a,),
+                   logs=logs)
+        with cli_process(["worker"], env, logs[1]) as b:  # idle: the job is a's while its lease holds
+            wait_until("worker a's first trials", lambda: len(trial_rows(db_url, job_id)) >= 3, procs=(a, b), logs=logs)
             os.kill(a.pid, signal.SIGKILL)
             assert a.wait(10) == -signal.SIGKILL
-            before = _trials(db_url, job_id)
-            job = _job(db_url, job_id)
+            before = trial_rows(db_url, job_id)
+            job = get_job(db_url, job_id)
             assert job.status == "running" and f":{a.pid}:" in job.worker_id, "the dead worker holds the lease"
             assert 3 <= len(before) < DENSE["budget"]
-            _wait("worker b to finish the job", _finished(db_url, job_id), procs=(b,), logs=logs)
+            wait_until("worker b to finish the job", job_finished(db_url, job_id), procs=(b,), logs=logs)
     _assert_all_trials_kept(db_url, job_id, before, DENSE["budget"])
-    job = _job(db_url, job_id)
+    job = get_job(db_url, job_id)
     assert f":{b.pid}:" in job.worker_id
     assert job.attempts == 2 and job.takeovers == 1
 
@@ -197,18 +120,20 @@ def test_a_worker_killed_mid_job_loses_no_trial_and_another_finishes_it(db_url, 
 # -- the API killed under streaming clients --------------------------------------------------------------------
 
 
+@pytest.mark.server
+@pytest.mark.tunes
 def test_streams_reconnect_to_a_restarted_api_and_get_every_trial_while_the_worker_goes_on(sqlite_url, tmp_path):
-    token = new_token(sqlite_url)
+    token = new_token(sqlite_url, "admin", "test-admin")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = _env(sqlite_url, tmp_path, ALTUNE_PORT=str(port))
+    env = worker_env(sqlite_url, tmp_path, ALTUNE_PORT=str(port))
     logs = (tmp_path / "api.log", tmp_path / "worker.log", tmp_path / "api-2.log")
 
     def up() -> bool:
-        return _answers(base)
+        return answers(base)
 
-    with _process(["serve", "--workers", "0"], env, logs[0]) as api:
-        _wait("the API", up, procs=(api,), logs=logs)
+    with cli_process(["serve", "--workers", "0"], env, logs[0]) as api:
+        wait_until("the API", up, procs=(api,), logs=logs)
         r = httpx.post(f"{base}/api/v1/jobs", json=DENSE | {"budget": 20},
                        headers={"Authorization": f"Bearer {token}"}, timeout=10)
         assert r.status_code == 201, r.text
@@ -216,23 +141,24 @@ def test_streams_reconnect_to_a_restarted_api_and_get_every_trial_while_the_work
         streams = [EventStream(f"{base}/api/v1/jobs/{job_id}/events", token) for _ in range(3)]
         for s in streams:
             s.start()
-        with _process(["worker"], env, logs[1]) as worker:
-            _wait("trials on every stream", lambda: all(len(s.trial_ids) >= 3 for s in streams),
-                  procs=(api, worker), logs=logs)
+        with cli_process(["worker"], env, logs[1]) as worker:
+            wait_until("trials on every stream", lambda: all(len(s.trial_ids) >= 3 for s in streams),
+                   procs=(api, worker), logs=logs)
             os.kill(api.pid, signal.SIGKILL)
             assert api.wait(10) == -signal.SIGKILL
-            at_kill = len(_trials(sqlite_url, job_id))
+            at_kill = len(trial_rows(sqlite_url, job_id))
             # the worker goes on without the API: trials keep arriving in the database
-            _wait("trials written while the API is down", lambda: len(_trials(sqlite_url, job_id)) >= at_kill + 2,
-                  procs=(worker,), logs=logs)
+            wait_until("trials written while the API is down",
+                       lambda: len(trial_rows(sqlite_url, job_id)) >= at_kill + 2,
+                       procs=(worker,), logs=logs)
             assert not up()
-            with _process(["serve", "--workers", "0"], env, logs[2]) as api2:
+            with cli_process(["serve", "--workers", "0"], env, logs[2]) as api2:
                 for s in streams:
                     s.join(120)
                 assert api2.poll() is None
             assert worker.poll() is None, "the worker lived through the API's death"
-    rows = _trials(sqlite_url, job_id)
-    assert _job(sqlite_url, job_id).status == "succeeded"
+    rows = trial_rows(sqlite_url, job_id)
+    assert get_job(sqlite_url, job_id).status == "succeeded"
     for s in streams:
         assert s.end == {"status": "succeeded"}
         assert s.connects >= 2, "the stream was cut by the kill and reconnected"
@@ -313,8 +239,6 @@ def outage(request, tmp_path):
     SQLite: another process's exclusive transaction holds the file (writes wait, then fail "database is locked").
     PostgreSQL: the service reaches it through a TCP proxy that is cut (connections reset, new ones refused).
     """
-    from service.db import upgrade
-
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'altune.db'}"
         upgrade(url)
@@ -332,15 +256,8 @@ def outage(request, tmp_path):
         yield url, down, "sqlite"
         return
 
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
     real = request.getfixturevalue("postgres_url")
-    engine = create_engine(real)  # an empty schema (`from conftest import` may find tests/web/conftest.py)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
+    reset_postgres(real)
     upgrade(real)
     parsed = make_url(real)
     proxy = TcpProxy((parsed.host or "127.0.0.1", parsed.port or 5432))
@@ -358,21 +275,23 @@ def outage(request, tmp_path):
     proxy.stop()
 
 
+@pytest.mark.server
+@pytest.mark.tunes
 def test_workers_api_and_streams_ride_out_a_database_outage(outage, tmp_path):
     url, database_down, backend = outage
-    token = new_token(url)
+    token = new_token(url, "admin", "test-admin")
     bearer = {"Authorization": f"Bearer {token}"}
-    job_id = _add_job(url, DENSE | {"budget": 20})
+    job_id = add_job(url, DENSE | {"budget": 20})
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = _env(url, tmp_path, ALTUNE_PORT=str(port))
+    env = worker_env(url, tmp_path, ALTUNE_PORT=str(port))
     logs = (tmp_path / "api.log", tmp_path / "worker.log")
-    with _process(["serve", "--workers", "0"], env, logs[0]) as api, \
-            _process(["worker"], env, logs[1]) as worker:
-        _wait("the API", lambda: _answers(base), procs=(api,), logs=logs)
+    with cli_process(["serve", "--workers", "0"], env, logs[0]) as api, \
+            cli_process(["worker"], env, logs[1]) as worker:
+        wait_until("the API", lambda: answers(base), procs=(api,), logs=logs)
         stream = EventStream(f"{base}/api/v1/jobs/{job_id}/events", token)
         stream.start()
-        _wait("the first trials", lambda: len(stream.trial_ids) >= 3, procs=(api, worker), logs=logs)
+        wait_until("the first trials", lambda: len(stream.trial_ids) >= 3, procs=(api, worker), logs=logs)
         with database_down():
             time.sleep(OUTAGE_S / 2)
             during = httpx.get(f"{base}/api/v1/jobs/{job_id}", headers=bearer, timeout=30)
@@ -382,12 +301,12 @@ def test_workers_api_and_streams_ride_out_a_database_outage(outage, tmp_path):
             time.sleep(OUTAGE_S / 2)
             assert worker.poll() is None and api.poll() is None, "the worker and the API live through the outage"
         stuck_at = len(stream.trial_ids)
-        _wait("the job to finish after the outage", _finished(url, job_id), procs=(api, worker), logs=logs)
+        wait_until("the job to finish after the outage", job_finished(url, job_id), procs=(api, worker), logs=logs)
         stream.join(60)
         assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
         assert httpx.get(f"{base}/api/v1/jobs/{job_id}", headers=bearer, timeout=10).status_code == 200
     rows = _assert_all_trials_kept(url, job_id, [], 20)
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.attempts == 1 and f":{worker.pid}:" in job.worker_id, "the same worker ended it, without a restart"
     assert len(stream.trial_ids) > stuck_at
     assert stream.end == {"status": "succeeded"}
@@ -397,36 +316,30 @@ def test_workers_api_and_streams_ride_out_a_database_outage(outage, tmp_path):
         assert any("database unavailable" in c for c in stream.comments)
 
 
+@pytest.mark.server
+@pytest.mark.tunes
+@pytest.mark.builds_model
 def test_a_model_job_rides_out_a_database_outage(outage, tmp_path):
     """A model job's writes (its trials, the model's estimate, each task's baseline, the report, the artifact's
     row) wait through an outage longer than the lease, and the same worker ends the job. (On SQLite: the retry
     path is the backend-neutral `retry_db` that the operator job's outage test runs on both.)"""
-    import torch
-
     url, database_down, backend = outage
     if backend == "postgres":
         pytest.skip("the write retry is the same on both backends; the operator job's outage test covers PostgreSQL")
-    path = tmp_path / "net.pt2"
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 1))
-    torch.export.save(torch.export.export(net.eval(), (torch.ones(1, 3, 16, 16),)), path)
-    spec = {"kind": "model", "name": "net", "model_file": str(path), "input_shapes": [[1, 3, 16, 16]],
-            "target": "host", "layout": "blocked", "fusion": "none", "budget": 24, "seed": 0}
-    with session_scope(url) as s:
-        job = Job(kind="model", name="net", spec=spec, target="host", budget=24)
-        s.add(job)
-        s.flush()
-        job_id = job.id
+    path = save_program(net, (torch.ones(1, 3, 16, 16),), tmp_path / "net.pt2")
+    job_id = add_model_job(url, path, [[1, 3, 16, 16]], budget=24)
     log = tmp_path / "worker.log"
-    with _process(["worker"], _env(url, tmp_path), log) as worker:
-        _wait("the first trials", lambda: len(_trials(url, job_id)) >= 3, procs=(worker,), logs=(log,))
-        before = _trials(url, job_id)
+    with cli_process(["worker"], worker_env(url, tmp_path), log) as worker:
+        wait_until("the first trials", lambda: len(trial_rows(url, job_id)) >= 3, procs=(worker,), logs=(log,))
+        before = trial_rows(url, job_id)
         with database_down():
             time.sleep(OUTAGE_S)
             assert worker.poll() is None, "the worker lives through the outage"
-        _wait("the job to finish after the outage", _finished(url, job_id), procs=(worker,), logs=(log,))
-    job = _job(url, job_id)
+        wait_until("the job to finish after the outage", job_finished(url, job_id), procs=(worker,), logs=(log,))
+    job = get_job(url, job_id)
     assert job.status == "succeeded", job.error
     assert job.attempts == 1 and f":{worker.pid}:" in job.worker_id, "the same worker ended it, without a restart"
-    after = _trials(url, job_id)
+    after = trial_rows(url, job_id)
     assert set(before) <= set(after) and len(after) == job.trials_done
     assert job.spec["report"]["check"]["passed"]

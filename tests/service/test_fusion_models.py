@@ -14,6 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.jobs import upload_model  # noqa: E402
+from support.models import program_bytes  # noqa: E402
+
 from service.db import session_scope  # noqa: E402
 from service.models import TrialRow  # noqa: E402
 
@@ -30,20 +33,17 @@ class Separable(torch.nn.Module):
         return torch.relu(self.pw(torch.relu(self.dw(x))))
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the tasks and the search are backend-neutral
 def test_a_chain_becomes_one_fused_task_and_the_artifact_is_right(client, settings, tmp_path):
     from service.worker import Worker
 
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("the tasks and the search are the same on both backends; storage is covered elsewhere")
     torch.manual_seed(0)
     module = Separable().eval()
     x = torch.randn(*SHAPE)
-    buf = io.BytesIO()
-    torch.export.save(torch.export.export(module, (x,)), buf)
-    spec = {"budget": 4, "target": "host", "fusion": "chains"}
-    r = client.post("/api/v1/models", files={"file": ("net.pt2", buf.getvalue(), "application/octet-stream")},
-                    data={"spec": json.dumps(spec)})
+    r = upload_model(client, program_bytes(torch.export.export(module, (x,))), budget=4, target="host",
+                     fusion="chains")
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["spec"]["fusion"] == "chains"

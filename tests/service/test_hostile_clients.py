@@ -23,6 +23,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.auth import bearer
+from support.jobs import upload_model
+from support.processes import ROOT
+from support.servers import LiveServer
 
 from compiler.workloads.operators import TensorSpec
 from compiler.workloads.pt2 import ModelError
@@ -30,15 +34,10 @@ from service import sandbox
 from service.db import session_scope
 from service.models import Job, Usage
 
-ROOT = Path(__file__).resolve().parents[2]
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "target": "host",
          "budget": 60}
 SUMMARY = sandbox.ModelSummary(inputs=[TensorSpec("x", (1, 8), "float32")],
                                tasks=[sandbox.TaskSummary("dense", "dense-key", 1)])
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def _settings(url: str, tmp_path: Path, **overrides):
@@ -47,50 +46,10 @@ def _settings(url: str, tmp_path: Path, **overrides):
     return Settings(database_url=url, data_dir=tmp_path, **overrides)
 
 
-class Server:
-    """The real API (uvicorn) on a loopback port in a thread of this process."""
-
-    def __init__(self, settings, log_config: dict | None = None) -> None:
-        import uvicorn
-
-        from service.api import create_app
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        logs = {"log_config": log_config, "log_level": "info"} if log_config else {"log_level": "warning"}
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, **logs)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start in 30 s"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-
-
 @pytest.fixture
-def server(sqlite_url, tmp_path) -> Iterator[Server]:
-    with Server(_settings(sqlite_url, tmp_path)) as s:
+def server(sqlite_url, tmp_path) -> Iterator[LiveServer]:
+    with LiveServer(_settings(sqlite_url, tmp_path), worker=False) as s:
         yield s
-
-
-@pytest.fixture
-def app(settings) -> Iterator:
-    from fastapi.testclient import TestClient
-
-    from service.api import create_app
-
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 @pytest.fixture
@@ -104,11 +63,6 @@ def fake_import(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(sandbox, "import_upload", accept)
     return calls
-
-
-def _upload(client, data: bytes, headers: dict | None = None, **spec):
-    return client.post("/api/v1/models", files={"file": ("m.pt2", data, "application/octet-stream")},
-                       data={"spec": json.dumps(spec)}, headers=headers)
 
 
 def _status(sock: socket.socket) -> tuple[int, str]:
@@ -174,7 +128,7 @@ def test_the_json_body_limit_is_configurable_and_spares_uploads(settings, make_t
         assert r.status_code == 413 and "ALTUNE_MAX_JSON_BODY_BYTES" in r.json()["detail"], r.text
         assert client.post("/api/v1/jobs", content=b"{}", headers={"content-type": "application/json"}
                            ).status_code == 422, "a body under the limit is parsed as before"
-        r = _upload(client, bytes(5000), budget=2)  # the upload has its own, larger limit
+        r = upload_model(client, bytes(5000), budget=2)  # the upload has its own, larger limit
         assert r.status_code == 201, r.text
     assert "413" in json.dumps(create_app(settings).openapi()["paths"]["/api/v1/jobs"]["post"]["responses"])
 
@@ -182,6 +136,7 @@ def test_the_json_body_limit_is_configurable_and_spares_uploads(settings, make_t
 # -- 2. the limiter of model submissions
 
 
+@pytest.mark.slow  # the uploads queue behind a stand-in import of 3 s
 def test_forty_uploads_at_once_leave_health_and_reads_answering(sqlite_url, tmp_path, make_token, monkeypatch,
                                                                 run_async):
     """ALTUNE_SANDBOX_PROCESSES=1 and an import that takes 3 s: the uploads beyond the places are 503 with
@@ -212,7 +167,7 @@ def test_forty_uploads_at_once_leave_health_and_reads_answering(sqlite_url, tmp_
                 assert r.status_code == 200, (path, r.text)
             return list(await asyncio.gather(*uploads)), waits
 
-    with Server(settings) as server:
+    with LiveServer(settings, worker=False) as server:
         answers, waits = run_async(attack(server.url))
     assert max(waits) < 1.0, f"reads waited {waits} s behind the uploads"
     busy = [r for r in answers if r.status_code == 503]
@@ -221,6 +176,7 @@ def test_forty_uploads_at_once_leave_health_and_reads_answering(sqlite_url, tmp_
     assert {r.status_code for r in answers} <= {422, 503}
 
 
+@pytest.mark.sandbox
 def test_a_zoo_job_is_exported_outside_the_api_process(tmp_path):
     """A zoo job through the real sandbox: the export runs in the confined child; the API process never
     imports torch (it did: `torch.export` inside a request thread)."""
@@ -249,11 +205,11 @@ print(r.status_code, r.json().get("spec", {{}}).get("model_file"), "torch" in sy
 
 def test_an_upload_over_quota_is_refused_before_any_import(app, settings, make_token, fake_import):
     url = settings.resolved_database_url
-    r = _upload(app, bytes(5000), bearer(make_token(url, "write", "few-trials", max_trials_per_day=10)), budget=64)
+    r = upload_model(app, bytes(5000), bearer(make_token(url, "write", "few-trials", max_trials_per_day=10)), budget=64)
     assert r.status_code == 429 and "max_trials_per_day" in r.json()["detail"], r.text
-    r = _upload(app, bytes(5000), bearer(make_token(url, "write", "no-queue", max_queued=0)), budget=2)
+    r = upload_model(app, bytes(5000), bearer(make_token(url, "write", "no-queue", max_queued=0)), budget=2)
     assert r.status_code == 429 and "max_queued" in r.json()["detail"], r.text
-    r = _upload(app, bytes(5000), bearer(make_token(url, "write", "few-bytes", max_upload_bytes_per_day=4000)))
+    r = upload_model(app, bytes(5000), bearer(make_token(url, "write", "few-bytes", max_upload_bytes_per_day=4000)))
     assert r.status_code == 429 and "max_upload_bytes_per_day" in r.json()["detail"], r.text
     assert fake_import == [], "no import for a refused upload"
     models = settings.resolved_artifact_dir / "models"
@@ -291,12 +247,12 @@ def test_deleting_jobs_does_not_reset_the_daily_trials(app, settings, make_token
 def test_deleting_uploads_does_not_reset_the_daily_bytes(app, settings, make_token, fake_import):
     token = bearer(make_token(settings.resolved_database_url, "write", "re-uploader",
                               max_upload_bytes_per_day=15_000))
-    r = _upload(app, bytes(10_000), token, budget=2)
+    r = upload_model(app, bytes(10_000), token, budget=2)
     assert r.status_code == 201, r.text
     job = r.json()["id"]
     assert app.post(f"/api/v1/jobs/{job}/cancel", headers=token).status_code == 200
     assert app.delete(f"/api/v1/jobs/{job}", headers=token).status_code == 204
-    r = _upload(app, bytes(10_000), token, budget=2)
+    r = upload_model(app, bytes(10_000), token, budget=2)
     assert r.status_code == 429 and "max_upload_bytes_per_day" in r.json()["detail"], r.text
     assert len(fake_import) == 1, "refused before the import"
     with session_scope(settings.resolved_database_url) as s:
@@ -310,8 +266,8 @@ def test_deleting_uploads_does_not_reset_the_daily_bytes(app, settings, make_tok
 
 def test_deleting_a_model_job_removes_its_file_once_no_job_uses_it(client, settings, fake_import):
     app = client
-    first, second = (_upload(app, b"same bytes" * 100, budget=2).json() for _ in range(2))
-    other = _upload(app, b"other bytes" * 100, budget=2).json()
+    first, second = (upload_model(app, b"same bytes" * 100, budget=2).json() for _ in range(2))
+    other = upload_model(app, b"other bytes" * 100, budget=2).json()
     shared = Path(first["spec"]["model_file"])
     assert shared == Path(second["spec"]["model_file"]) and shared.is_file()
     for job in (first, second, other):
@@ -339,7 +295,7 @@ def test_the_access_log_of_serve_redacts_tokens(sqlite_url, tmp_path, make_token
 
     keep = Keep()
     keep.setFormatter(logging.Formatter("%(message)s"))
-    with Server(_settings(sqlite_url, tmp_path), log_config=serve_log_config()) as server:
+    with LiveServer(_settings(sqlite_url, tmp_path), worker=False, log_config=serve_log_config()) as server:
         logging.getLogger("uvicorn.access").addHandler(keep)
         try:
             assert httpx.get(f"{server.url}/api/v1/jobs?token={token}&limit=5", timeout=30).status_code == 200

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from bench import load as bench_load
-from bench.load import free_port
+from support.processes import ROOT, answers, service_env, wait_until
+from support.servers import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench import load as bench_load
+
 JOB = {"kind": "operator", "operator": "dense", "params": {"m": 64, "n": 64, "k": 64}, "dtype": "float32",
        "target": "host", "budget": 200}
 CLIENTS = 100
@@ -36,7 +35,7 @@ LOAD_SECONDS = 10.0  # clients keep requesting at least this long, and until eve
 BOUND_SECONDS = 60.0  # the whole load, clients and streams; a deadlocked server fails here
 REQUEST_TIMEOUT = 20.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.server, pytest.mark.tunes, pytest.mark.timeout(180)]
 
 
 @dataclass
@@ -62,25 +61,16 @@ def served(sqlite_url, tmp_path) -> Iterator[str]:
     port = free_port()
     # a build that hangs (it happens, and costs 60 s by default) must not hold back the first trials for long
     db_url = sqlite_url  # the embedded default; the same pool and thread budget holds on PostgreSQL (docs/design.md)
-    env = os.environ | {"ALTUNE_DATABASE_URL": db_url, "ALTUNE_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT),
-                        "ALTUNE_MEASURE_TIMEOUT": "10",
-                        # the clients submit a job every tenth round: hundreds, over the default queue quota
-                        "ALTUNE_ANONYMOUS": "all", "ALTUNE_TOKEN_MAX_QUEUED": "100000"}
-    log = (tmp_path / "serve.log").open("w")
+    env = service_env(ALTUNE_DATABASE_URL=db_url, ALTUNE_DATA_DIR=str(tmp_path), ALTUNE_MEASURE_TIMEOUT="10",
+                      # the clients submit a job every tenth round: hundreds, over the default queue quota
+                      ALTUNE_ANONYMOUS="all", ALTUNE_TOKEN_MAX_QUEUED="100000")
+    log_path = tmp_path / "serve.log"
+    log = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "1"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"the server exited: {(tmp_path / 'serve.log').read_text()[-2000:]}"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not answer in 60 s"
-            time.sleep(0.2)
+        wait_until("the server to answer", lambda: answers(url), timeout=60, procs=(proc,), logs=(log_path,))
         yield url
     finally:
         try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
 import io
 import json
@@ -17,6 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.jobs import upload_model  # noqa: E402
+from support.models import program_bytes, zoo_program  # noqa: E402
+
 from compiler.workloads import model as M  # noqa: E402
 from compiler.workloads import zoo  # noqa: E402
 from service.db import session_scope  # noqa: E402
@@ -27,18 +29,6 @@ from service.models import Job, Schedule, TrialRow  # noqa: E402
 def api(client):
     """The app in-process, with an admin token (tests/conftest.py)."""
     return client
-
-
-@functools.cache
-def _pt2(name: str) -> bytes:
-    buf = io.BytesIO()
-    torch.export.save(zoo.export(name), buf)
-    return buf.getvalue()
-
-
-def _upload(client, data: bytes, **spec):
-    return client.post("/api/v1/models", files={"file": ("net.pt2", data, "application/octet-stream")},
-                       data={"spec": json.dumps(spec)})
 
 
 def _jobs(settings) -> int:
@@ -54,17 +44,18 @@ class Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # compiler work: SQLite is enough (CI time)
 def test_bad_uploads_are_422_and_leave_no_job(api, settings, tmp_path):
     marker = tmp_path / "pwned"
     cases = [
         (np.random.default_rng(0).bytes(1000), {}, ["body", "file"], "not a zip"),
         (pickle.dumps(Evil(str(marker))), {}, ["body", "file"], "not a zip"),
-        (_pt2("small_cnn"), {"input_shapes": [[1, 3, 8, 8]]}, ["body", "spec", "input_shapes"], "exported for"),
-        (_pt2("small_cnn"), {"budget": 10**9}, ["body", "spec", "budget"], "at most"),
-        (_pt2("small_cnn"), {"target": "tpu"}, ["body", "spec", "target"], "unknown target"),
-        (_pt2("small_cnn"), {"bogus": 1}, ["body", "spec", "bogus"], "Extra inputs"),
-        (_pt2("small_cnn"), {"layout": "NHWC"}, ["body", "spec", "layout"], "'search' or 'none'"),
+        (zoo_program("small_cnn"), {"input_shapes": [[1, 3, 8, 8]]}, ["body", "spec", "input_shapes"], "exported for"),
+        (zoo_program("small_cnn"), {"budget": 10**9}, ["body", "spec", "budget"], "at most"),
+        (zoo_program("small_cnn"), {"target": "tpu"}, ["body", "spec", "target"], "unknown target"),
+        (zoo_program("small_cnn"), {"bogus": 1}, ["body", "spec", "bogus"], "Extra inputs"),
+        (zoo_program("small_cnn"), {"layout": "NHWC"}, ["body", "spec", "layout"], "'search' or 'none'"),
     ]
     buf = io.BytesIO()
     torch.save(Evil(str(marker)), buf)
@@ -74,12 +65,11 @@ def test_bad_uploads_are_422_and_leave_no_job(api, settings, tmp_path):
         def forward(self, x):
             return torch.fft.rfft(x).abs()
 
-    fft = io.BytesIO()
-    torch.export.save(torch.export.export(Spectrum(), (torch.randn(8),)), fft)
+    fft = program_bytes(torch.export.export(Spectrum(), (torch.randn(8),)))
     # an operator nobody converts: named with the graph node it is at
-    cases.append((fft.getvalue(), {}, ["body", "file"], "unsupported operator(s): _fft_r2c.default at node _fft_r2c"))
+    cases.append((fft, {}, ["body", "file"], "unsupported operator(s): _fft_r2c.default at node _fft_r2c"))
     for data, spec, loc, text in cases:
-        r = _upload(api, data, **spec)
+        r = upload_model(api, data, **spec)
         assert r.status_code == 422, r.text
         (detail,) = r.json()["detail"]
         assert detail["loc"] == loc and text in detail["msg"], detail
@@ -114,12 +104,12 @@ def _run_and_compare(api, settings, job_id, tmp_path, name):
     return job
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # tuning is backend-neutral; storage is tested elsewhere
 def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
-    data = _pt2("small_cnn")
-    r = _upload(api, data, budget=16, target="host")
+    data = zoo_program("small_cnn")
+    r = upload_model(api, data, budget=16, target="host")
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["kind"] == "model" and job["status"] == "queued"
@@ -138,7 +128,7 @@ def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
     assert conv[0]["workload_key"] in known
 
     # the same model again: every task with a schedule is measured once with it, nothing else is searched
-    again = _upload(api, data, budget=16, target="host").json()
+    again = upload_model(api, data, budget=16, target="host").json()
     second = _run_and_compare(api, settings, again["id"], tmp_path, "small_cnn")
     assert second["trials_done"] <= len(known) < 16
     with session_scope(settings.resolved_database_url) as s:
@@ -148,14 +138,15 @@ def test_upload_tune_download_run_and_resubmit(api, settings, tmp_path):
         assert rows and all(r.config == schedules[keys[r.task_id]] for r in rows)
 
 
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the search is backend-neutral (storage: other tests)
 def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path, monkeypatch):
     """layout "search": the joint stage (a share of the budget) measures whole layout choices, records every
     measurement, keeps the chosen blocks on the job, and the loop stage tunes the chosen model's tasks; each
     task's pick is re-measured (forced here for tasks with few trials: one finalist)."""
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("the search is the same on both backends; the storage paths are covered by the other tests")
     monkeypatch.setattr(importlib.import_module("tuner.model"), "remeasure_count", lambda n: 1 if n else 0)
-    r = _upload(api, _pt2("small_cnn"), budget=32, target="host", layout="search")
+    r = upload_model(api, zoo_program("small_cnn"), budget=32, target="host", layout="search")
     assert r.status_code == 201, r.text
     job = _run_and_compare(api, settings, r.json()["id"], tmp_path, "small_cnn")
     report = job["report"]
@@ -187,11 +178,11 @@ def test_search_job_chooses_layouts_then_tunes_loops(api, settings, tmp_path, mo
                               for sch in stored if sch.workload_key in keys)
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # tuning is backend-neutral; storage is tested elsewhere
 def test_upload_transformer_tune_download_run(api, settings, tmp_path):
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
-    r = _upload(api, _pt2("small_transformer"), budget=8, target="host")
+    r = upload_model(api, zoo_program("small_transformer"), budget=8, target="host")
     assert r.status_code == 201, r.text
     job = r.json()
     assert any("matmul" in t["name"] for t in job["tasks"]), [t["name"] for t in job["tasks"]]
@@ -201,6 +192,7 @@ def test_upload_transformer_tune_download_run(api, settings, tmp_path):
         assert s.query(TrialRow).filter(TrialRow.job_id == job["id"]).count() == 8
 
 
+@pytest.mark.sandbox
 def test_zoo_job(api, settings):
     r = api.post("/api/v1/models/zoo", json={"model": "small_transformer", "budget": 8})
     assert r.status_code == 201, r.text
@@ -222,14 +214,14 @@ def test_zoo_list(api):
     assert "built-in models" in api.get("/openapi.json").json()["paths"]["/api/v1/models/zoo"]["get"]["description"]
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # tuning is backend-neutral; storage is tested elsewhere
 def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch):
     """A real zoo job (the feature pyramid: blocked layouts carried through its resizes, tiny budget) with one
     tuned schedule replaced by a program that computes something else: the whole-model check finds it, the job
     removes it (its task back to the default schedule), records the removal and the latencies, and serves an
     artifact that matches torch."""
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
     import tuner
     from tvm import te
 
@@ -266,12 +258,11 @@ def test_zoo_job_checks_the_artifact_whole(api, settings, tmp_path, monkeypatch)
     assert manifest["report"]["check"]["removed_schedules"] == report["check"]["removed_schedules"]
 
 
-@pytest.mark.slow
 def _tune_upload(api, settings, data: bytes, budget: int) -> tuple[dict, list]:
     """Uploads `data`, runs the worker once; the succeeded job and its trials (task name, ms, error, task key)."""
     from service.worker import Worker
 
-    r = _upload(api, data, budget=budget, target="host")
+    r = upload_model(api, data, budget=budget, target="host")
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     assert Worker(settings).run_once() == job_id
@@ -298,20 +289,19 @@ def _run_artifact(api, job_id: int, folder, arrays: list) -> tuple[dict, dict]:
         return manifest, dict(out)
 
 
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # tuning is backend-neutral; storage is tested elsewhere
 def test_a_bfloat16_model_tunes_and_its_artifact_matches_torch(api, settings, tmp_path):
     """A model exported in bfloat16 (`module.to(torch.bfloat16)`): convs and matmuls accumulate in float32 and
     round back, as torch does on a CPU, its convs in the bf16 dot-product form; tuned, checked whole and served;
     run.py takes float32 inputs (rounds them) and writes bfloat16 outputs as float32."""
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
     from compiler.target import resolve_target
     from compiler.workloads.model.layouts import dot_instruction
 
     module, inputs = zoo.create("se_net")
     module, inputs = module.to(torch.bfloat16), [x.to(torch.bfloat16) for x in inputs]
-    buf = io.BytesIO()
-    torch.export.save(torch.export.export(module, tuple(inputs)), buf)
-    job, trials = _tune_upload(api, settings, buf.getvalue(), budget=8)
+    job, trials = _tune_upload(api, settings, program_bytes(torch.export.export(module, tuple(inputs))), budget=8)
     report = job["report"]
     assert report["check"]["passed"] and not report["check"]["removed_schedules"], report["check"]
     assert len(trials) == 8 and not [e for _, _, e, _ in trials if e], trials
@@ -327,20 +317,19 @@ def test_a_bfloat16_model_tunes_and_its_artifact_matches_torch(api, settings, tm
     np.testing.assert_allclose(out["output0"], expected, rtol=1 / 64, atol=1 / 64 * np.abs(expected).max())
 
 
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # tuning is backend-neutral; storage is tested elsewhere
 def test_a_quantized_model_tunes_in_integers_and_its_artifact_matches_torch(api, settings, tmp_path):
     """A model quantized with torchao's PT2E flow (uint8 activations, int8 per-channel weights): its convs and
     linear tune as integer programs (u8 x s8 -> s32), the artifact is checked whole against the quantized
     program and matches it within a quantization step."""
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("tuning is the same on both backends; the storage paths are covered by the other tests")
     from compiler.target import resolve_target
     from compiler.workloads.model.layouts import dot_instruction
     from tests.compiler.test_quantized_models import pt2e_quantized
 
     module, inputs, ep = pt2e_quantized("se_net")  # 3 of its convs fit a VNNI instruction (NHWC, packed)
-    buf = io.BytesIO()
-    torch.export.save(ep, buf)
-    job, trials = _tune_upload(api, settings, buf.getvalue(), budget=8)
+    job, trials = _tune_upload(api, settings, program_bytes(ep), budget=8)
     assert job["report"]["check"]["passed"], job["report"]["check"]
     assert len(trials) == 8 and not [e for _, _, e, _ in trials if e], trials
     # an integer conv measured: its key names its operands' dtypes; on a CPU with VNNI, in the dot-product form

@@ -3,31 +3,16 @@ and the running limit the workers keep. The database logic runs on SQLite and Po
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import func, select
+from support.auth import bearer
 
 from service.db import session_scope, utcnow
 from service.models import Job, Token, Usage
 
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "target": "host",
          "budget": 40}
-
-
-@pytest.fixture
-def app(settings) -> Iterator:
-    from fastapi.testclient import TestClient
-
-    from service.api import create_app
-
-    with TestClient(create_app(settings)) as c:
-        yield c
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def _jobs_of(url: str, name: str) -> int:

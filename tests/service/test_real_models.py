@@ -18,18 +18,16 @@ torch = pytest.importorskip("torch")
 if importlib.util.find_spec("torchvision") is None:
     pytest.skip("torchvision is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
+from support.jobs import upload_model  # noqa: E402
+from support.models import program_bytes  # noqa: E402
+
 from bench import corpus  # noqa: E402
 from compiler.workloads import model as M  # noqa: E402
 
 
-def _upload(client, ep, **spec):
-    buf = io.BytesIO()
-    torch.export.save(ep, buf)
-    return client.post("/api/v1/models", files={"file": ("net.pt2", buf.getvalue(), "application/octet-stream")},
-                       data={"spec": json.dumps(spec)})
-
-
-# a causal-mask decoder block (a -inf constant), a dict output (nested inputs: bench.jobs and test_corpus.py)
+# a causal-mask decoder block (a -inf constant), a dict output (nested inputs: bench.jobs and tests/bench/test_corpus.py)
+@pytest.mark.tunes
+@pytest.mark.builds_model
 @pytest.mark.parametrize("name", ["gpt_block", "dict_out"])
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the storage paths are the other tests'
 def test_a_real_model_uploads_tunes_and_its_artifact_matches_the_module(name, client, settings, tmp_path):
@@ -37,7 +35,7 @@ def test_a_real_model_uploads_tunes_and_its_artifact_matches_the_module(name, cl
 
     module, args, kwargs = corpus.CORPUS[name]()
     ep = torch.export.export(module, args, kwargs)
-    r = _upload(client, ep, budget=2)
+    r = upload_model(client, program_bytes(ep), budget=1)  # one trial tunes a task: the artifact is what is checked
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     assert Worker(settings).run_once() == job_id
@@ -60,9 +58,10 @@ def test_a_real_model_uploads_tunes_and_its_artifact_matches_the_module(name, cl
     assert M.compare_outputs(outs, expected) is None
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_torchvision_model_with_hyphenated_module_paths_uploads(client):
     """regnet_x_400mf, as torchvision publishes it: `trunk_output.block4.block4-11...` was refused as a name."""
-    r = _upload(client, corpus.export("regnet_x_400mf"))
+    r = upload_model(client, program_bytes(corpus.export("regnet_x_400mf")))
     assert r.status_code == 201, r.text
     assert len(r.json()["tasks"]) > 5

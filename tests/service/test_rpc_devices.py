@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,8 @@ from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import select
+from support.processes import ROOT, wait_until
+from support.servers import free_port
 
 from service.db import session_scope
 from service.models import Job, TrialRow
@@ -28,12 +29,6 @@ from service.worker import Worker
 KEY = "test-cpu"
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "dtype": "float32",
          "epilogue": "none", "target": "host", "budget": 6, "seed": 0, "device": KEY}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -50,13 +45,6 @@ def _tvm_process(args: list[str], log) -> Iterator[subprocess.Popen]:
         proc.wait()
 
 
-def _wait(what: str, done, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def _registered(tracker: str) -> int:
     from tuner.measurers.rpc import tracker_queue
 
@@ -71,20 +59,20 @@ class Devices:
 
     def __init__(self, log) -> None:
         self.log = log
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self._servers: list[subprocess.Popen] = []
 
     def start_server(self, wait: bool = True) -> subprocess.Popen:
         """A server of key KEY (it registers with the tracker once both are up); with `wait`, once registered."""
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
              "--port-end", str(port + 1), "--tracker", self.address, "--key", KEY],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self._servers.append(proc)
         if wait:
-            _wait("the server to register", lambda: _registered(self.address) >= 1)
+            wait_until("the server to register", lambda: _registered(self.address) >= 1, timeout=60)
         return proc
 
     def kill_server(self, proc: subprocess.Popen) -> None:
@@ -106,7 +94,7 @@ def devices(tmp_path) -> Iterator[Devices]:
         d = Devices(log)
         with _tvm_process(["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(d.port),
                            "--port-end", str(d.port + 1)], log):
-            _wait("the tracker", lambda: _registered(d.address) >= 0)
+            wait_until("the tracker", lambda: _registered(d.address) >= 0, timeout=60)
             d.first = d.start_server(wait=False)  # registers while the test sets up (before the tracker: 5 s retries)
             try:
                 yield d
@@ -119,6 +107,8 @@ def _trials(url: str, job_id: int) -> list[TrialRow]:
         return list(s.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.id)))
 
 
+@pytest.mark.server
+@pytest.mark.tunes
 def test_a_job_is_measured_on_the_tracker_device_and_waits_out_its_disappearance(sqlite_url, tmp_path, devices,
                                                                                  make_token):
     from fastapi.testclient import TestClient
@@ -128,7 +118,7 @@ def test_a_job_is_measured_on_the_tracker_device_and_waits_out_its_disappearance
 
     settings = Settings(database_url=sqlite_url, data_dir=tmp_path, rpc_tracker=devices.address, lease_seconds=5,
                         poll_seconds=0.2)
-    _wait("the server to register", lambda: _registered(devices.address) >= 1)
+    wait_until("the server to register", lambda: _registered(devices.address) >= 1, timeout=60)
     server = devices.first
     token = make_token(sqlite_url, "admin", "test-admin")
     with TestClient(create_app(settings), headers={"Authorization": f"Bearer {token}"}) as client:
@@ -148,9 +138,9 @@ def test_a_job_is_measured_on_the_tracker_device_and_waits_out_its_disappearance
     thread = threading.Thread(target=worker.run_once)
     thread.start()
     try:
-        _wait("the first trials", lambda: len(_trials(sqlite_url, job_id)) >= 3, timeout=120)
+        wait_until("the first trials", lambda: len(_trials(sqlite_url, job_id)) >= 3, timeout=120)
         devices.kill_server(server)  # the device disappears mid-job
-        _wait("the tracker to notice", lambda: _registered(devices.address) == 0)
+        wait_until("the tracker to notice", lambda: _registered(devices.address) == 0, timeout=60)
         stalled = len(_trials(sqlite_url, job_id))
         time.sleep(1)
         assert thread.is_alive(), "the job waits for a device"
@@ -181,13 +171,12 @@ def test_devices_need_a_tracker(client):
 
 def test_compose_points_the_service_at_its_tracker_and_server():
     """docker-compose.yml: the API and workers name the tracker service the device server registers with."""
-    from pathlib import Path
 
     import yaml
 
     from service.settings import Settings
 
-    services = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())["services"]
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     tracker = services["api"]["environment"]["ALTUNE_RPC_TRACKER"]
     assert services["worker"]["environment"]["ALTUNE_RPC_TRACKER"] == tracker
     assert Settings(rpc_tracker=tracker).rpc_tracker == tracker  # the setting's own validation

@@ -19,23 +19,17 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from support.jobs import wait_for_job
+from support.processes import ROOT, service_env
+from support.servers import free_port
 
 
-ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)  # the suite's own environment: `make` must not reinstall it
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n": 16, "k": 16}, "dtype": "float32",
          "target": "host", "budget": 2}
 BIG_DENSE = DENSE | {"params": {"m": 64, "n": 64, "k": 64}, "budget": 200}
 # the server answers slowly while its workers and this suite share 2 cores (a 10 s read once timed out on CI)
 HTTP_TIMEOUT = 60
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -64,13 +58,8 @@ def _printed_token(proc: subprocess.Popen) -> str:
 
 def _wait_job(url: str, job_id: int, until: tuple[str, ...], timeout: float = 300, trials: int = 0,
               headers: dict | None = None) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = httpx.get(f"{url}/api/v1/jobs/{job_id}", timeout=HTTP_TIMEOUT, headers=headers).json()
-        if job["status"] in until and job["trials_done"] >= trials:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} not {until} with {trials} trials in {timeout} s: {job}"
-        time.sleep(0.3)
+    with httpx.Client(base_url=url, timeout=HTTP_TIMEOUT, headers=headers) as client:
+        return wait_for_job(client, job_id, until, timeout, trials)
 
 
 def _server_tree(proc: subprocess.Popen, workers: int) -> list[psutil.Process]:
@@ -118,11 +107,11 @@ def fresh_clone(tmp_path) -> Path:
 
 
 def _env(port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_") or k == "ALTUNE_HOST_CPU"}
-    return env | {"ALTUNE_PORT": str(port), "ALTUNE_LEASE_SECONDS": "30", "PYTHONPATH": str(ROOT)} | extra
+    return service_env(ALTUNE_PORT=str(port), ALTUNE_LEASE_SECONDS="30", **extra)
 
 
-@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.tunes
 def test_make_run_in_a_fresh_clone_serves_and_finishes_a_job(fresh_clone):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -174,7 +163,8 @@ def serve(tmp_path) -> Iterator:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.tunes
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["sigterm", "sigint", "crash"])
 def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how, tmp_path):
     proc, url = serve()
@@ -202,7 +192,8 @@ def test_stopping_the_server_stops_its_workers_and_their_measurements(serve, how
             assert job.lease_expires_at < utcnow()
 
 
-@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.tunes
 def test_serve_resumes_a_job_its_previous_run_was_stopped_in(serve):
     proc, url = serve()
     _wait_up(url, proc)
@@ -232,7 +223,8 @@ def _workers_of(proc: subprocess.Popen) -> list[psutil.Process]:
     return workers
 
 
-@pytest.mark.slow
+@pytest.mark.server
+@pytest.mark.tunes
 def test_serve_restarts_a_worker_that_died(tmp_path):
     """SIGKILL the only worker (as the kernel's OOM killer would): `altune serve` logs it, starts another, and
     that one runs the next job (nothing restarted it: the job stayed queued)."""

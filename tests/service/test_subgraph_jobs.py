@@ -28,6 +28,7 @@ def test_the_catalog_lists_the_subgraphs_and_refuses_an_epilogue(client):
     assert r.status_code == 422 and "must be odd" in r.text
 
 
+@pytest.mark.tunes
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # compiler work: SQLite is enough (CI time)
 def test_a_worker_tunes_a_subgraph_job_into_a_fused_artifact_equal_to_torch(client, settings, tmp_path):
     import tvm

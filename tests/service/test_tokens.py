@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import select
+from support.auth import bearer
+from support.jobs import finish_job
 
 from service.db import session_scope
 from service.models import Job, Token
@@ -34,15 +36,6 @@ def app(auth_settings) -> Iterator:
 
     with TestClient(create_app(auth_settings)) as c:
         yield c
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def _finish(url: str, job_id: int, status: str = "succeeded") -> None:
-    with session_scope(url) as s:
-        s.get(Job, job_id).status = status
 
 
 def test_cli_prints_a_token_once_and_stores_only_its_hash(sqlite_url, capsys, monkeypatch):
@@ -113,7 +106,7 @@ def test_delete_needs_the_owner_or_an_admin_and_a_finished_job(app, sqlite_url, 
     job_id = app.post("/api/v1/jobs", json=DENSE, headers=bearer(alice)).json()["id"]
     r = app.delete(f"/api/v1/jobs/{job_id}", headers=bearer(alice))
     assert r.status_code == 409 and "cancel it first" in r.json()["detail"]
-    _finish(sqlite_url, job_id)
+    finish_job(sqlite_url, job_id)
     assert app.delete(f"/api/v1/jobs/{job_id}", headers=bearer(bob)).status_code == 403
     assert app.delete(f"/api/v1/jobs/{job_id}", headers=bearer(alice)).status_code == 204
     with session_scope(sqlite_url) as s:
@@ -148,7 +141,7 @@ def test_query_token_and_cookie_are_taken_on_get_only(app, sqlite_url, make_toke
 def test_event_stream_takes_the_token_in_the_query(app, sqlite_url, make_token):
     token = make_token(sqlite_url, "write", "streamer")
     job_id = app.post("/api/v1/jobs", json=DENSE, headers=bearer(token)).json()["id"]
-    _finish(sqlite_url, job_id, "cancelled")  # a finished job's stream ends after its snapshot
+    finish_job(sqlite_url, job_id, "cancelled")  # a finished job's stream ends after its snapshot
     assert app.get(f"/api/v1/jobs/{job_id}/events").status_code == 401
     r = app.get(f"/api/v1/jobs/{job_id}/events", params={"token": token, "last_event_id": 0})
     assert r.status_code == 200 and "event: end" in r.text

@@ -20,6 +20,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.jobs import upload_model  # noqa: E402
+from support.models import program_bytes  # noqa: E402
+
 from compiler.workloads import pt2  # noqa: E402
 from service import sandbox  # noqa: E402
 from service.db import session_scope  # noqa: E402
@@ -35,12 +38,6 @@ class Tiny(torch.nn.Module):
         return torch.relu(self.linear(x)) + x.shape[0]
 
 
-def _save(ep) -> bytes:
-    buf = io.BytesIO()
-    torch.export.save(ep, buf)
-    return buf.getvalue()
-
-
 @pytest.fixture
 def settings(sqlite_url, tmp_path):
     """SQLite only: what these tests check happens before the database (storing a job is test_models.py's)."""
@@ -53,13 +50,13 @@ def settings(sqlite_url, tmp_path):
 def program() -> bytes:
     """A genuine program with a dynamic batch (2..64, exported at 5): its sizes are `expr_str`s."""
     batch = torch.export.Dim("batch", min=2, max=64)
-    return _save(torch.export.export(Tiny(), (torch.randn(5, 4),), dynamic_shapes={"x": {0: batch}}))
+    return program_bytes(torch.export.export(Tiny(), (torch.randn(5, 4),), dynamic_shapes={"x": {0: batch}}))
 
 
 @pytest.fixture(scope="module")
 def static_program() -> bytes:
     """The same with static shapes: the old import went on to `run_decompositions` with these."""
-    return _save(torch.export.export(Tiny(), (torch.randn(5, 4),)))
+    return program_bytes(torch.export.export(Tiny(), (torch.randn(5, 4),)))
 
 
 @pytest.fixture(scope="module")
@@ -161,11 +158,6 @@ def door_file(program, static_program, tmp_path):
     return make
 
 
-def _upload(client, data: bytes, **spec):
-    return client.post("/api/v1/models", files={"file": ("net.pt2", data, "application/octet-stream")},
-                       data={"spec": json.dumps(spec)})
-
-
 def _stored(settings) -> list[str]:
     """Everything in the models folder, temporary files included."""
     folder = settings.resolved_artifact_dir / "models"
@@ -184,12 +176,13 @@ def _refused(response, text: str, loc=("body", "file")) -> str:
     return detail["msg"]
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("door", EXECUTED)
 def test_upload_that_would_run_code_is_422_and_runs_nothing(client, settings, door_file, tmp_path, door):
     marker, module = tmp_path / "pwned", DOORS[door][2]
     if module is not None and module in sys.modules:
         pytest.skip(f"{module} was imported before this test")
-    r = _upload(client, door_file(door))
+    r = upload_model(client, door_file(door))
     _refused(r, DOORS[door][1])
     assert not marker.exists()
     assert module is None or module not in sys.modules
@@ -219,7 +212,7 @@ class KwargsNet(torch.nn.Module):
 @pytest.fixture(scope="module")
 def kwargs_program() -> bytes:
     """A genuine program of `forward(self, x, *, k)`: its in_spec's kwargs dict has the key "k"."""
-    return _save(torch.export.export(KwargsNet(), (torch.randn(2, 4),), {"k": torch.randn(2, 3)}))
+    return program_bytes(torch.export.export(KwargsNet(), (torch.randn(2, 4),), {"k": torch.randn(2, 3)}))
 
 
 def _kwargs_key_door(data: bytes, statement: str) -> bytes:
@@ -253,6 +246,7 @@ def test_loader_refuses_kwargs_key_payloads(kwargs_program, tmp_path, payload):
     assert not marker.exists()
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("payload", sorted(KWARGS_PAYLOADS))
 def test_kwargs_key_payloads_leave_no_marker_in_the_api_or_the_worker(client, settings, kwargs_program, tmp_path,
                                                                      payload):
@@ -262,9 +256,9 @@ def test_kwargs_key_payloads_leave_no_marker_in_the_api_or_the_worker(client, se
 
     marker = tmp_path / "pwned"
     door = _kwargs_key_door(kwargs_program, KWARGS_PAYLOADS[payload](marker))
-    _refused(_upload(client, door), "keyword argument")
+    _refused(upload_model(client, door), "keyword argument")
     assert not marker.exists() and _jobs(settings) == 0
-    r = _upload(client, kwargs_program)
+    r = upload_model(client, kwargs_program)
     assert r.status_code == 201, r.text
     job = r.json()
     with open(job["spec"]["model_file"], "wb") as f:
@@ -282,6 +276,7 @@ def test_loader_loads_genuine_kwargs_program(kwargs_program, tmp_path):
     assert ep.module()(torch.ones(2, 4), k=torch.ones(2, 3)).shape == (2, 3)
 
 
+@pytest.mark.builds_model
 @pytest.mark.parametrize("name", ["regnet_x_400mf", "gpt_block", "transformer_decoder", "dict_out"])
 def test_loader_accepts_real_models_names_and_constants(tmp_path, name):
     """regnet's module paths have hyphens (`block4-11`), causal masks write `-Infinity`, dict outputs keys such
@@ -296,11 +291,12 @@ def test_loader_accepts_real_models_names_and_constants(tmp_path, name):
         assert any("-" in fqn for fqn in loaded.state_dict), sorted(loaded.state_dict)[:5]
 
 
+@pytest.mark.sandbox
 def test_worker_refuses_a_stored_file_that_was_swapped(client, settings, static_program, door_file, tmp_path):
     """A job whose stored file carries a payload (stored before this loader, or changed on disk) fails."""
     from service.worker import Worker
 
-    r = _upload(client, static_program)
+    r = upload_model(client, static_program)
     assert r.status_code == 201, r.text
     job = r.json()
     marker = tmp_path / "pwned"
@@ -374,10 +370,11 @@ def test_expressions_torch_writes_are_accepted():
 # Sizes: zip bombs, uploads over the limit
 
 
+@pytest.mark.sandbox
 def test_zip_bomb_is_refused_before_inflating(client, settings, bomb):
     """10^9 bytes deflated into about 1 MB: refused by its ratio, read from the central directory."""
     assert len(bomb) < 2 << 20
-    msg = _refused(_upload(client, bomb), "weight_99")
+    msg = _refused(upload_model(client, bomb), "weight_99")
     assert "a zip bomb" in msg
     assert _stored(settings) == [] and _jobs(settings) == 0
 
@@ -393,10 +390,11 @@ def small_client(settings, admin_token):
         yield c
 
 
+@pytest.mark.sandbox
 def test_unpacked_total_over_the_limit_is_refused(small_client, settings, static_program):
     data = _rewrite(static_program, members={"extra/blob.txt": bytes(2 << 20)}, deflate=True)
     assert len(data) < 64 << 10
-    _refused(_upload(small_client, data), "unpacks to more than 1048576 bytes")
+    _refused(upload_model(small_client, data), "unpacks to more than 1048576 bytes")
     assert _stored(settings) == [] and _jobs(settings) == 0
 
 
@@ -417,7 +415,7 @@ def test_declared_size_bounds_what_zipfile_inflates(program):
 
 
 def test_upload_over_the_limit_is_413_before_reading(small_client, settings):
-    r = _upload(small_client, bytes(4 << 20))  # Content-Length says so: refused before the body is read
+    r = upload_model(small_client, bytes(4 << 20))  # Content-Length says so: refused before the body is read
     assert r.status_code == 413, r.text
     assert r.json()["detail"] == f"the file is larger than {64 << 10} bytes (the limit)"
     assert _stored(settings) == [] and _jobs(settings) == 0
@@ -484,19 +482,20 @@ def test_upload_form_is_described_in_openapi(client):
 # Genuine programs still upload; the sandbox
 
 
+@pytest.mark.sandbox
 def test_dynamic_dimension_uploads_and_worker_imports_the_same(client, settings, program):
     from compiler.target import resolve_target
     from compiler.workloads.model import import_model
 
-    r = _upload(client, program, layout="none")
+    r = upload_model(client, program, layout="none")
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["spec"]["input_shapes"] == [[5, 4]] and job["tasks"], job  # the example size
     stored = _stored(settings)
     assert stored == [f"{job['spec']['sha256']}.pt2"]  # no temporary file left
-    again = _upload(client, program, input_shapes=[[3, 4]], layout="none")
+    again = upload_model(client, program, input_shapes=[[3, 4]], layout="none")
     assert again.status_code == 201 and again.json()["spec"]["input_shapes"] == [[3, 4]], again.text
-    _refused(_upload(client, program, input_shapes=[[100, 4]]), "cannot take [[100, 4]]",
+    _refused(upload_model(client, program, input_shapes=[[100, 4]]), "cannot take [[100, 4]]",
              loc=("body", "spec", "input_shapes"))
     # the worker's load path gives the tasks the API stored
     ep = pt2.static_shapes(pt2.load_exported_program(job["spec"]["model_file"]), job["spec"]["input_shapes"])
@@ -504,6 +503,7 @@ def test_dynamic_dimension_uploads_and_worker_imports_the_same(client, settings,
     assert [t.workload_key for t in model.tasks] == [t["workload_key"] for t in job["tasks"]]
 
 
+@pytest.mark.sandbox
 def test_sandbox_child_runs_confined():
     limits = sandbox.Limits(memory_bytes=6 << 30, cpu_seconds=120, wall_seconds=120)
     facts = sandbox.run("probe", {}, limits=limits)

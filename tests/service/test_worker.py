@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
+from support.jobs import add_job, add_jobs, get_job
 
 from service.db import session_scope, utcnow
 from service.models import Job, TrialRow
@@ -17,23 +18,9 @@ SMALL_DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 16, "n":
                "dtype": "float32", "epilogue": "none", "target": "host", "budget": 8, "seed": 0}
 
 
-def _add_jobs(url: str, n: int, spec: dict = SMALL_DENSE) -> list[int]:
-    with session_scope(url) as s:
-        jobs = [Job(kind="operator", name=spec["operator"], spec=spec, target=spec["target"], budget=spec["budget"])
-                for _ in range(n)]
-        s.add_all(jobs)
-        s.flush()
-        return [j.id for j in jobs]
-
-
-def _job(url: str, job_id: int) -> Job:
-    with session_scope(url) as s:
-        return Job.find_or_raise_by_id(s, job_id)
-
-
 def test_three_workers_never_take_the_same_job(settings):
     url = settings.resolved_database_url
-    ids = _add_jobs(url, 40)
+    ids = add_jobs(url, SMALL_DENSE, 40)
     workers = [Worker(settings, f"w{i}") for i in range(3)]
     taken: list[tuple[str, int]] = []
     lock = threading.Lock()
@@ -61,7 +48,7 @@ def test_three_workers_never_take_the_same_job(settings):
 
 def test_expired_lease_is_claimable_and_live_lease_is_not(settings):
     url = settings.resolved_database_url
-    (job_id,) = _add_jobs(url, 1)
+    job_id = add_job(url, SMALL_DENSE)
     first, second = Worker(settings, "first"), Worker(settings, "second")
     assert first.claim() == job_id
     assert second.claim() is None, "a live lease keeps the job"
@@ -70,7 +57,7 @@ def test_expired_lease_is_claimable_and_live_lease_is_not(settings):
         s.get(Job, job_id).lease_expires_at = utcnow() - timedelta(seconds=1)
     assert second.claim() == job_id
     assert not first.renew(job_id), "the old owner learns it lost the job"
-    assert _job(url, job_id).attempts == 2
+    assert get_job(url, job_id).attempts == 2
 
 
 @pytest.mark.parametrize("where", ["after-claim", "mid-job"])
@@ -81,7 +68,7 @@ def test_a_stopped_worker_hands_its_job_back_wherever_the_signal_lands(settings,
 
     settings = settings.model_copy(update={"lease_seconds": 0.6})  # a beat every 0.2 s
     url = settings.resolved_database_url
-    (job_id,) = _add_jobs(url, 1)
+    job_id = add_job(url, SMALL_DENSE)
     worker = Worker(settings, "stopping")
     beats = threading.Event()
     real_renew = Worker.renew
@@ -102,7 +89,7 @@ def test_a_stopped_worker_hands_its_job_back_wherever_the_signal_lands(settings,
     with pytest.raises(SystemExit):
         worker.run_forever()
     time.sleep(0.5)  # a heartbeat still alive would renew in this time
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.status == "running" and job.worker_id == "stopping" and job.attempts == 1
     assert job.lease_expires_at < utcnow(), "the job is given back at once, not left to its lease"
     assert Worker(settings, "next").claim() == job_id
@@ -112,15 +99,14 @@ class _Crash(BaseException):
     """Stands for the worker process dying: not an Exception, so nothing on the way catches it."""
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL's takeover: test_faults.py's kill -9
 def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("the lease takeover on PostgreSQL is covered by test_faults.py's kill -9 of a real worker")
     from service import worker as worker_mod
 
     settings = settings.model_copy(update={"lease_seconds": 1.0})
     url = settings.resolved_database_url
-    (job_id,) = _add_jobs(url, 1)
+    job_id = add_job(url, SMALL_DENSE)
     record = worker_mod.JobRun.record_trial
     calls = {"n": 0}
 
@@ -135,7 +121,7 @@ def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
         Worker(settings, "doomed").run_once()
     monkeypatch.setattr(worker_mod.JobRun, "record_trial", record)
 
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.status == "running" and job.trials_done == 3
     with session_scope(url) as s:
         early = {(t.index, t.id) for t in TrialRow.where_task(s, _task_id(s, job_id))}
@@ -143,7 +129,7 @@ def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
     time.sleep(1.2)
     assert Worker(settings, "heir").run_once() == job_id
 
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.status == "succeeded", job.error
     assert job.attempts == 2 and job.trials_done == SMALL_DENSE["budget"]
     with session_scope(url) as s:
@@ -152,14 +138,14 @@ def test_dead_worker_job_resumes_and_keeps_trials(settings, monkeypatch):
     assert early <= {(t.index, t.id) for t in trials}, "the dead worker's trials are kept, not re-measured"
 
 
+@pytest.mark.tunes
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the search space is the same on both backends
 def test_two_level_layout_job_searches_the_larger_space(settings):
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("the search space is the same on both backends")
     url = settings.resolved_database_url
     # 30% of 32 for the joint stage: a round in the user's layouts, then tiled ones
-    (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 32, "layout_levels": 2})
+    job_id = add_job(url, SMALL_DENSE | {"budget": 32, "layout_levels": 2})
     assert Worker(settings, "w").run_once() == job_id
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.status == "succeeded", job.error
     with session_scope(url) as s:
         configs = [t.config for t in TrialRow.where_task(s, _task_id(s, job_id))]
@@ -174,15 +160,15 @@ def _task_id(session, job_id: int) -> int:
     return task.id
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
 def test_cancel_running_job_stops_within_seconds(settings):
     url = settings.resolved_database_url
-    (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 500})
+    job_id = add_job(url, SMALL_DENSE | {"budget": 500})
     worker = Worker(settings.model_copy(update={"lease_seconds": 1.5}), "w")
     thread = threading.Thread(target=worker.run_once)
     thread.start()
     deadline = time.monotonic() + 120
-    while _job(url, job_id).trials_done < 2:
+    while get_job(url, job_id).trials_done < 2:
         assert time.monotonic() < deadline, "no trial measured in 120 s"
         time.sleep(0.2)
     with session_scope(url) as s:
@@ -190,23 +176,22 @@ def test_cancel_running_job_stops_within_seconds(settings):
     asked = time.monotonic()
     thread.join(60)
     stopped = time.monotonic() - asked
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.status == "cancelled" and stopped < 15, (job.status, stopped)
     assert 2 <= job.trials_done < 500
     with session_scope(url) as s:
         assert len(TrialRow.where_task(s, _task_id(s, job_id))) == job.trials_done, "measured trials are kept"
 
 
-@pytest.mark.slow
+@pytest.mark.tunes
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the search's failure path is the same on both backends
 def test_an_error_inside_the_search_fails_the_job_with_it_and_keeps_its_trials(settings, monkeypatch):
     """A bug the search does not expect (not an invalid configuration or a failed build) ends the job as
     failed, naming the error, with the trials measured before it in the database; the worker lives on."""
-    if settings.resolved_database_url.startswith("postgresql"):
-        pytest.skip("the search's failure path is the same on both backends")
     from tuner.searches.alt import ALTSearch
 
     url = settings.resolved_database_url
-    (job_id,) = _add_jobs(url, 1, SMALL_DENSE | {"budget": 24})
+    job_id = add_job(url, SMALL_DENSE | {"budget": 24})
     generate = ALTSearch.generate_candidates
     rounds = {"n": 0}
 
@@ -220,7 +205,7 @@ def test_an_error_inside_the_search_fails_the_job_with_it_and_keeps_its_trials(s
     worker = Worker(settings, "w")
     assert worker.run_once() == job_id
 
-    job = _job(url, job_id)
+    job = get_job(url, job_id)
     assert job.status == "failed" and job.finished_at is not None
     assert "TypeError: int() argument must be a string, not 'Var'" in job.error
     assert 0 < job.trials_done < 24
@@ -231,6 +216,7 @@ def test_an_error_inside_the_search_fails_the_job_with_it_and_keeps_its_trials(s
     assert worker.run_once() is None, "the worker is still there to claim (nothing left)"
 
 
+@pytest.mark.tunes
 def test_two_workers_finishing_the_same_workload_both_succeed_and_the_faster_schedule_stays(settings, monkeypatch):
     """The schedule store is one atomic upsert: a read-then-insert made the second worker fail on the unique key.
 
@@ -243,7 +229,7 @@ def test_two_workers_finishing_the_same_workload_both_succeed_and_the_faster_sch
     url = settings.resolved_database_url
     if url.startswith("sqlite"):
         pytest.skip("workers on several hosts share PostgreSQL; the SQLite upsert has a test of its own")
-    ids = _add_jobs(url, 2, SMALL_DENSE | {"budget": 2})
+    ids = add_jobs(url, SMALL_DENSE | {"budget": 2}, 2)
     together = threading.Barrier(2, timeout=120)
     stored: dict[int, float] = {}
     real_store = JobRun.store_schedule
@@ -267,7 +253,7 @@ def test_two_workers_finishing_the_same_workload_both_succeed_and_the_faster_sch
         t.start()
     for t in threads:
         t.join(300)
-    jobs = [_job(url, i) for i in ids]
+    jobs = [get_job(url, i) for i in ids]
     assert [j.status for j in jobs] == ["succeeded", "succeeded"], [j.error for j in jobs]
     with session_scope(url) as s:
         rows = s.scalars(select(Schedule)).all()
@@ -279,7 +265,7 @@ def test_schedule_upsert_keeps_the_fastest_whatever_the_order(settings):
     from service.models import Schedule, ScheduleKey
 
     url = settings.resolved_database_url
-    job_id = _add_jobs(url, 1)[0]
+    job_id = add_job(url, SMALL_DENSE)
     for latency, config in [(2.0, {"a": 1}), (3.0, {"a": 2}), (1.5, {"a": 3}), (1.5, {"a": 4}), (9.0, {"a": 5})]:
         with session_scope(url) as s:
             Schedule.upsert_if_faster(s, ScheduleKey("dense[k]", "llvm"), config, latency, job_id)
@@ -288,14 +274,16 @@ def test_schedule_upsert_keeps_the_fastest_whatever_the_order(settings):
         assert [(r.latency_ms, r.config) for r in rows] == [(1.5, {"a": 3})]
 
 
+@pytest.mark.tunes
 def test_operator_jobs_honour_the_measure_timeout(sqlite_url, tmp_path):
     """ALTUNE_MEASURE_TIMEOUT reaches the operator job's measurer (model jobs already honoured it)."""
     from service.settings import Settings
 
     url = sqlite_url
-    job_id = _add_jobs(url, 1, SMALL_DENSE | {"budget": 2})[0]
+    # one trial: every measurement times out, and a timed-out measuring process is started again (seconds each)
+    job_id = add_job(url, SMALL_DENSE | {"budget": 1})
     Worker(Settings(database_url=url, data_dir=tmp_path, measure_timeout=0.001), "w").run_once()
     with session_scope(url) as s:
         errors = [t.error for t in s.scalars(select(TrialRow).where(TrialRow.job_id == job_id)).all()]
     assert errors and all(e and "timed out after 0.001 s" in e for e in errors), errors
-    assert _job(url, job_id).status == "failed"
+    assert get_job(url, job_id).status == "failed"

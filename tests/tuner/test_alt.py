@@ -116,6 +116,7 @@ def test_a_gemm_s_first_layout_packs_weight_panels_along_the_reduction_and_seeds
             np.testing.assert_allclose(out.numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.tunes
 def test_alt_tunes_a_small_conv2d_correctly_and_keeps_its_best():
     from tuner import layout_of_config, tune
 
@@ -198,6 +199,7 @@ class _FakeDevice:
         return _Fake()
 
 
+@pytest.mark.tunes
 def test_resumed_search_ends_no_worse_and_restores_its_stage():
     from tuner import tune
     from tuner.searches.alt import ALTSearch
@@ -281,6 +283,7 @@ def test_loop_stage_measures_the_other_placements_of_each_new_best():
     assert result.best.config["read_at"] != 0
 
 
+@pytest.mark.tunes
 def test_joint_stage_finalists_share_the_loop_stage_first_half():
     """The layouts within `margin` of the joint stage's best (at most `finalists`) take the loop stage's
     rounds in turn until half of it is spent; the best layout found takes the rest."""
@@ -321,6 +324,7 @@ def test_unknown_search_is_refused():
         make_search("nope", None, None, None)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_interface_program_is_correct_for_every_write_at():
     """The artifact's program (user data and output) must match torch whatever loop config won in the tuned layout."""
     import tvm
@@ -428,6 +432,7 @@ def test_the_transpose_knob_turns_the_layouts_conversions_into_register_transpos
         np.testing.assert_allclose(out.numpy(), wl.reference(xs), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.tunes
 def test_two_level_layout_search_gives_correct_programs():
     """`layout_levels=2`: the layout actor also picks second-level output tiles; every such configuration
     resolves on its own (resume, the artifact) and computes the reference."""

@@ -46,6 +46,7 @@ def test_a_configuration_stored_before_the_layout_second_register_and_tensorize_
     "in_channels": 16, "height": 6, "width": 6, "mid_channels": 16, "out_channels": 8}}, {
     "operator": "matmul_softmax_matmul", "target": "host", "params": {"heads": 2, "seq": 16, "dim": 8}}],
     ids=lambda s: s["operator"])
+@pytest.mark.slow
 def test_every_sampled_configuration_computes_the_subgraph(spec):
     """Built as a job builds it (our pipeline, the tensorize pass included, for the host)."""
     from compiler.build import build

@@ -101,6 +101,7 @@ def test_groups_follow_elementwise_paths_and_blocks_apply(residual, target):
         graph_blocks(graph, {"nope.weight": [8, 8]}, target)
 
 
+@pytest.mark.tunes
 def test_joint_stage_measures_whole_choices_and_keeps_the_best(residual, target):
     ep, x, expected = residual
     graph = translate_model(ep)

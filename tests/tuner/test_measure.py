@@ -73,6 +73,7 @@ def test_wrong_program_is_an_error(setup):
     assert result.error.startswith("wrong result: max abs diff"), result.error
 
 
+@pytest.mark.tunes
 @pytest.mark.parametrize("fault,message", [("exit", "crashed"), ("hang", "timed out")])
 def test_crash_and_hang_become_errors_and_the_worker_recovers(setup, fault, message):
     from tuner import Candidate
@@ -98,6 +99,7 @@ def test_broken_reference_makes_every_candidate_an_error(setup):
     assert result.error is not None and "shape" in result.error, result.error
 
 
+@pytest.mark.tunes
 def test_a_batch_built_ahead_is_measured_like_one_built_alone(setup):
     """Builds together, then runs one at a time: wrong, crashing and hanging builds become errors of their
     own candidates only, and no library outlives its measurement."""

@@ -18,6 +18,8 @@ import pytest
 from service.db import session_scope, utcnow
 from service.models import Job, TrialRow, TuningTask
 
+pytestmark = pytest.mark.browser
+
 TINY = {"m": "16", "n": "16", "k": "16"}
 TINY_INT = {k: int(v) for k, v in TINY.items()}
 
@@ -51,6 +53,7 @@ def _progress(page) -> tuple[int, int]:
     return int(float(value)), int(points)
 
 
+@pytest.mark.tunes
 def test_submit_watch_download_cancel_validate(live_server, tuner_kind, page, screenshots):
     base = live_server.url
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture
 def settings(sqlite_url, tmp_path):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from sqlalchemy import update
+from support.jobs import finish_job
 
 from service.db import session_scope, utcnow
 from service.models import Job, TrialRow, TuningTask
@@ -132,11 +133,6 @@ def _record(url: str, job_id: int, task_id: int, index: int, latency: float | No
         return row.id
 
 
-def _finish(url: str, job_id: int, status: str = "succeeded") -> None:
-    with session_scope(url) as s:
-        s.execute(update(Job).where(Job.id == job_id).values(status=status, finished_at=utcnow(), best_latency_ms=1.0))
-
-
 def test_job_stream_snapshot_then_trials_in_order_then_end(api_server):
     url = api_server.settings.resolved_database_url
     job_id = _submit(api_server)
@@ -153,7 +149,7 @@ def test_job_stream_snapshot_then_trials_in_order_then_end(api_server):
 
         ids = [_record(url, job_id, task_id, i, None if i == 2 else 2.0 - 0.1 * i, "joint" if i < 3 else "loop")
                for i in range(6)]
-        _finish(url, job_id)
+        finish_job(url, job_id)
         events = stream.until(lambda e: e.event == "end", timeout=15)
         assert stream.next() is None, "the stream closes after `end`"
     finally:
@@ -215,7 +211,7 @@ def test_replay_all_trials_and_finished_job_stream_ends_at_once(api_server):
     job_id = _submit(api_server)
     task_id = _start(url, job_id)
     ids = [_record(url, job_id, task_id, i, 1.0) for i in range(3)]
-    _finish(url, job_id, "cancelled")
+    finish_job(url, job_id, "cancelled")
     stream = Stream(f"{api_server.url}/api/v1/jobs/{job_id}/events", params={"last_event_id": 0})
     try:
         events = stream.until(lambda e: e.event == "end")
@@ -272,7 +268,7 @@ def test_jobs_stream_pushes_each_change(api_server):
         stream.close()
 
     # reconnecting with the last id: only jobs changed since (within the overlap window, resent at most)
-    _finish(url, old)
+    finish_job(url, old)
     again = Stream(f"{api_server.url}/api/v1/events", headers={"Last-Event-ID": watermark})
     try:
         finished = again.until(lambda e: e.event == "job" and e.data["id"] == old and e.data["status"] == "succeeded")

@@ -40,6 +40,7 @@ def test_the_corpus_has_every_kind():
             "kwargs_in"} <= set(corpus.CORPUS)
 
 
+@pytest.mark.builds_model
 @pytest.mark.parametrize("name", FAST)
 def test_corpus_model_uploads_imports_and_matches_torch(name, target, tmp_path):
     row = corpus.check_model(name, target, tmp_path)
@@ -47,12 +48,14 @@ def test_corpus_model_uploads_imports_and_matches_torch(name, target, tmp_path):
     assert row.tasks and row.tasks > 0
 
 
+@pytest.mark.builds_model
 def test_segmentation_dict_output_matches_torch(target, tmp_path):
     """torchvision's segmentation models return {"out": ...}: lraspp is the smallest."""
     row = corpus.check_model("lraspp_mobilenet_v3_large", target, tmp_path)
     assert row.matches and not row.failed, row.line()
 
 
+@pytest.mark.builds_model
 def test_main_prints_a_row_per_model(capsys):
     assert corpus.main(["--models", "dict_out,tuple_in"]) == 0
     out = capsys.readouterr().out
@@ -60,7 +63,7 @@ def test_main_prints_a_row_per_model(capsys):
     assert "2/2 models match torch untuned" in out
 
 
-@pytest.mark.slow
+@pytest.mark.builds_model
 @pytest.mark.skipif(os.environ.get("ALTUNE_TEST_CORPUS") != "1", reason="the whole corpus takes hours: set "
                                                                           "ALTUNE_TEST_CORPUS=1")
 @pytest.mark.parametrize("name", sorted(corpus.CORPUS))
