@@ -122,6 +122,7 @@ def test_a_job_past_its_deadline_is_stopped_and_says_so(db_url, tmp_path):
 def test_leases_are_compared_on_the_database_clock(db_url, monkeypatch):
     """A worker whose clock runs an hour ahead does not take over a job whose lease still runs on the database's
     clock (PostgreSQL: the server's `now()`; SQLite is embedded: its clock is this machine's)."""
+    import service.job_run as job_run
     import service.worker as worker_module
     from service.settings import Settings
 
@@ -130,8 +131,8 @@ def test_leases_are_compared_on_the_database_clock(db_url, monkeypatch):
     settings = Settings(database_url=db_url, lease_seconds=60)
     job_id = add_job(db_url, DENSE)
     assert worker_module.Worker(settings, "on-time").claim() == job_id
-    real = worker_module.utcnow
-    monkeypatch.setattr(worker_module, "utcnow", lambda: real() + timedelta(hours=1))
+    real = job_run.utcnow  # where `db_now` reads this machine's clock (SQLite's, and never PostgreSQL's)
+    monkeypatch.setattr(job_run, "utcnow", lambda: real() + timedelta(hours=1))
     assert worker_module.Worker(settings, "an-hour-ahead").claim() is None
     with session_scope(db_url) as s:
         job = s.get(Job, job_id)

@@ -342,4 +342,4 @@ def test_a_model_job_rides_out_a_database_outage(outage, tmp_path):
     assert job.attempts == 1 and f":{worker.pid}:" in job.worker_id, "the same worker ended it, without a restart"
     after = trial_rows(url, job_id)
     assert set(before) <= set(after) and len(after) == job.trials_done
-    assert job.spec["report"]["check"]["passed"]
+    assert job.report["check"]["passed"]

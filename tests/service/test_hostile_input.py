@@ -123,20 +123,21 @@ def test_the_largest_seed_runs_in_the_tuner():
     torch.manual_seed(MAX_SEED)
 
 
-def test_a_target_without_its_device_is_refused_at_submit(client, monkeypatch):
+def test_cuda_is_refused_at_submit_as_not_supported_yet_even_with_a_gpu(client, monkeypatch):
+    """Nothing schedules GPU threads yet: an operator or model job naming cuda is a 422 saying so, on a server with
+    a GPU too, and the catalog offers only the CPU targets."""
     import compiler.target as target
 
-    monkeypatch.setattr(target, "cuda_arch", lambda: None)
-    r = client.post("/api/v1/jobs", json=DENSE | {"target": "cuda"})
-    assert r.status_code == 422, r.text
-    assert r.json()["detail"][0]["loc"] == ["body", "target"]
-    assert "no CUDA device" in r.json()["detail"][0]["msg"]
-    assert client.get("/api/v1/operators").json()["targets"] == ["host", "llvm"]
+    for arch in (None, "sm_90"):
+        monkeypatch.setattr(target, "cuda_arch", lambda arch=arch: arch)
+        r = client.post("/api/v1/jobs", json=DENSE | {"target": "cuda"})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "target"]
+        assert "target cuda is not supported yet" in r.json()["detail"][0]["msg"]
+        r = client.post("/api/v1/models/zoo", json={"model": "small_cnn", "target": "cuda"})
+        assert r.status_code == 422 and "not supported yet" in r.text, r.text
+        assert client.get("/api/v1/operators").json()["targets"] == ["host", "llvm"]
     assert _job_count(client) == 0
-
-    monkeypatch.setattr(target, "cuda_arch", lambda: "sm_90")  # a server with a GPU takes it
-    assert client.post("/api/v1/jobs", json=DENSE | {"target": "cuda"}).status_code == 201
-    assert "cuda" in client.get("/api/v1/operators").json()["targets"]
 
 
 # -- cross-origin writes -------------------------------------------------------------------------------------

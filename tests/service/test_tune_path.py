@@ -48,6 +48,8 @@ def _outputs(files: dict[str, bytes], inputs: list[np.ndarray], folder) -> list[
     return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
 
 
+@pytest.mark.tunes
+@pytest.mark.builds_model
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the tuning path, not the storage
 def test_bench_models_and_a_model_job_make_the_same_trials_and_artifact(client, settings, tmp_path):
     spec = {"budget": 40, "seed": 3, "layout": "blocked", "target": "host"}

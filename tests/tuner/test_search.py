@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import numpy as np
 
 from tuner_cases import FakeMeasurer, run, task_of, workload
@@ -43,6 +45,7 @@ def test_budget_on_trial_and_determinism():
     assert [t.config for t in again.trials] == [t.config for t in result.trials]
 
 
+@pytest.mark.tunes
 def test_model_guided_search_beats_random_on_the_fake_device():
     wl, task, space = _fake_setup()
     # eight rounds of 8: the first is random for both, so the model steers seven. The fake ignores most
@@ -99,6 +102,7 @@ def test_start_from_is_measured_first_and_stop_is_honored():
     assert 2 <= len(result.trials) < 50
 
 
+@pytest.mark.tunes
 def test_tune_small_conv2d_keeps_its_best_and_is_correct():
     from tuner import LocalMeasurer, apply_config, tune
 
