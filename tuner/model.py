@@ -108,7 +108,6 @@ class TaskOutcome:
     best: Trial | None = None
     untuned_ms: float | None = None
     default_ms: float | None = None
-    remeasured: dict[int, float | None] = field(default_factory=dict)
 
     @property
     def pick(self) -> Trial | None:
@@ -284,7 +283,6 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
             pick, pick_ms, readings = remeasure_best(o.task, o.trials, measurer, count)
             if pick is not None and pick_ms is not None:
                 o.best = replace(pick, latencies_ms=[pick_ms], extra={**pick.extra, "remeasured": readings})
-                o.remeasured = readings
     stopped = hooks.should_stop()
     return ModelTuneResult(request, model, outcomes, measurements, layout_search, stopped=stopped)
 
