@@ -53,14 +53,16 @@ class TransferKey:
 
 @dataclass(frozen=True)
 class StoredSchedule:
-    """A schedules-table row as transfer reads it: the workload it was tuned for, its `TransferKey` parts (stored
-    with it when it was tuned), its configuration and its latency."""
+    """A schedules-table row as transfer reads it: the workload it was tuned for, its axis extents (its `TransferKey`'s,
+    stored with it when it was tuned), its configuration and latency, and its signature: None where the caller
+    already selected the rows by the task's signature (a query on the stored column), else `rank` keeps only those
+    of the key's."""
 
     workload_key: str
     extents: tuple[int, ...]
     config: Config
     latency_ms: float
-    signature: str
+    signature: str | None = None
 
 
 def space_of(task: Task) -> LoopSpace | None:
@@ -208,9 +210,11 @@ def _fit_registers(space: LoopSpace, config: Config) -> Config:
 
 
 def rank(candidates: Iterable[StoredSchedule], key: TransferKey, limit: int = 3) -> list[StoredSchedule]:
-    """The stored schedules of `key`'s signature nearest `key.extents` first (on a tie the faster first), at most
-    `limit`. A schedule of the very workload (distance 0) comes first: the caller may already have measured it."""
-    same = [c for c in candidates if c.signature == key.signature and len(c.extents) == len(key.extents)]
+    """The stored schedules of `key`'s signature (those without one: all, as selected by it) nearest `key.extents`
+    first (on a tie the faster first), at most `limit`. A schedule of the very workload (distance 0) comes first: the
+    caller may already have measured it."""
+    same = [c for c in candidates
+            if c.signature in (None, key.signature) and len(c.extents) == len(key.extents)]
     # rounded: equal distances summed in another order (log2 6 against log2 2 + log2 3) tie, and the faster wins
     same.sort(key=lambda c: (round(distance(tuple(c.extents), key.extents), 9), c.latency_ms, c.workload_key))
     return same[:max(limit, 0)]

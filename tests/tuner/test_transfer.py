@@ -180,6 +180,9 @@ def test_rank_orders_by_distance_then_latency():
                                                                           "far"]
     assert [s.workload_key for s in rank(iter(candidates), key)] == ["same", "near-fast", "near-slow"]
     assert rank(candidates, key, limit=0) == [] and rank([], key) == []
+    # rows a query already selected by signature carry none
+    unsigned = [StoredSchedule("b", (1, 16, 8, 16), {}, 1.0), StoredSchedule("a", (1, 16, 8, 4), {}, 0.5)]
+    assert [s.workload_key for s in rank(unsigned, key)] == ["a", "b"]
 
 
 def test_transferred_adapts_the_nearest_and_keeps_distinct_ones():
