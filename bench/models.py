@@ -1,13 +1,29 @@
 """End-to-end benchmark: whole models, ours vs TVM MetaSchedule (Relax integration, same budget) vs torch.
 
-    python -m bench.models [--models NAME,...] [--budget N] [--json PATH] [--trials-per-round 8]
-                           [--ms-trials-per-iter N]
+    python -m bench.models [--models NAME,...|corpus] [--budgets B,...] [--json PATH] [--trials-per-round 8]
+                           [--ms-trials-per-iter N] [--metaschedule-models NAME,...|all]
                            [--layout blocked|search|none] [--also-layouts L,...] [--no-metaschedule] [--no-torch] [--no-untuned]
                            [--torch-variants eager,channels_last,compile] [--no-onnxruntime] [--rounds N]
                            [--quantize]
+    python -m bench.models --models corpus --budgets 0,default,2000 --rounds 3 --ms-trials-per-iter 64   # issue 61
 
-Models from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1): resnet18 and
-mobilenet_v2 on 3x224x224, bert_tiny on 128 tokens. For each model, every side at its best:
+Models by name, from `compiler.workloads.zoo` (ALT sec. 7.2 setup, batch 1: resnet18 and mobilenet_v2 on
+3x224x224, bert_tiny on 128 tokens, the default) or from the real-model corpus (`bench.corpus`, `python -m
+bench.corpus --list`: torchvision's classifiers at 1x3x224x224, torch's `TransformerEncoder`/`TransformerDecoder`,
+a GPT block; each exported as a user exports it, `torch.export.export(module, args, kwargs)`, its fixed random
+weights whatever `--seed`); a name in both (resnet18, mobilenet_v2) is the zoo's. `--models corpus` is issue 61's
+set (`CORPUS_DEFAULT`): ResNet-50, SqueezeNet 1.1, EfficientNet-B0, MobileNet-V3-small, ShuffleNet-V2 x0.5, the
+Transformer encoder, the GPT block.
+
+`--budgets` (default "default") tunes ours at each budget, one row per model and budget, every row's programs
+timed in the same rounds: a number (0: nothing measured, the untuned build with its default schedules served) or
+"default", the budget a model job gets when its spec names none (`default_budget`: `tuner.model.default_budget`
+of the model once it exists, else the API's 64). `--budget N` is `--budgets N`. The untuned build, torch and ONNX
+Runtime do not depend on the budget: timed once per model, shared by its rows; MetaSchedule runs at each budget
+from 1 (`--metaschedule-models`: by default every zoo model and, of the corpus, resnet50 only: at 2,000 it tunes
+for hours).
+
+For each model, every side at its best:
 
 - ours: what a model job with the same spec serves, by the same functions: the program translated
   (`translate_model`, as the job's sandbox does), `tuner.model.tune_model` (graph-level layouts: `--layout`,
@@ -50,16 +66,30 @@ convs and linears in the bf16 dot-product form (`vdpbf16ps` on AVX512_BF16), Met
 torch's variants of the bf16 module (oneDNN's bf16 kernels); ONNX Runtime is not run; results are checked within
 bfloat16's tolerance.
 
-Every program (the untuned build, ours, MetaSchedule's, each torch variant, ONNX Runtime's) is timed in a
-fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
+Time to beat torch.compile: while ours tunes, every change of the model's estimated latency (the `on_estimate`
+hook: the sum over its tunable tasks of calls x the best measured latency, the untuned one until a task has a
+trial; published once every task had a round) is recorded with the seconds since tuning began (translation
+included, the clock of `ours_tune_s`) and the measurements so far (`estimate_curve`: [s, measurements, ms]). A
+row's `estimate_beats_compile_s` (and `_measurements`) is the first point where that estimate is below
+torch.compile's timed latency: an estimate, not a timed artifact (it leaves out the untunable tasks and what runs
+between kernels; `ours_estimate_ms`, its last value, sits beside the artifact's `ours_ms`). Issue 61's "ResNet-50
+beats torch.compile within 10 minutes of tuning on 2 cores" is read from it at budget 2,000.
+
+Every program (the untuned build, ours at each budget, MetaSchedule's, each torch variant, ONNX Runtime's) is
+timed in a fresh process of its own, one at a time, in shuffled order (`bench.common.time_fresh`):
 medians of `time_evaluator` repeats of at least 50 ms (torch: the same calibration in
 Python); a row's latencies are the medians over `--rounds`, and `readings_ms` keeps every round's reading
-(program -> ms, in the order taken). Prints a table and writes the report (the `bench.common` shape) to --json or
-under bench/results/; with --json, also after every model but the last, so that an interrupted run keeps the
-models it finished.
+(program -> ms, in the order taken; its budget's and the model's shared programs). Prints a table (the target with
+its `-mcpu` and the CPU's name in its header; per model and budget ours' ms, its speedup over torch.compile, the
+best torch variant, eager, ONNX Runtime and MetaSchedule, the tuning seconds, the estimate's seconds to beat
+torch.compile, the measurements; a geomean per budget) and writes the report (the `bench.common` shape; its
+"budget" the largest a row has, "budgets" as given, "geomean" over the rows of the last of them,
+"geomean_by_budget" per budget) to --json or under bench/results/; with --json, also after every model but the
+last, so that an interrupted run keeps the models it finished.
 
-MetaSchedule's flow and its checks are `bench.models_metaschedule`, the torch factories `bench.torch_programs`,
-ONNX Runtime's session `bench.timing_onnx` (their names re-exported here).
+MetaSchedule's flow and its checks are `bench.models_metaschedule`, the torch factories `bench.torch_programs`
+(a corpus model's: `torch_corpus_model`, built from `bench.corpus_models` in a child without TVM), ONNX Runtime's
+session `bench.timing_onnx` (their names re-exported here).
 """
 
 from __future__ import annotations
@@ -80,29 +110,43 @@ from tvm import relax
 
 from bench.common import (TORCH_VARIANTS, Column, OnnxProgram, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_x,
                           format_table, geomean, geomeans, save_args, speedup, time_fresh, write_json)
+from bench.corpus_models import CORPUS, flat_call
 from bench.environment import environment
 from bench.models_metaschedule import partly_read, run_metaschedule, whole_layout_free, wrong_tasks
 from bench.timing_onnx import onnx_session
-from bench.torch_programs import bf16, torch_bf16_model, torch_model, torch_quantized_model
+from bench.torch_programs import bf16, torch_bf16_model, torch_corpus_model, torch_model, torch_quantized_model
 from compiler.arrays import check_close, to_numpy
 from compiler.target import resolve_target, target_key
 from compiler.workloads import zoo
-from compiler.workloads.model import (QUANTIZED_ATOL, QUANTIZED_RTOL, build_model, flatten_outputs, import_model,
-                                      torch_outputs)
+from compiler.workloads.model import (QUANTIZED_ATOL, QUANTIZED_RTOL, ImportedModel, ModelTask, build_model,
+                                      flatten_outputs, import_model, torch_outputs)
 from compiler.workloads.model.artifact import extract_model_artifact
 from compiler.workloads.model.importer import translate_model
 from tuner import Measurer, make_measurer
 from tuner.model import ModelTuneHooks, ModelTuneResult, serve_model, tune_model
 from tuner.request import ModelTuneRequest
-from tuner.task import best_trial
+from tuner.task import Trial, best_trial
+
+try:  # issue 61: a model job's default budget computed from its model, in tuner.model once that lands
+    from tuner.model import default_budget as _model_default_budget
+except ImportError:  # until then: one default for every model job
+    _model_default_budget = None
 
 # what the tests and earlier callers reach through this module
-__all__ = ["DEFAULT_MODELS", "artifact_program", "bf16", "main", "onnxruntime_program", "partly_read", "run_model",
-           "run_metaschedule", "table", "torch_bf16_model", "torch_model", "torch_programs", "torch_quantized_model",
-           "tune_ours", "whole_layout_free", "wrong_tasks"]
+__all__ = ["CORPUS_DEFAULT", "DEFAULT_MODELS", "artifact_program", "bf16", "default_budget", "load_model", "main",
+           "onnxruntime_program", "parse_budgets", "partly_read", "run_model", "run_metaschedule", "table",
+           "time_to_beat", "torch_bf16_model", "torch_corpus_model", "torch_model", "torch_programs",
+           "torch_quantized_model", "tune_ours", "whole_layout_free", "wrong_tasks"]
 
 
 DEFAULT_MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
+# issue 61's real models (`--models corpus`): names in bench.corpus
+CORPUS_DEFAULT = ("resnet50", "squeezenet1_1", "efficientnet_b0", "mobilenet_v3_small", "shufflenet_v2_x0_5",
+                  "transformer_encoder", "gpt_block")
+PRESETS = {"corpus": CORPUS_DEFAULT}
+# of the corpus, the models MetaSchedule runs on unless --metaschedule-models says otherwise (it is hours at 2,000)
+METASCHEDULE_CORPUS = ("resnet50",)
+JOB_BUDGET = 64  # a model job's budget when its spec names none (service.api.models.ModelJobSpec.budget)
 
 
 def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None:
@@ -118,11 +162,97 @@ def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None
     return None
 
 
-class _LogHooks(ModelTuneHooks):
-    """Prints each round of the loop stage and the joint stage's choice to the benchmark's log."""
+def parse_budgets(text: str) -> tuple[int | str, ...]:
+    """`--budgets`: comma-separated budgets, each a number >= 0 or "default" (resolved per model by
+    `default_budget`), in order, repeats dropped.
 
-    def __init__(self, log: Any) -> None:
-        self.log = log
+    Raises:
+        ValueError: an item is neither.
+    """
+    budgets: list[int | str] = []
+    for item in (i.strip() for i in text.split(",")):
+        if item != "default" and not (item.isdigit() and item.isascii()):
+            raise ValueError(f"a budget is a number >= 0 or 'default', got {item!r}")
+        budget = item if item == "default" else int(item)
+        if budget not in budgets:
+            budgets.append(budget)
+    return tuple(budgets)
+
+
+def default_budget(model: ImportedModel) -> int:
+    """The budget a model job gets for `model` when its spec names none: `tuner.model.default_budget(model)` where
+    the tuner has it (issue 61: a default that depends on the model), else the API's one default, `JOB_BUDGET`."""
+    return _model_default_budget(model) if _model_default_budget is not None else JOB_BUDGET
+
+
+def resolve_budgets(budgets: Sequence[int | str], model: ImportedModel) -> list[tuple[int, str]]:
+    """Each of `budgets` as (measurements, how it was given: the number, or "default"), repeats after resolution
+    dropped (the first kept)."""
+    resolved: list[tuple[int, str]] = []
+    for b in budgets:
+        n = default_budget(model) if b == "default" else int(b)
+        if n not in (r[0] for r in resolved):
+            resolved.append((n, str(b)))
+    return resolved
+
+
+def time_to_beat(curve: Sequence[Sequence[float]], baseline_ms: float | None) -> tuple[float, int] | None:
+    """The first point of an estimate curve ([seconds, measurements, estimate ms], in order) whose estimate is
+    below `baseline_ms`: (seconds, measurements); None when none is, or there is no baseline."""
+    if baseline_ms is None:
+        return None
+    for seconds, measurements, estimate_ms in curve:
+        if estimate_ms < baseline_ms:
+            return seconds, int(measurements)
+    return None
+
+
+def model_source(name: str) -> str:
+    """Where model `name` comes from: "zoo" (`compiler.workloads.zoo`, first) or "corpus" (`bench.corpus`).
+
+    Raises:
+        KeyError: neither has it.
+    """
+    if name in zoo.MODELS:
+        return "zoo"
+    if name in CORPUS:
+        return "corpus"
+    raise KeyError(name)
+
+
+def load_model(name: str, seed: int, quantized: bool = False, bfloat16: bool = False
+               ) -> tuple[Any, list, torch.export.ExportedProgram]:
+    """Model `name` as torch runs it (called on its inputs positionally), its inputs (torch tensors: a corpus
+    model's are its arguments' tensor leaves, `flat_call`), and its export. A zoo model's weights and inputs come
+    from `seed`, quantized or in bfloat16 where asked; a corpus model's are fixed (`bench.corpus`), exported as a
+    user exports it, with its own arguments."""
+    if model_source(name) == "corpus":
+        assert not (quantized or bfloat16), f"{name}: --quantize and --bf16 take zoo models only"
+        module, args, kwargs = CORPUS[name]()
+        with torch.no_grad():
+            ep = torch.export.export(module, args, kwargs)
+        fn, inputs = flat_call(module, args, kwargs)
+        return fn, inputs, ep
+    module, torch_inputs = zoo.quantized(name, seed) if quantized else zoo.create(name, seed)
+    if bfloat16:
+        module, torch_inputs = bf16(module, torch_inputs)
+    return module, list(torch_inputs), torch.export.export(module, tuple(torch_inputs))
+
+
+class _BenchHooks(ModelTuneHooks):
+    """Prints each round of the loop stage and the joint stage's choice to the benchmark's log, and records the
+    model's estimate at each change: `curve`, [seconds since `start`, measurements so far, estimate ms]."""
+
+    def __init__(self, log: Any, start: float) -> None:
+        self.log, self.start = log, start
+        self.measurements = 0
+        self.curve: list[list[float]] = []
+
+    def on_trial(self, task: ModelTask, trial: Trial) -> None:
+        self.measurements += 1
+
+    def on_estimate(self, latency_ms: float) -> None:
+        self.curve.append([round(time.perf_counter() - self.start, 3), self.measurements, latency_ms])
 
     def on_layouts(self, blocks: dict, report: dict) -> None:
         print(f"    layout search: {len(report['rounds'])} choices, {report['measurements']} measurements, estimate "
@@ -140,11 +270,13 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
     """Ours as a model job runs it: the program translated (`translate_model`, what the job's sandbox does), tuned
     by `tuner.model.tune_model` and served by `tuner.model.serve_model` (built, checked whole against `expected`,
     timed, written as the artifact at `dest`): the functions the worker calls, here in this process. Returns the
-    row's facts, the tuning result and `serve_model`'s answer."""
+    row's facts (`estimate_curve`: the model's estimate at each change during tuning, [seconds since the start,
+    measurements, ms]; `ours_estimate_ms` its last), the tuning result and `serve_model`'s answer."""
     measurer = measurer or make_measurer("local", pipeline=request.pipeline)
     start = time.perf_counter()
+    hooks = _BenchHooks(log, start)
     try:
-        tuned = tune_model(translate_model(ep), request, measurer=measurer, hooks=_LogHooks(log))
+        tuned = tune_model(translate_model(ep), request, measurer=measurer, hooks=hooks)
     finally:
         measurer.close()
     tune_s = time.perf_counter() - start
@@ -159,6 +291,8 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
         "ours_trials": tuned.measurements,
         "ours_errors": sum(t.error is not None for t in trials),
         "ours_served": served["report"].get("served"),
+        "estimate_curve": hooks.curve,
+        "ours_estimate_ms": hooks.curve[-1][2] if hooks.curve else None,
         "task_rows": [
             {"name": o.model_task.name, "workload_key": o.task.workload_key, "weight": o.model_task.weight,
              "trials": len(o.trials), "best_ms": best_trial(o.trials).latency_ms if best_trial(o.trials) else None,
@@ -219,13 +353,18 @@ def _export_vm(ex: Any, inputs: list, params: list, path: Path) -> TvmProgram:
 
 def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: bool = False,
                    bfloat16: bool = False) -> dict[str, TorchProgram]:
-    """The torch variants of zoo model `name` (channels_last only where an input is 4-D or 5-D), of its
-    PT2E-quantized form where `quantized`, in bfloat16 where `bfloat16`."""
-    _, inputs = zoo.create(name, seed)
+    """The torch variants of model `name` (channels_last only where an input is 4-D or 5-D): a zoo model's of its
+    PT2E-quantized form where `quantized`, in bfloat16 where `bfloat16`; a corpus model's on its inputs' tensor
+    leaves (`torch_corpus_model`)."""
+    if model_source(name) == "corpus":
+        factory, args = torch_corpus_model, (name,)
+        _, inputs = torch_corpus_model(name)
+    else:
+        factory = torch_quantized_model if quantized else torch_bf16_model if bfloat16 else torch_model
+        args = (name, seed)
+        _, inputs = zoo.create(name, seed)
     spatial = any(x.dim() in (4, 5) for x in inputs)
-    factory = torch_quantized_model if quantized else torch_bf16_model if bfloat16 else torch_model
-    return {f"torch_{v}": TorchProgram(factory, (name, seed), v) for v in variants
-            if v != "channels_last" or spatial}
+    return {f"torch_{v}": TorchProgram(factory, args, v) for v in variants if v != "channels_last" or spatial}
 
 
 def onnxruntime_program(module: Any, torch_inputs: list, expected: list, folder: Path) -> tuple[dict, OnnxProgram | None]:
@@ -253,114 +392,167 @@ def onnxruntime_program(module: Any, torch_inputs: list, expected: list, folder:
     return facts, OnnxProgram(str(path), save_args(arrays, folder / "onnx-inputs.npz"))
 
 
-def run_model(name: str, target_name: str, budget: int, seed: int, options: dict, log: Any) -> dict:
-    """All three on one zoo model; a failure of one is reported in the row, never raised."""
+def run_model(name: str, target_name: str, budgets: Sequence[int | str], seed: int, options: dict, log: Any
+              ) -> list[dict]:
+    """Every side on model `name`, ours (and MetaSchedule, where it runs) at each of `budgets` (`parse_budgets`'
+    items, "default" resolved for the model): one row per budget, the untuned build, torch's variants and ONNX
+    Runtime shared by them, every program timed in the same rounds. A failure of one side is reported in its row,
+    never raised."""
     target = resolve_target(target_name)
     quantized, bfloat16 = options.get("quantize", False), options.get("bf16", False)
-    module, torch_inputs = zoo.quantized(name, seed) if quantized else zoo.create(name, seed)
-    if bfloat16:
-        module, torch_inputs = bf16(module, torch_inputs)
-    ep = torch.export.export(module, tuple(torch_inputs))
+    module, torch_inputs, ep = load_model(name, seed, quantized, bfloat16)
     inputs = [to_numpy(t) for t in torch_inputs]
     expected = torch_outputs(module, torch_inputs)
     model = import_model(ep, layout=options["layout"], target=target)
-    row: dict[str, Any] = {"name": name, "budget": budget, "layout": options["layout"], "inputs": [list(s.shape) for s in
-                                                                                      model.inputs],
-                           "quantized": quantized, "bf16": bfloat16}
     print(f"  {name}: {len(model.tasks)} tasks, {sum(t.weight for t in model.tasks)} calls", file=log, flush=True)
+    metaschedule = options["metaschedule"] and name in options.get("metaschedule_models", (name,))
 
     programs: dict[str, Any] = {}  # every correct program, timed at the end, each in a fresh process
     folder = Path(tempfile.mkdtemp(prefix=f"programs-{name}-", dir=options["work_dir"]))
-    row["untuned_ms"] = None
     if options["untuned"]:
         untuned = build_model(model, target)
         programs["untuned"] = _export_vm(untuned.ex, inputs, untuned.params, folder / "untuned")
 
-    # ours in the main layout ("ours"), then in each `--also-layouts` one ("ours@<layout>"), all timed together
-    for layout in (options["layout"], *options.get("also_layouts", ())):
-        facts, program = _ours_in(layout, ep, target_name, budget, seed, options, inputs, expected, folder, log)
-        if layout == options["layout"]:
-            row.update(facts)
-            key = "ours"
-        else:
-            row.setdefault("also", {})[layout] = facts
-            key = f"ours@{layout}"
-        if program is not None:
-            programs[key] = program
-
-    row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_correct=None, metaschedule_error=None)
-    if options["metaschedule"]:
-        try:
-            row["metaschedule_trials_per_iter"] = options["ms_trials_per_iter"]
-            ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["ms_trials_per_iter"],
-                                  quantized=quantized, translated=bfloat16)
-            ex, params, check = ms.pop("ex"), ms.pop("params"), ms.pop("check")
-            row.update(ms)
-            mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=quantized)
-            row["metaschedule_correct"] = mismatch is None
-            if mismatch is None:
-                programs["metaschedule"] = _export_vm(ex, inputs, params, folder / "metaschedule")
+    rows: list[dict] = []
+    for budget, given in resolve_budgets(budgets, model):
+        # this budget's programs are "b<budget>:<program>"; the untuned build's, torch's and ONNX Runtime's shared
+        prefix, here = f"b{budget}:", folder / f"b{budget}"
+        here.mkdir()
+        print(f"  {name} at budget {budget}{' (default)' if given == 'default' else ''}", file=log, flush=True)
+        row: dict[str, Any] = {"name": name, "source": model_source(name), "budget": budget, "budget_given": given,
+                               "layout": options["layout"], "inputs": [list(s.shape) for s in model.inputs],
+                               "quantized": quantized, "bf16": bfloat16}
+        # ours in the main layout ("ours"), then in each `--also-layouts` one ("ours@<layout>"), all timed together
+        for layout in (options["layout"], *options.get("also_layouts", ())):
+            facts, program = _ours_in(layout, ep, target_name, budget, seed, options, inputs, expected, here, log)
+            if layout == options["layout"]:
+                row.update(facts)
+                key = "ours"
             else:
-                row["metaschedule_error"] = f"MetaSchedule: {mismatch}"
-                row["metaschedule_wrong_tasks"] = wrong = check()
-                row["metaschedule_error"] += (f"; tasks whose schedule computes something else: {', '.join(wrong)}"
-                                              if wrong else "; every task's schedule matches its function on random "
-                                              "inputs (the fault is between tasks: layout rewrites, lifted params)")
-        except Exception as e:  # noqa: BLE001
-            row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
+                row.setdefault("also", {})[layout] = facts
+                key = f"ours@{layout}"
+            if program is not None:
+                programs[prefix + key] = program
+
+        row.update(metaschedule_ms=None, metaschedule_tune_s=None, metaschedule_correct=None, metaschedule_error=None)
+        if metaschedule and budget > 0:
+            try:
+                row["metaschedule_trials_per_iter"] = options["ms_trials_per_iter"]
+                ms = run_metaschedule(ep, target, budget, seed, options["work_dir"], options["ms_trials_per_iter"],
+                                      quantized=quantized, translated=bfloat16)
+                ex, params, check = ms.pop("ex"), ms.pop("params"), ms.pop("check")
+                row.update(ms)
+                mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=quantized)
+                row["metaschedule_correct"] = mismatch is None
+                if mismatch is None:
+                    programs[prefix + "metaschedule"] = _export_vm(ex, inputs, params, here / "metaschedule")
+                else:
+                    row["metaschedule_error"] = f"MetaSchedule: {mismatch}"
+                    row["metaschedule_wrong_tasks"] = wrong = check()
+                    row["metaschedule_error"] += (f"; tasks whose schedule computes something else: {', '.join(wrong)}"
+                                                  if wrong else "; every task's schedule matches its function on "
+                                                  "random inputs (the fault is between tasks: layout rewrites, lifted "
+                                                  "params)")
+            except Exception as e:  # noqa: BLE001
+                row["metaschedule_error"] = f"MetaSchedule failed: {type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+
+    shared: dict[str, Any] = {}  # the facts every row of this model shares
     if options["torch"]:
         programs.update(torch_programs(name, seed, options["torch_variants"], quantized, bfloat16))
-    row["onnxruntime_ms"] = None
     if options.get("onnxruntime") and quantized:
-        row["onnxruntime_error"] = "not run: torch.onnx does not export the quantized_decomposed operators"
+        shared["onnxruntime_error"] = "not run: torch.onnx does not export the quantized_decomposed operators"
     elif options.get("onnxruntime") and bfloat16:
-        row["onnxruntime_error"] = "not run for bfloat16 models (its bf16 export and CPU kernels not tried)"
+        shared["onnxruntime_error"] = "not run for bfloat16 models (its bf16 export and CPU kernels not tried)"
     elif options.get("onnxruntime"):
         facts, program = onnxruntime_program(module, torch_inputs, expected, folder)
-        row.update(facts)
+        shared.update(facts)
         if program is not None:
             programs["onnxruntime"] = program
     timings = time_fresh(programs, seed=seed, rounds=options["rounds"], log=log)
-    row["readings_ms"] = timings.readings  # each round's reading: the spread
-    for key in ("untuned", "ours", "metaschedule", "onnxruntime"):
-        if key in timings.ms:
-            row[f"{key}_ms"] = timings.ms[key]
-    for layout, facts in row.get("also", {}).items():
-        facts["ours_ms"] = timings.ms.get(f"ours@{layout}")
-        facts["vs_main"] = speedup(row.get("ours_ms"), facts["ours_ms"])
     variants = {k[len("torch_"):]: v for k, v in timings.ms.items() if k.startswith("torch_")}
     timed = {k: v for k, v in variants.items() if v is not None}
-    row["torch_variants_ms"] = variants
-    row["torch_best"] = min(timed, key=timed.get) if timed else None
-    row["torch_ms"] = timed[row["torch_best"]] if timed else None
-    row["timing"] = "fresh-process"
-    row["correct"] = (bool(row["ours_correct"]) and all(f["ours_correct"] for f in row.get("also", {}).values())
-                      and row["metaschedule_correct"] is not False)
-    row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
-    row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
-    row["vs_onnxruntime"] = speedup(row["onnxruntime_ms"], row["ours_ms"])
-    return row
+    best = min(timed, key=timed.get) if timed else None
+    for row in rows:
+        prefix = f"b{row['budget']}:"
+        row.update(shared)
+        # each round's reading of this row's programs (its budget's, and the shared ones): the spread
+        row["readings_ms"] = {k.removeprefix(prefix): v for k, v in timings.readings.items()
+                              if ":" not in k or k.startswith(prefix)}
+        row["untuned_ms"] = timings.ms.get("untuned")
+        row["onnxruntime_ms"] = timings.ms.get("onnxruntime")
+        row["ours_ms"] = timings.ms.get(prefix + "ours")
+        row["metaschedule_ms"] = timings.ms.get(prefix + "metaschedule")
+        for layout, facts in row.get("also", {}).items():
+            facts["ours_ms"] = timings.ms.get(f"{prefix}ours@{layout}")
+            facts["vs_main"] = speedup(row["ours_ms"], facts["ours_ms"])
+        row["torch_variants_ms"] = dict(variants)
+        row["torch_best"] = best
+        row["torch_ms"] = timed[best] if best is not None else None
+        row["timing"] = "fresh-process"
+        row["correct"] = (bool(row["ours_correct"]) and all(f["ours_correct"] for f in row.get("also", {}).values())
+                          and row["metaschedule_correct"] is not False)
+        row["vs_metaschedule"] = speedup(row["metaschedule_ms"], row["ours_ms"])
+        row["vs_torch"] = speedup(row["torch_ms"], row["ours_ms"])
+        row["vs_compile"] = speedup(variants.get("compile"), row["ours_ms"])
+        row["vs_eager"] = speedup(variants.get("eager"), row["ours_ms"])
+        row["vs_onnxruntime"] = speedup(row["onnxruntime_ms"], row["ours_ms"])
+        # the tuning seconds (and measurements) until ours' estimate first fell below torch.compile's timed latency
+        beat = time_to_beat(row.get("estimate_curve", []), variants.get("compile"))
+        row["estimate_beats_compile_s"], row["estimate_beats_compile_measurements"] = beat or (None, None)
+    return rows
+
+
+def _budget_cell(r: dict) -> str:
+    budget = r.get("budget")
+    return "-" if budget is None else f"{budget}{' (default)' if r.get('budget_given') == 'default' else ''}"
+
+
+def _torch_cell(r: dict, variant: str) -> str:
+    return fmt_ms(r.get("torch_variants_ms", {}).get(variant))
 
 
 COLUMNS = (
     Column("model", lambda r: r["name"], right=False),
+    Column("budget", _budget_cell),
     Column("tasks", lambda r: f"{r.get('tuned_tasks', '-')}/{r.get('tasks', '-')}"),
     Column("untuned ms", lambda r: fmt_ms(r.get("untuned_ms"))),
     Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
     Column("also", lambda r: " ".join(f"{k} {fmt_ms(v.get('ours_ms'))} ({fmt_x(v.get('vs_main'))})"
                                       for k, v in r.get("also", {}).items()) or "-", right=False),
+    Column("compile ms", lambda r: _torch_cell(r, "compile")),
+    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
+    Column("eager ms", lambda r: _torch_cell(r, "eager")),
+    Column("ORT ms", lambda r: fmt_ms(r.get("onnxruntime_ms"))),
     Column("MS tasks", lambda r: f"{r.get('metaschedule_tuned_tasks', '-')}/{r.get('metaschedule_tasks', '-')}"),
     Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
-    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
-    Column("ORT ms", lambda r: fmt_ms(r.get("onnxruntime_ms"))),
-    Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
+    Column("vs compile", lambda r: fmt_x(r.get("vs_compile"))),
     Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
+    Column("vs eager", lambda r: fmt_x(r.get("vs_eager"))),
     Column("vs ORT", lambda r: fmt_x(r.get("vs_onnxruntime"))),
+    Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
     Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
+    Column("beat compile s (est.)", lambda r: fmt_s(r.get("estimate_beats_compile_s"))),
+    Column("meas.", lambda r: str(r["ours_trials"]) if r.get("ours_trials") is not None else "-"),
     Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
     Column("correct", lambda r: "yes" if r["correct"] else ("NO (ours)" if not r.get("ours_correct") else "NO (MS)"),
            right=False),
 )
+# shown whatever the rows hold; any other column only where some row has a value in it
+ALWAYS = {"model", "budget", "ours ms", "correct"}
+
+
+def _geomeans(rows: Sequence[dict]) -> dict[str, float | None]:
+    """The geometric means of ours' speedups over `rows` (`bench.common.geomeans`' and the other baselines')."""
+    return geomeans(rows) | {k: geomean(r.get(k) for r in rows) for k in ("vs_onnxruntime", "vs_compile", "vs_eager")}
+
+
+def _by_budget(rows: Sequence[dict]) -> dict[str, list[dict]]:
+    """The rows by budget as given ("default" or the number), in the order first met."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get("budget_given", r.get("budget"))), []).append(r)
+    return groups
 
 
 def _cpu(report: dict) -> str:
@@ -369,35 +561,52 @@ def _cpu(report: dict) -> str:
 
 
 def table(report: dict) -> str:
-    g = report["geomean"]
-    footer = [{"name": "geomean", "vs_metaschedule": g["vs_metaschedule"], "vs_torch": g["vs_torch"],
-               "vs_onnxruntime": g.get("vs_onnxruntime"), "correct": all(r["correct"] for r in report["cases"]),
-               "ours_correct": True}]
-    head = (f"models, target {report['target']} ({_cpu(report)}), budget "
-            f"{report['budget']} on-device measurements per model (ours and MetaSchedule); tasks, MS tasks = "
-            f"tuned/all; torch = the best of its variants; each program timed in a fresh process; speedup = "
-            f"baseline ms / ours ms")
-    notes = [f"  {r['name']}: {r['error']}" for r in report["cases"] if r.get("error")]
-    notes += [f"  {r['name']}: {r['metaschedule_error']}" for r in report["cases"] if r.get("metaschedule_error")]
-    notes += [f"  {r['name']}: MetaSchedule: left in its layout (read only in part): "
+    cases = report["cases"]
+    footer = [{"name": "geomean", "budget": given, "correct": all(r["correct"] for r in group), "ours_correct": True,
+               **_geomeans(group)} for given, group in _by_budget(cases).items()]
+    columns = [c for c in COLUMNS if c.header in ALWAYS or any(c.cell(r) not in ("-", "-/-") for r in cases)]
+    budgets = ", ".join(str(b) for b in report.get("budgets", [report["budget"]]))
+    ms_models = report.get("metaschedule_models", sorted({r["name"] for r in cases
+                                                          if r.get("metaschedule_tune_s") is not None}))
+    head = (f"models, target {report['target']} ({_cpu(report)}); budgets {budgets} on-device measurements per "
+            f"model (ours and MetaSchedule; default: a model job's when its spec names none); MetaSchedule on "
+            f"{', '.join(ms_models) or 'none'}; tasks, MS tasks = tuned/all; torch = the best of its variants; each "
+            f"program timed in a fresh process, the median of {report.get('rounds', 1)} round(s); speedup = "
+            f"baseline ms / ours ms; beat compile s (est.) = tuning seconds until ours' estimated latency (sum over "
+            f"tuned tasks of calls x best measured latency, not a timed artifact) first fell below torch.compile's "
+            f"timed ms; meas. = ours' measurements")
+    notes = [f"  {r['name']}@{r.get('budget')}: {r['error']}" for r in cases if r.get("error")]
+    notes += [f"  {r['name']}@{r.get('budget')}: {r['metaschedule_error']}" for r in cases
+              if r.get("metaschedule_error")]
+    notes += [f"  {r['name']}@{r.get('budget')}: MetaSchedule: left in its layout (read only in part): "
               f"{', '.join(r['metaschedule_not_layout_free'])}"
-              for r in report["cases"] if r.get("metaschedule_not_layout_free")]
-    notes += [f"  {r['name']}: {r['onnxruntime_error']}" for r in report["cases"] if r.get("onnxruntime_error")]
-    notes += [f"  {r['name']}: {f['error']}" for r in report["cases"] for f in r.get("also", {}).values()
+              for r in cases if r.get("metaschedule_not_layout_free")]
+    notes += sorted({f"  {r['name']}: {r['onnxruntime_error']}" for r in cases if r.get("onnxruntime_error")})
+    notes += [f"  {r['name']}@{r.get('budget')}: {f['error']}" for r in cases for f in r.get("also", {}).values()
               if f.get("error")]
-    notes += [f"  {r['name']} ({layout}): layout search {f['layout_search']['rounds']} choices, estimate "
-              f"{fmt_ms(f['layout_search']['rule_estimate_ms'])} ms (rule) -> "
+    notes += [f"  {r['name']}@{r.get('budget')} ({layout}): layout search {f['layout_search']['rounds']} choices, "
+              f"estimate {fmt_ms(f['layout_search']['rule_estimate_ms'])} ms (rule) -> "
               f"{fmt_ms(f['layout_search']['chosen_estimate_ms'])} ms"
-              for r in report["cases"] for layout, f in [(r.get("layout"), r), *r.get("also", {}).items()]
+              for r in cases for layout, f in [(r.get("layout"), r), *r.get("also", {}).items()]
               if f.get("layout_search")]
-    return "\n".join([head, format_table(COLUMNS, report["cases"], footer), *notes])
+    return "\n".join([head, format_table(columns, cases, footer), *notes])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo names")
-    parser.add_argument("--budget", type=int, default=64, help="on-device measurements per model (default 64)")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help="comma-separated names of compiler.workloads.zoo or bench.corpus (python -m bench.corpus "
+                             f"--list; the zoo's first), or 'corpus': issue 61's set, {','.join(CORPUS_DEFAULT)} "
+                             f"(default: {','.join(DEFAULT_MODELS)})")
+    parser.add_argument("--budgets", default=None,
+                        help="comma-separated on-device measurements per model, ours (and MetaSchedule from 1) tuned "
+                             "at each, one row per model and budget: numbers >= 0 or 'default', the budget a model job "
+                             f"gets when its spec names none ({JOB_BUDGET} today; default: 'default')")
+    parser.add_argument("--budget", type=int, help="one budget: --budgets N")
+    parser.add_argument("--metaschedule-models",
+                        help="comma-separated models (of --models) MetaSchedule runs on, or 'all' (default: every zoo "
+                             f"model and, of the corpus, {','.join(METASCHEDULE_CORPUS)}: at 2,000 it tunes for hours)")
     parser.add_argument("--trials-per-round", type=int, default=8,
                         help="most measurements per scheduler round (fewer when the budget could not otherwise "
                              "reach every task); MetaSchedule's trials per iteration too unless --ms-trials-per-iter")
@@ -443,12 +652,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 1")
     if args.bf16 and args.quantize:
         parser.error("--bf16 and --quantize are two precisions: one at a time")
-    names = [n for n in args.models.split(",") if n]
-    unknown = [n for n in names if n not in zoo.MODELS]
+    names = list(dict.fromkeys(m for n in args.models.split(",") if n for m in PRESETS.get(n, (n,))))
+    unknown = [n for n in names if n not in zoo.MODELS and n not in CORPUS]
     if unknown:
-        parser.error(f"unknown model(s): {', '.join(unknown)}; known: {', '.join(zoo.MODELS)}")
-    if args.budget < 1:
-        parser.error("--budget must be >= 1")
+        parser.error(f"unknown model(s): {', '.join(unknown)}; known: {', '.join(zoo.MODELS)}, 'corpus', and the "
+                     f"corpus' (python -m bench.corpus --list)")
+    corpus_named = [n for n in names if model_source(n) == "corpus"]
+    if corpus_named and (args.quantize or args.bf16):
+        parser.error(f"--quantize and --bf16 take zoo models only, got {', '.join(corpus_named)}")
+    if args.budget is not None and args.budgets is not None:
+        parser.error("--budget N is --budgets N: one of them")
+    try:
+        budgets = parse_budgets(str(args.budget) if args.budget is not None else args.budgets or "default")
+    except ValueError as e:
+        parser.error(f"--budgets: {e}")
+    if args.metaschedule_models in (None, "all"):
+        ms_models = [n for n in names if args.metaschedule_models == "all" or model_source(n) == "zoo"
+                     or n in METASCHEDULE_CORPUS]
+    else:
+        ms_models = [n for n in args.metaschedule_models.split(",") if n]
+        if set(ms_models) - set(names):
+            parser.error(f"--metaschedule-models: names of --models or 'all', got {args.metaschedule_models!r}")
+    if args.no_metaschedule:
+        ms_models = []
     if args.ms_trials_per_iter is not None and args.ms_trials_per_iter < 1:
         parser.error("--ms-trials-per-iter must be >= 1")
     also = tuple(v for v in args.also_layouts.split(",") if v)
@@ -457,22 +683,28 @@ def main(argv: list[str] | None = None) -> int:
                      f"got {args.also_layouts!r}")
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:
-        options = {"metaschedule": not args.no_metaschedule, "torch": not args.no_torch,
-                   "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime, "layout": args.layout, "trials_per_round": args.trials_per_round,
+        options = {"metaschedule": not args.no_metaschedule, "metaschedule_models": set(ms_models),
+                   "torch": not args.no_torch, "untuned": not args.no_untuned, "onnxruntime": not args.no_onnxruntime,
+                   "layout": args.layout, "trials_per_round": args.trials_per_round,
                    "ms_trials_per_iter": args.ms_trials_per_iter or args.trials_per_round,
                    "work_dir": args.work_dir or Path(tmp), "torch_variants": variants, "rounds": args.rounds,
                    "also_layouts": also, "quantize": args.quantize, "bf16": args.bf16}
 
         def report_of(rows: list[dict]) -> dict:
-            return {"suite": "models", "target": target_key(args.target), "budget": args.budget,
-                    "quantized": args.quantize, "bf16": args.bf16, "cases": rows,
-                    "geomean": geomeans(rows) | {"vs_onnxruntime": geomean(r.get("vs_onnxruntime") for r in rows)},
+            by_budget = _by_budget(rows)
+            return {"suite": "models", "target": target_key(args.target),
+                    "budget": max((r["budget"] for r in rows), default=0), "budgets": list(budgets),
+                    "rounds": args.rounds, "metaschedule_models": ms_models, "quantized": args.quantize,
+                    "bf16": args.bf16, "cases": rows,
+                    "geomean": _geomeans(by_budget.get(str(budgets[-1]), [])),
+                    "geomean_by_budget": {given: _geomeans(group) for given, group in by_budget.items()},
                     "environment": environment()}
 
         rows = []
         for i, name in enumerate(names):
-            print(f"[{i + 1}/{len(names)}] {name} (budget {args.budget}) ...", file=sys.stderr, flush=True)
-            rows.append(run_model(name, args.target, args.budget, args.seed, options, sys.stderr))
+            print(f"[{i + 1}/{len(names)}] {name} (budgets {', '.join(map(str, budgets))}) ...", file=sys.stderr,
+                  flush=True)
+            rows.extend(run_model(name, args.target, budgets, args.seed, options, sys.stderr))
             if args.json is not None and i + 1 < len(names):  # an interrupted run keeps the models it finished
                 write_json(report_of(rows), args.json, bench="models")
     report = report_of(rows)

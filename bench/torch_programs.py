@@ -1,8 +1,9 @@
 """The torch programs of whole models and subgraphs: the factories `bench.common.TorchProgram`s name.
 
-A factory (`torch_model`, `torch_quantized_model`, `torch_bf16_model`, `torch_subgraph`) runs in the child that
-times its program (`bench.common.time_fresh`, `bench.timing_torch`), so this module imports torch and the TVM-free
-catalog (`compiler.workloads`, its `zoo` and `subgraphs`) only: that child never loads TVM. An operator's factory is
+A factory (`torch_model`, `torch_quantized_model`, `torch_bf16_model`, `torch_corpus_model`, `torch_subgraph`) runs
+in the child that times its program (`bench.common.time_fresh`, `bench.timing_torch`), so this module imports torch,
+the TVM-free catalog (`compiler.workloads`, its `zoo` and `subgraphs`) and the corpus' torch definitions
+(`bench.corpus_models`, not `bench.corpus`, which imports TVM for its check) only: that child never loads TVM. An operator's factory is
 `bench.torch_operators.torch_operator`.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from bench.corpus_models import CORPUS, flat_call
 from compiler.workloads import make_workload, zoo
 from compiler.workloads.subgraphs import _DEFS
 
@@ -21,6 +23,14 @@ def torch_model(name: str, seed: int) -> tuple[Any, list]:
     """`bench.common.TorchProgram` factory: zoo model `name` in eval mode (random weights from `seed`), its inputs."""
     module, inputs = zoo.create(name, seed)
     return module, list(inputs)
+
+
+def torch_corpus_model(name: str) -> tuple[Any, list]:
+    """`bench.common.TorchProgram` factory: corpus model `name` (`bench.corpus_models.CORPUS`: eval mode, its fixed
+    random weights and example inputs; no seed, the corpus has one) called on its inputs' tensor leaves
+    (`flat_call`: the module itself where it takes tensors positionally, so eager and torch.compile see what a
+    user runs)."""
+    return flat_call(*CORPUS[name]())
 
 
 def torch_quantized_model(name: str, seed: int) -> tuple[Any, list]:

@@ -1,5 +1,5 @@
 """bench.models' ONNX Runtime side (export, check, fresh-process timing) and its columns, without tuning; a
-`--quantize` run on a small model."""
+`--quantize` run on a small model; the corpus' models, `--budgets` and the time to beat torch.compile."""
 
 from __future__ import annotations
 
@@ -213,8 +213,9 @@ def test_an_interrupted_run_keeps_the_models_it_finished(tmp_path, monkeypatch):
     def run_model(name, *args, **kwargs):
         if name == "unet":
             raise KeyboardInterrupt  # the run stopped during its second model
-        return {"name": name, "ours_ms": 1.5, "metaschedule_ms": None, "torch_ms": 3.0, "ours_tune_s": 2.0,
-                "metaschedule_tune_s": None, "layout": "blocked", "correct": True}
+        return [{"name": name, "budget": 8, "budget_given": "8", "ours_ms": 1.5, "metaschedule_ms": None,
+                 "torch_ms": 3.0, "ours_tune_s": 2.0, "metaschedule_tune_s": None, "layout": "blocked",
+                 "correct": True}]
 
     monkeypatch.setattr(models, "run_model", run_model)
     path = tmp_path / "models.json"
@@ -223,3 +224,107 @@ def test_an_interrupted_run_keeps_the_models_it_finished(tmp_path, monkeypatch):
     report = json.loads(path.read_text())
     assert [c["name"] for c in report["cases"]] == ["small_cnn"]
     assert report["geomean"]["vs_torch"] == pytest.approx(2.0)
+
+
+def test_budgets_are_numbers_or_default_and_default_is_a_model_jobs(monkeypatch):
+    assert models.parse_budgets("0,default,2000") == (0, "default", 2000)
+    assert models.parse_budgets("64,64,default") == (64, "default")
+    for bad in ("", "-1", "ten", "1.5", "0,,4"):
+        with pytest.raises(ValueError):
+            models.parse_budgets(bad)
+    # until tuner.model has a model-dependent default, "default" is the API's one: 64, whatever the model
+    monkeypatch.setattr(models, "_model_default_budget", None)
+    assert models.resolve_budgets((0, "default", 2000), object()) == [(0, "0"), (64, "default"), (2000, "2000")]
+    assert models.resolve_budgets((64, "default"), object()) == [(64, "64")], "the same budget twice is one row"
+    monkeypatch.setattr(models, "_model_default_budget", lambda model: 300)
+    assert models.resolve_budgets(("default",), object()) == [(300, "default")]
+
+
+def test_the_time_to_beat_is_the_first_estimate_below_the_baseline():
+    curve = [[12.0, 24, 9.0], [20.5, 32, 6.0], [31.0, 40, 4.9], [44.0, 48, 4.0], [50.0, 56, 5.5]]
+    assert models.time_to_beat(curve, 5.0) == (31.0, 40)
+    assert models.time_to_beat(curve, 9.5) == (12.0, 24)
+    assert models.time_to_beat(curve, 4.0) is None, "equal is not below"
+    assert models.time_to_beat(curve, None) is None and models.time_to_beat([], 5.0) is None
+
+
+def test_corpus_names_the_preset_and_metaschedule_on_resnet50_only(tmp_path, monkeypatch, capsys):
+    """`--models corpus` is issue 61's set; corpus and zoo names mix; MetaSchedule runs by default on every zoo
+    model and on resnet50 of the corpus; each model runs at every budget as given."""
+    import json
+
+    calls = []
+
+    def run_model(name, target, budgets, seed, options, log):
+        calls.append((name, budgets, options["metaschedule_models"]))
+        return [{"name": name, "budget": 0 if b == 0 else 64 if b == "default" else b, "budget_given": str(b),
+                 "ours_ms": 1.0, "metaschedule_ms": None, "torch_ms": 2.0, "ours_tune_s": 0.0,
+                 "metaschedule_tune_s": None, "layout": "blocked", "correct": True,
+                 "torch_variants_ms": {"compile": 2.0}, "vs_compile": 2.0} for b in budgets]
+
+    monkeypatch.setattr(models, "run_model", run_model)
+    out = tmp_path / "c.json"
+    assert models.main(["--models", "corpus,small_cnn", "--budgets", "0,default,2000", "--json", str(out)]) == 0
+    assert [c[0] for c in calls] == [*models.CORPUS_DEFAULT, "small_cnn"]
+    assert {c[1] for c in calls} == {(0, "default", 2000)}
+    assert calls[0][2] == {"resnet50", "small_cnn"}
+    report = json.loads(out.read_text())
+    assert report["budgets"] == [0, "default", 2000] and report["budget"] == 2000
+    assert set(report["geomean_by_budget"]) == {"0", "default", "2000"}
+    assert report["geomean"]["vs_compile"] == pytest.approx(2.0)
+    text = capsys.readouterr().out
+    assert "-mcpu=" in text.splitlines()[0] and "64 (default)" in text and "beat compile s (est.)" in text
+
+    for argv, what in ((["--models", "resnet50", "--budget", "4", "--budgets", "0"], "--budget"),
+                       (["--models", "resnet50", "--budgets", "0,lots"], "--budgets"),
+                       (["--models", "resnet51"], "unknown model"),
+                       (["--models", "gpt_block", "--quantize"], "zoo models only"),
+                       (["--models", "gpt_block", "--metaschedule-models", "resnet50"], "--metaschedule-models")):
+        with pytest.raises(SystemExit) as e:
+            models.main(argv)
+        assert e.value.code == 2 and what in capsys.readouterr().err, argv
+
+
+def test_a_corpus_models_torch_program_takes_its_inputs_leaves_and_its_child_never_loads_tvm():
+    """A corpus model with keyword arguments is called on its inputs' tensor leaves (`flat_call`), with the
+    outputs of the module called as the user calls it; the factory's module imports no TVM (the timing child)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from bench.corpus_models import CORPUS
+    from bench.torch_programs import torch_corpus_model
+
+    fn, leaves = torch_corpus_model("kwargs_in")
+    module, args, kwargs = CORPUS["kwargs_in"]()
+    assert len(leaves) == 3 and all(isinstance(t, torch.Tensor) for t in leaves)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*leaves), module(*args, **kwargs))
+    fn, leaves = torch_corpus_model("gpt_block")
+    assert isinstance(fn, CORPUS["gpt_block"]()[0].__class__), "a model on plain tensors is not wrapped"
+    probe = "import sys, bench.torch_programs; assert 'tvm' not in sys.modules, 'tvm loaded'"
+    subprocess.run([sys.executable, "-c", probe], check=True)
+
+
+@pytest.mark.builds_model
+@pytest.mark.bench
+def test_a_corpus_model_at_budget_0_is_served_checked_and_timed_against_torch(tmp_path):
+    """The smallest corpus model with keyword arguments, at budget 0: ours serves the untuned build with its
+    default schedules (checked against torch, timed in a fresh process), every torch variant timed on its inputs'
+    leaves; no estimate, so no time to beat torch.compile."""
+    import json
+
+    out = tmp_path / "kw.json"
+    assert models.main(["--models", "kwargs_in", "--budgets", "0", "--no-metaschedule", "--no-onnxruntime",
+                        "--no-untuned", "--rounds", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    common.check_report(report)
+    [row] = report["cases"]
+    assert row["source"] == "corpus" and row["budget"] == 0 and row["ours_trials"] == 0, row
+    assert row["ours_correct"] and row["correct"] and math.isfinite(row["ours_ms"]) and row["ours_ms"] > 0, row
+    assert row["readings_ms"]["ours"] == [row["ours_ms"]], "one round: its one reading is the median"
+    assert set(row["torch_variants_ms"]) == {"eager", "channels_last", "compile"}, row
+    assert all(ms is not None and ms > 0 for ms in row["torch_variants_ms"].values()), row
+    assert row["vs_compile"] == pytest.approx(row["torch_variants_ms"]["compile"] / row["ours_ms"])
+    assert row["estimate_curve"] == [] and row["estimate_beats_compile_s"] is None
