@@ -106,11 +106,12 @@ class LoopSeeds:
         return self.validate(config)
 
     def _dot_config(self, wide: bool = False) -> Config:
-        """`blocked_config` of the dot-product form (`compiler.workloads.model.layouts.conv2d_nhwc_dot`: spatial
+        """`blocked_config` of the dot-product form (`compiler.workloads.model.legalize.conv2d_nhwc_dot`: spatial
         axes ..., row, output block, lanes; reductions ..., channel chunks; the group): the instruction's
         register block -- the lanes whole, one or two output blocks (one vector each), rows of the axis before
-        them up to `REGISTER_ROWS`, the most accumulators the unit holds -- the kernel window and up to 16 channel
-        chunks in the inner reduction level, marked for the instruction (order SSRSRS), unrolled whole.
+        them up to `REGISTER_ROWS`, the most accumulators the unit holds -- the kernel window (at most the largest
+        inner tile the space has) and up to 16 channel chunks in the inner reduction level, marked for the
+        instruction (order SSRSRS), unrolled whole.
 
         A layout template's dot-product form (`compiler.layout.templates`: spatial axes ..., output block, ...,
         the spatial tiles, lanes) has rows, not an output block, before the lanes (the axis before the lanes does
@@ -147,8 +148,10 @@ class LoopSeeds:
         if block is not None and block.extent > 1:
             config[block.knob(SPATIAL_LEVELS - 1)] = vectors
         chunks = self._chunk_axis(*self._main_reads)
-        # the kernel window whole, up to 16 channel chunks
-        config.update({a.knob(1): a.extent for a in self.structure.reduce if a.extent > 1 and a != chunks})
+        # the kernel window whole (a window longer than the space's inner tiles, 1x80: the largest inner tile it
+        # has, as `blocked_config`'s), up to 16 channel chunks
+        config.update({a.knob(1): max(self._by_name[a.knob(1)].choices) for a in self.structure.reduce
+                       if a.extent > 1 and a != chunks})
         if chunks is not None and chunks.extent > 1:
             config[chunks.knob(1)] = max(d for d in divisors(chunks.extent) if d <= 16)
         config.update(order=TENSORIZE_ORDER, parallel=1, vectorize=1, unroll=UNROLL_STEPS[-1], write_at=0, licm=1,
