@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 import tvm
@@ -52,9 +52,11 @@ def build_from_files(home: Path, request: dict) -> dict:
 
 
 def build_in_child(settings: Settings, graph_dir: Path, tuned: ModelTuneResult, dest: Path, *, spec: dict,
-                   torch_ms: float | None, should_stop: Callable[[], str | None] | None = None) -> dict:
+                   torch_ms: Mapping[str, float | None] | None,
+                   should_stop: Callable[[], str | None] | None = None) -> dict:
     """Runs `tuner.model.serve_model` in a confined child on the graph in `graph_dir` with `tuned`'s picks; the
-    artifact lands at `dest`. Returns `serve_model`'s answer.
+    artifact lands at `dest`. `torch_ms` is torch's latencies for the report (`prepare_model`'s
+    `{"eager", "compile"}`). Returns `serve_model`'s answer.
 
     Raises:
         ModelError: the build failed, ran out of memory, CPU or time (named).
@@ -62,7 +64,7 @@ def build_in_child(settings: Settings, graph_dir: Path, tuned: ModelTuneResult, 
     """
     request = {"tune": asdict(tuned.request), "blocks": tuned.model.blocks if tuned.request.layout == "search" else None,
                "max_total_bytes": settings.sandbox_memory_bytes, "report": tuned.report, "facts": tuned.facts,
-               "spec": spec, "torch_ms": torch_ms}
+               "spec": spec, "torch_ms": dict(torch_ms) if torch_ms is not None else None}
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = dest.with_name(f".{dest.name}.{os.getpid()}.schedules.json")
     scratch.write_text(json.dumps({key: tvm.ir.save_json(mod) for key, mod in tuned.schedules.items()}))

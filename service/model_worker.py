@@ -28,6 +28,7 @@ database outage shorter than `db_retry_seconds` loses nothing.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,8 @@ from service.settings import Settings
 from tuner import Trial
 from tuner.model import ModelHistory, ModelTuneHooks, ModelTuneResult, tune_model
 from tuner.request import ModelTuneRequest
+
+log = logging.getLogger("altune.worker")
 
 
 class JobHooks(ModelTuneHooks):
@@ -89,9 +92,11 @@ class JobHooks(ModelTuneHooks):
 
 
 def prepare_model(settings: Settings, spec: dict, work: Path, *,
-                  should_stop: Callable[[], str | None] | None = None) -> tuple[Any, list, float | None]:
+                  should_stop: Callable[[], str | None] | None = None) -> tuple[Any, list, dict[str, float | None]]:
     """Everything torch does with the job's upload, in the sandbox (`prepare`): its translated graph and the
-    reference outputs, written into `work` and read back as checked data; torch eager's latency.
+    reference outputs, written into `work` and read back as checked data; torch's latencies as
+    `{"eager": ms, "compile": ms}` (torch.compile's only with `settings.time_torch_compile`; either None when it
+    was not timed: why is logged).
 
     Raises:
         ModelError: the sandbox refused the file, or it ran past a limit (named); the translation is not data.
@@ -101,6 +106,7 @@ def prepare_model(settings: Settings, spec: dict, work: Path, *,
         "input_shapes": spec.get("input_shapes"), "seed": int(spec.get("seed", 0)),
         "max_tensor_elements": settings.max_tensor_elements, "max_bytes": settings.max_upload_bytes,
         "max_unpacked_bytes": settings.max_unpacked_bytes, "max_ratio": settings.max_zip_ratio,
+        "time_torch_compile": settings.time_torch_compile,
     }
     limit = settings.max_unpacked_bytes + (64 << 20)
 
@@ -115,8 +121,12 @@ def prepare_model(settings: Settings, spec: dict, work: Path, *,
                                 should_stop=should_stop)
     graph, expected = load_graph(work, max_tensor_elements=settings.max_tensor_elements,
                                  max_total_bytes=settings.sandbox_memory_bytes)
-    torch_ms = result.get("torch_ms") if isinstance(result, dict) else None
-    return graph, expected, torch_ms if isinstance(torch_ms, float) and torch_ms > 0 else None
+    result = result if isinstance(result, dict) else {}  # the child's answer: data, checked as such
+    torch_ms = {name: ms if isinstance(ms := result.get(key), float) and ms > 0 else None
+                for name, key in (("eager", "torch_ms"), ("compile", "torch_compile_ms"))}
+    if settings.time_torch_compile and torch_ms["compile"] is None:
+        log.warning("torch.compile not timed: %s", str(result.get("torch_compile_note"))[:400])
+    return graph, expected, torch_ms
 
 
 def run_model_job(run: JobRun) -> None:
@@ -152,6 +162,9 @@ def _run_model_job(run: JobRun, work: Path) -> None:
     # nothing of the upload runs here: torch loads, translates and runs it in the sandbox, and what comes back is
     # data, checked as such (`compiler.workloads.model.exchange`)
     graph, _expected, torch_ms = prepare_model(run.settings, spec, work, should_stop=run.stop_check)
+    # torch's latencies on the job's page while it tunes (the final report has them in `latency_ms`)
+    report = {**report, "torch_ms": torch_ms}
+    _save_report(run, report)
     history = ModelHistory(blocks=blocks, layout_search=report.get("layout_search"), trials=trials,
                            known=lambda key: _known(run, key, request))
     measurer = measurer_for(run.settings, request)

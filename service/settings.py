@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     sandbox_cpu_seconds: int = Field(300, description="CPU seconds the process that loads an upload may use")
     sandbox_timeout_seconds: float = Field(300.0, description="wall-clock seconds it may take")
     sandbox_processes: int = Field(2, description="uploads loaded at once (each in its own process); others wait")
+    time_torch_compile: bool = Field(
+        True, description="a model job also times torch.compile (inductor, frozen weights) on the uploaded program "
+                          "when it is prepared, in the same confined process (which then runs the system's C++ "
+                          "compiler); it may take a minute of the sandbox's time limits, and when it fails or does "
+                          "not fit, the job goes on without that number")
     lease_seconds: float = Field(30.0, description="a worker that has not renewed its lease for this long loses its job")
     poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
     max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")

@@ -289,7 +289,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
 
 def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapping[str, Any],
                 inputs: Sequence[Any], expected: Sequence[Any], *, dest: Path, facts: Mapping[str, dict],
-                report: Mapping[str, Any], torch_ms: float | None = None,
+                report: Mapping[str, Any], torch_ms: Mapping[str, float | None] | None = None,
                 spec: Mapping[str, Any] | None = None) -> dict:
     """Builds the model with its picks, checks it whole against `expected`, times it and writes the artifact.
 
@@ -302,7 +302,8 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
         dest: the artifact's .tar.gz.
         facts: per workload key, the tuning facts for the manifest (`ModelTuneResult.facts`).
         report: the report so far (`ModelTuneResult.report`); the check, the schedules and latencies are added.
-        torch_ms: torch eager's latency, for the report.
+        torch_ms: torch's latencies of the same model, for the report: `{"eager": ms, "compile": ms}`
+            (torch.compile: inductor, frozen weights), each None when it was not timed.
         spec: what the manifest records as the job's spec (default: the request's fields).
 
     Returns:
@@ -345,7 +346,9 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
             built, latency, applied = untuned_built, untuned_latency, {}
             report["served"] = "untuned: faster end to end than with the tuned schedules"
     report["schedules"]["served"] = len(applied)
-    report["latency_ms"] = {"artifact": latency, "untuned": untuned_latency, "torch_eager": torch_ms}
+    torch_ms = torch_ms or {}
+    report["latency_ms"] = {"artifact": latency, "untuned": untuned_latency, "torch_eager": torch_ms.get("eager"),
+                            "torch_compile": torch_ms.get("compile")}
     tasks = []
     for t in model.tasks:
         known = facts.get(t.workload_key, {})

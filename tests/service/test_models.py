@@ -342,3 +342,25 @@ def test_a_quantized_model_tunes_in_integers_and_its_artifact_matches_torch(api,
         expected = module(*inputs).numpy()
     np.testing.assert_allclose(out["output0"], expected, rtol=M.QUANTIZED_RTOL,
                                atol=M.QUANTIZED_ATOL * max(1.0, np.abs(expected).max()))
+
+
+@pytest.mark.sandbox
+def test_prepare_times_torch_eager_and_torch_compile_in_the_sandbox(tmp_path):
+    """The worker's first step (`prepare_model`, the sandbox's `prepare`) times torch eager and torch.compile (its
+    compiler let through the child's audit hook, as `nobody` when root); with the setting off, eager only."""
+    from support.models import save_program
+
+    from service.model_worker import prepare_model
+    from service.settings import Settings
+
+    path = save_program(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), (torch.randn(2, 8),),
+                        tmp_path / "tiny.pt2")
+    spec = {"model_file": str(path), "input_shapes": None, "seed": 0}
+    settings = Settings(data_dir=tmp_path)
+    _graph, expected, torch_ms = prepare_model(settings, spec, tmp_path / "on")
+    assert len(expected) == 1 and set(torch_ms) == {"eager", "compile"}, torch_ms
+    assert torch_ms["eager"] > 0 and torch_ms["compile"] > 0, torch_ms
+
+    off = settings.model_copy(update={"time_torch_compile": False})
+    _graph, _expected, torch_ms = prepare_model(off, spec, tmp_path / "off")
+    assert torch_ms["eager"] > 0 and torch_ms["compile"] is None, torch_ms
