@@ -1,6 +1,9 @@
 // One job, live: progress, ETA and stall warning, the search chart, tasks, the best schedule, the trials table.
 // The job's event stream pushes trials and state; the trial history is paged from the REST API in the
 // background, so a job with thousands of trials shows its header at once and fills in.
+// A model job leads with the model's end-to-end latency against torch eager and torch.compile (the running
+// estimate, labelled so, while it tunes), then its tasks by their share of the model's time, each task's
+// schedule on demand. A failed or cancelled job shows no best latency: the error instead.
 
 import {ApiError, getAllTrials, getJob, request, serverNow, subscribe} from '../api.js';
 import {TrialChart} from '../charts.js';
@@ -9,6 +12,9 @@ import {
   errorText, fill, fmtConfig, fmtDuration, fmtLayout, fmtMs, fmtSpeedup, h, isActive, isTimeout, jobLabel,
   setTitle, statusBadge, timeEl, workloadOf,
 } from '../util.js';
+
+/** A failed or cancelled job's best latency is not one to show (a model job's is the running estimate). */
+const ended = (job) => job.status === 'failed' || job.status === 'cancelled';
 
 const PAGE_SIZE = 50;
 const STALL_MIN_SECONDS = 60; // a running job that measured nothing for this long (or 10 typical gaps) is stalled
@@ -37,6 +43,7 @@ class JobView {
     this.timer = null;
     this.tableQueued = false;
     this.scriptLoaded = false;
+    this.openSchedules = new Set(); // ids of the tasks whose schedule is shown
   }
 
   async start() {
@@ -52,7 +59,7 @@ class JobView {
       if (e.status === 0) window.addEventListener('altune:reconnected', () => this.restart(), {once: true});
       return;
     }
-    this.layout();
+    this.layout(job);
     this.update(job);
     if (isActive(job)) this.listen();
     this.timer = setInterval(() => this.tick(), 1000);
@@ -124,13 +131,17 @@ class JobView {
 
   // -- layout ------------------------------------------------------------------------------------------------
 
-  layout() {
+  layout(job) {
+    const model = job.kind === 'model';
     const els = {};
     els.title = h('h1', {});
     els.status = h('span', {class: 'head-status'});
     els.actions = h('div', {class: 'actions'});
     els.alerts = h('div', {class: 'alerts'});
+    els.headline = h('section', {class: 'headline', id: 'job-headline', 'aria-label': 'End-to-end latency',
+      'aria-live': 'polite', hidden: true});
     els.facts = h('dl', {class: 'facts'});
+    els.keys = h('details', {class: 'task-keys', id: 'task-keys'});
     els.loading = h('div', {class: 'loading-trials', role: 'status', 'aria-live': 'polite'});
     els.chart = h('div', {class: 'chart', id: 'trial-chart'});
     els.tasks = h('section', {class: 'tasks', hidden: true, 'aria-labelledby': 'tasks-h'});
@@ -153,21 +164,25 @@ class JobView {
     this.els = els;
     this.chart = new TrialChart(els.chart);
 
+    const search = h('section', {'aria-labelledby': 'chart-h'},
+      h('h2', {id: 'chart-h'}, 'Search'),
+      h('p', {class: 'muted legend-note'}, 'Best latency so far against trials (log scale); every measured trial ',
+        'is a grey point, error trials are red marks at the top, the dashed line is the untuned program.'),
+      els.loading, els.chart);
     fill(this.main,
       h('div', {class: 'view-head'}, h('div', {}, els.title, els.status), els.actions),
       els.alerts,
+      els.headline,
       els.facts,
-      h('section', {'aria-labelledby': 'chart-h'},
-        h('h2', {id: 'chart-h'}, 'Search'),
-        h('p', {class: 'muted legend-note'}, 'Best latency so far against trials (log scale); every measured trial ',
-          'is a grey point, error trials are red marks at the top, the dashed line is the untuned program.'),
-        els.loading, els.chart),
-      els.tasks,
-      h('section', {'aria-labelledby': 'best-h'}, h('h2', {id: 'best-h'}, 'Best schedule'), els.best, els.scriptBox),
+      // a model: where its time goes first; each task's schedule is in its row, so no "Best schedule" blocks (a
+      // model's artifact has no schedule.py either)
+      model ? [els.tasks, search] : [search, els.tasks,
+        h('section', {'aria-labelledby': 'best-h'}, h('h2', {id: 'best-h'}, 'Best schedule'), els.best, els.scriptBox)],
       h('section', {'aria-labelledby': 'trials-h'},
         h('div', {class: 'section-head'}, h('h2', {id: 'trials-h'}, 'Trials'),
           h('span', {}, h('label', {for: 'trial-filter'}, 'Show '), els.filter)),
-        h('div', {class: 'table-wrap'}, h('table', {class: 'trials', id: 'trials-table'}, els.thead, els.tbody)),
+        h('div', {class: 'table-wrap'},
+          h('table', {class: model ? 'trials compact' : 'trials', id: 'trials-table'}, els.thead, els.tbody)),
         els.pager));
     this.renderTable();
   }
@@ -184,6 +199,8 @@ class JobView {
     this.renderActions();
     this.chart.setTasks(job.tasks || []);
     this.chart.setBaseline(job.baseline_ms);
+    this.renderHeadline();
+    this.renderKeys();
     this.renderTasks();
     this.renderFacts();
     this.renderBest();
@@ -335,23 +352,24 @@ class JobView {
     const fact = (label, ...value) => h('div', {class: 'fact'}, h('dt', {}, label), h('dd', {}, ...value));
     const duration = job.started_at
       ? ((job.finished_at ? Date.parse(job.finished_at) : serverNow()) - Date.parse(job.started_at)) / 1000 : null;
+    const model = job.kind === 'model';
+    const report = job.report || {}; // a model job's (service.model_worker): the joint stage, the check, latencies
     fill(this.els.facts,
       fact('Progress', h('progress', {id: 'job-progress', max: job.budget, value: Math.min(job.trials_done, job.budget),
         'aria-label': `${job.trials_done} of ${job.budget} trials`}),
       h('span', {id: 'job-progress-text'}, ` ${job.trials_done} / ${job.budget} trials`),
       stageText ? h('span', {class: 'muted'}, ` (${stageText})`) : null),
-      fact('Best latency', h('strong', {id: 'job-best'}, fmtMs(job.best_latency_ms))),
-      fact('Untuned', fmtMs(job.baseline_ms)),
-      // model jobs: torch's latency and the whole-model check of the artifact (service.model_worker's report)
-      job.spec?.report?.latency_ms ? fact('Torch (eager)', fmtMs(job.spec.report.latency_ms.torch_eager)) : null,
-      job.spec?.layout_search?.rounds?.length ? fact('Layout search', `${job.spec.layout_search.rounds.length} `
-        + `choices measured: rule ${fmtMs(job.spec.layout_search.rule_estimate_ms)} → chosen `
-        + `${fmtMs(job.spec.layout_search.chosen_estimate_ms)} (estimates)`) : null,
-      job.spec?.report?.check ? fact('Whole-model check', !job.spec.report.check.passed ? 'failed (not served)'
-        : job.spec.report.check.removed_schedules.length
-          ? `passed after removing ${job.spec.report.check.removed_schedules.length} wrong schedule(s)` : 'passed') : null,
-      fact(h('abbr', {title: 'untuned latency / best latency'}, 'Speedup'),
-        h('span', {id: 'job-speedup'}, fmtSpeedup(job.baseline_ms, job.best_latency_ms))),
+      // a model's latencies are the headline's
+      model ? null : fact('Best latency', h('strong', {id: 'job-best'}, ended(job) ? '—' : fmtMs(job.best_latency_ms))),
+      model ? null : fact('Untuned', fmtMs(job.baseline_ms)),
+      report.layout_search?.rounds?.length ? fact('Layout search', `${report.layout_search.rounds.length} `
+        + `choices measured: rule ${fmtMs(report.layout_search.rule_estimate_ms)} → chosen `
+        + `${fmtMs(report.layout_search.chosen_estimate_ms)} (estimates)`) : null,
+      report.check ? fact('Whole-model check', !report.check.passed ? 'failed (not served)'
+        : report.check.removed_schedules?.length
+          ? `passed after removing ${report.check.removed_schedules.length} wrong schedule(s)` : 'passed') : null,
+      model ? null : fact(h('abbr', {title: 'untuned latency / best latency'}, 'Speedup'),
+        h('span', {id: 'job-speedup'}, ended(job) ? '—' : fmtSpeedup(job.baseline_ms, job.best_latency_ms))),
       fact('Errors', h('span', {id: 'job-errors'}, `${job.errors}`),
         s.timeouts ? ` (${s.timeouts} timed out)` : job.errors ? ' (0 timed out)' : ''),
       fact('Throughput', s.rate ? `${(s.rate * 60).toFixed(s.rate * 60 >= 10 ? 0 : 1)} trials/min` : '—'),
@@ -363,9 +381,73 @@ class JobView {
       fact('Started', timeEl(job.started_at)),
       fact('Finished', timeEl(job.finished_at)),
       fact('Duration', fmtDuration(duration)),
-      fact('Workload', h('code', {class: 'wrap'}, workloadOf(job))));
+      (job.tasks || []).length > 1 ? fact('Task keys', this.els.keys)
+        : fact('Workload', h('code', {class: 'wrap'}, workloadOf(job))));
   }
 
+  /** A model's end-to-end latency against torch eager and torch.compile: measured once the job succeeded, the
+   * running estimate (labelled so) while it tunes, none when it failed or was cancelled. */
+  renderHeadline() {
+    const job = this.job;
+    const el = this.els.headline;
+    el.hidden = job.kind !== 'model';
+    if (el.hidden) return;
+    const report = job.report || {};
+    const measured = report.latency_ms || {};
+    // the final report's, else what the worker wrote when it prepared the model (service.model_worker)
+    const torch = {eager: measured.torch_eager ?? report.torch_ms?.eager ?? null,
+      compile: measured.torch_compile ?? report.torch_ms?.compile ?? null};
+    let ours = null;
+    let estimate = false;
+    let label;
+    let note = null;
+    if (ended(job)) {
+      label = job.status === 'failed' ? 'Failed: no end-to-end latency (the error is above)'
+        : 'Cancelled before the model was built: no end-to-end latency';
+    } else if (job.status === 'succeeded') {
+      ours = measured.artifact ?? job.best_latency_ms;
+      label = 'End-to-end latency of the artifact';
+      if (measured.untuned) {
+        note = h('p', {class: 'muted small', id: 'headline-untuned'},
+          `The untuned TVM build takes ${fmtMs(measured.untuned)} (${fmtSpeedup(measured.untuned, ours)} the `
+          + 'artifact\'s latency). All measured on the worker.');
+      }
+    } else if (job.best_latency_ms) {
+      ours = job.best_latency_ms;
+      estimate = true;
+      label = 'Estimated end-to-end latency (while tuning)';
+      note = h('p', {class: 'muted small'}, 'An estimate: each task\'s best latency times its calls, summed. The ',
+        'whole model is built, checked and timed when the tuning ends.');
+    } else {
+      label = job.status === 'queued' ? 'Queued: no latency yet' : 'Tuning: no estimate yet';
+    }
+    const versus = (name, id, theirs) => h('li', {id},
+      theirs === null ? [h('span', {class: 'muted'}, `${name}: not timed`)]
+        : ours === null ? [`${name} `, h('strong', {}, fmtMs(theirs))]
+          : [h('strong', {class: 'x', title: `${name} latency / ours${estimate ? ' (estimated)' : ''}`},
+            fmtSpeedup(theirs, ours)), ` vs ${name}`, h('span', {class: 'muted'}, ` (${fmtMs(theirs)})`)]);
+    fill(el,
+      h('div', {class: 'headline-main'},
+        h('div', {class: 'headline-label'}, label),
+        ours === null ? null : h('div', {class: `headline-value${estimate ? ' estimate' : ''}`, id: 'headline-latency'},
+          estimate ? '≈ ' : '', fmtMs(ours))),
+      h('ul', {class: 'headline-vs'},
+        versus('torch eager', 'vs-eager', torch.eager), versus('torch.compile', 'vs-compile', torch.compile)),
+      note);
+  }
+
+  /** A model's task keys, collapsed (one line each when opened). */
+  renderKeys() {
+    const tasks = this.job.tasks || [];
+    const signature = tasks.map((t) => t.workload_key).join('\n');
+    if (signature === this.keysSignature) return;
+    this.keysSignature = signature;
+    fill(this.els.keys, h('summary', {}, `${tasks.length} tasks`),
+      h('ol', {class: 'keys', start: 0}, tasks.map((t) => h('li', {}, h('code', {class: 'wrap'}, t.workload_key)))));
+  }
+
+  /** The tasks by their share of the model's time (calls x latency: the best measured, else the untuned), each
+   * task's schedule on demand: a row under the task's, built when asked and kept open across updates. */
   renderTasks() {
     const tasks = this.job.tasks || [];
     const el = this.els.tasks;
@@ -374,20 +456,55 @@ class JobView {
       return;
     }
     el.hidden = false;
-    const weighted = tasks.map((t) => (t.best_latency_ms ?? t.baseline_ms ?? 0) * t.weight);
-    const total = weighted.reduce((a, b) => a + b, 0);
+    const time = (t) => (t.best_latency_ms ?? t.baseline_ms ?? null);
+    const total = tasks.reduce((sum, t) => sum + (time(t) ?? 0) * t.weight, 0);
+    const share = (t) => (total && time(t) !== null ? (100 * time(t) * t.weight) / total : null);
+    const rows = tasks.map((t) => ({t, share: share(t)}))
+      .sort((a, b) => (b.share ?? -1) - (a.share ?? -1) || a.t.index - b.t.index);
+    const top = rows[0].share || 100;
+    const columns = [['Share', 'num'], ['Task'], ['Calls', 'num'], ['Best', 'num'], ['Untuned', 'num'],
+      ['Speedup', 'num'], ['Trials', 'num'], ['Schedule']];
     fill(el, h('h2', {id: 'tasks-h'}, `Tasks (${tasks.length})`),
-      h('div', {class: 'table-wrap'}, h('table', {class: 'tasks-table'},
-        h('thead', {}, h('tr', {}, ['#', 'Task', 'Weight', 'Share of latency', 'Progress', 'Best', 'Untuned',
-          'Speedup'].map((c) => h('th', {scope: 'col'}, c)))),
-        h('tbody', {}, tasks.map((t, i) => h('tr', {},
-          h('td', {}, t.index), h('td', {}, t.name, h('div', {class: 'muted small wrap'}, t.workload_key)),
-          h('td', {class: 'num'}, t.weight),
-          h('td', {class: 'num'}, total ? `${((100 * weighted[i]) / total).toFixed(1)}%` : '—'),
-          h('td', {}, h('progress', {max: t.budget, value: Math.min(t.trials_done, t.budget),
-            'aria-label': `task ${t.index}: ${t.trials_done} of ${t.budget}`}), ` ${t.trials_done} / ${t.budget}`),
-          h('td', {class: 'num'}, fmtMs(t.best_latency_ms)), h('td', {class: 'num'}, fmtMs(t.baseline_ms)),
-          h('td', {class: 'num'}, fmtSpeedup(t.baseline_ms, t.best_latency_ms))))))));
+      h('p', {class: 'muted legend-note'}, 'By their share of the model\'s time: calls × latency (the best ',
+        'measured, else the untuned).'),
+      h('div', {class: 'table-wrap'}, h('table', {class: 'tasks-table', id: 'tasks-table'},
+        h('thead', {}, h('tr', {}, columns.map(([c, cls]) => h('th', {scope: 'col', class: cls}, c)))),
+        h('tbody', {}, rows.map(({t, share: pct}) => [
+          h('tr', {class: 'task', dataset: {taskId: t.id, share: pct ?? ''}},
+            h('td', {class: 'num share'}, pct === null ? '—' : [h('meter', {min: 0, max: top, value: pct,
+              'aria-hidden': 'true'}), ` ${pct.toFixed(1)}%`]),
+            h('td', {}, t.name, h('span', {class: 'muted'}, ` #${t.index}`)),
+            h('td', {class: 'num'}, t.weight),
+            h('td', {class: 'num'}, fmtMs(t.best_latency_ms)), h('td', {class: 'num'}, fmtMs(t.baseline_ms)),
+            h('td', {class: 'num'}, fmtSpeedup(t.baseline_ms, t.best_latency_ms)),
+            h('td', {class: 'num'}, t.trials_done),
+            h('td', {}, this.scheduleButton(t))),
+          this.openSchedules.has(t.id) ? h('tr', {class: 'schedule-row'},
+            h('td', {colspan: columns.length}, this.schedule(t))) : null])))));
+  }
+
+  scheduleButton(task) {
+    const open = this.openSchedules.has(task.id);
+    return h('button', {type: 'button', class: 'link', 'aria-expanded': String(open),
+      'aria-label': `${open ? 'hide' : 'show'} the schedule of task ${task.index}`, onclick: () => {
+        if (open) this.openSchedules.delete(task.id); else this.openSchedules.add(task.id);
+        this.renderTasks();
+        this.els.tasks.querySelector(`tr.task[data-task-id="${task.id}"] button`).focus();
+      }}, open ? 'hide' : 'show');
+  }
+
+  /** A task's schedule: its configuration (the knobs of its best trial), layout and workload key. */
+  schedule(task) {
+    const trial = this.bestTrials().get(task.id);
+    const layout = trial && trial.extra ? fmtLayout(trial.extra.layout) : null;
+    return h('div', {class: 'schedule'},
+      h('dl', {class: 'facts small'},
+        h('dt', {}, 'Workload'), h('dd', {}, h('code', {class: 'wrap'}, task.workload_key)),
+        trial ? [h('dt', {}, 'Best trial'), h('dd', {}, `${fmtMs(trial.latency_ms)} (trial ${trial.index}, `
+          + `${trial.stage})`)] : null,
+        layout ? [h('dt', {}, 'Layout'), h('dd', {}, h('code', {class: 'layout'}, layout))] : null),
+      task.best_config ? h('pre', {class: 'code config'}, JSON.stringify(task.best_config, null, 2))
+        : h('p', {class: 'muted'}, 'No schedule measured for this task yet.'));
   }
 
   bestTrials() {
@@ -402,6 +519,7 @@ class JobView {
 
   renderBest() {
     const job = this.job;
+    if (job.kind === 'model') return; // each task's schedule is in the tasks table
     const best = this.bestTrials();
     const tasks = job.tasks && job.tasks.length ? job.tasks : [];
     const blocks = [];
@@ -471,6 +589,11 @@ class JobView {
   configCell(t) {
     const text = fmtConfig(t.config);
     const layout = t.extra && t.extra.layout ? fmtLayout(t.extra.layout) : null;
+    if (this.job.kind === 'model') {
+      // a model's trials are many, each of a task with some twenty knobs: one line a trial, the rest when opened
+      return h('details', {class: 'cfg-line'}, h('summary', {}, h('code', {class: 'cfg'}, text)),
+        layout ? h('div', {class: 'layout small'}, `layout ${layout}`) : null, h('code', {class: 'cfg'}, text));
+    }
     return [layout ? h('div', {class: 'layout small'}, `layout ${layout}`) : null, h('code', {class: 'cfg'}, text)];
   }
 

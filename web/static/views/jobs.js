@@ -2,8 +2,9 @@
 
 import {getJobs, subscribe} from '../api.js';
 import {navigate} from '../nav.js';
-import {debounce, errorText, fill, fmtMs, fmtSpeedup, h, jobLabel, progressBar, setTitle, statusBadge, timeEl}
-  from '../util.js';
+import {
+  debounce, errorText, fill, fmtMs, fmtSpeedup, h, isActive, jobLabel, progressBar, setTitle, statusBadge, timeEl,
+} from '../util.js';
 
 const STATUSES = ['queued', 'running', 'succeeded', 'failed', 'cancelled'];
 const PAGE = 50;
@@ -53,7 +54,21 @@ export function render(main, {query}) {
         tbody)),
     state, more);
 
+  /** A failed or cancelled job has no best latency to show (its error is under its name); a model job's is the
+   * running estimate while it tunes. */
+  function bestCell(job) {
+    if (job.status === 'failed' || job.status === 'cancelled') {
+      return h('td', {class: 'num best', title: `${job.status}: no latency`}, '—');
+    }
+    if (job.kind === 'model' && isActive(job) && job.best_latency_ms !== null) {
+      return h('td', {class: 'num best', title: 'estimated while tuning; measured end to end when it finishes'},
+        `≈ ${fmtMs(job.best_latency_ms)}`);
+    }
+    return h('td', {class: 'num best'}, fmtMs(job.best_latency_ms));
+  }
+
   function rowOf(job) {
+    const ended = job.status === 'failed' || job.status === 'cancelled';
     const box = h('input', {type: 'checkbox', 'aria-label': `select job ${job.id} to compare`,
       checked: selected.has(job.id)});
     box.addEventListener('change', () => {
@@ -68,8 +83,8 @@ export function render(main, {query}) {
       h('td', {}, statusBadge(job)),
       h('td', {class: 'opt'}, job.target),
       h('td', {}, progressBar(job)),
-      h('td', {class: 'num best'}, fmtMs(job.best_latency_ms)),
-      h('td', {class: 'num speedup'}, fmtSpeedup(job.baseline_ms, job.best_latency_ms)),
+      bestCell(job),
+      h('td', {class: 'num speedup'}, ended ? '—' : fmtSpeedup(job.baseline_ms, job.best_latency_ms)),
       h('td', {class: 'opt'}, timeEl(job.started_at)),
       h('td', {class: 'opt'}, timeEl(job.finished_at)));
   }
