@@ -122,15 +122,11 @@ from compiler.workloads.model import (QUANTIZED_ATOL, QUANTIZED_RTOL, ImportedMo
                                       flatten_outputs, import_model, torch_outputs)
 from compiler.workloads.model.artifact import extract_model_artifact
 from compiler.workloads.model.importer import translate_model
+from service.schemas import default_model_budget
 from tuner import Measurer, make_measurer
 from tuner.model import ModelTuneHooks, ModelTuneResult, serve_model, tune_model
 from tuner.request import ModelTuneRequest
 from tuner.task import Trial, best_trial
-
-try:  # issue 61: a model job's default budget computed from its model, in tuner.model once that lands
-    from tuner.model import default_budget as _model_default_budget
-except ImportError:  # until then: one default for every model job
-    _model_default_budget = None
 
 # what the tests and earlier callers reach through this module
 __all__ = ["CORPUS_DEFAULT", "DEFAULT_MODELS", "artifact_program", "bf16", "default_budget", "load_model", "main",
@@ -146,7 +142,6 @@ CORPUS_DEFAULT = ("resnet50", "squeezenet1_1", "efficientnet_b0", "mobilenet_v3_
 PRESETS = {"corpus": CORPUS_DEFAULT}
 # of the corpus, the models MetaSchedule runs on unless --metaschedule-models says otherwise (it is hours at 2,000)
 METASCHEDULE_CORPUS = ("resnet50",)
-JOB_BUDGET = 64  # a model job's budget when its spec names none (service.api.models.ModelJobSpec.budget)
 
 
 def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None:
@@ -180,9 +175,9 @@ def parse_budgets(text: str) -> tuple[int | str, ...]:
 
 
 def default_budget(model: ImportedModel) -> int:
-    """The budget a model job gets for `model` when its spec names none: `tuner.model.default_budget(model)` where
-    the tuner has it (issue 61: a default that depends on the model), else the API's one default, `JOB_BUDGET`."""
-    return _model_default_budget(model) if _model_default_budget is not None else JOB_BUDGET
+    """The budget a model job gets for `model` when its spec names none (`service.schemas.default_model_budget`:
+    8 per conv or matmul task, between 64 and 512), from the tasks of `model` as the API counts them."""
+    return default_model_budget(sum(t.complex for t in model.tasks))
 
 
 def resolve_budgets(budgets: Sequence[int | str], model: ImportedModel) -> list[tuple[int, str]]:
@@ -602,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default=None,
                         help="comma-separated on-device measurements per model, ours (and MetaSchedule from 1) tuned "
                              "at each, one row per model and budget: numbers >= 0 or 'default', the budget a model job "
-                             f"gets when its spec names none ({JOB_BUDGET} today; default: 'default')")
+                             "gets when its spec names none (8 per conv or matmul task, 64-512; default: 'default')")
     parser.add_argument("--budget", type=int, help="one budget: --budgets N")
     parser.add_argument("--metaschedule-models",
                         help="comma-separated models (of --models) MetaSchedule runs on, or 'all' (default: every zoo "

@@ -179,11 +179,12 @@ class JobRun:
 
         self.worker.retry_db(f"job {self.job_id}: artifact", write)
 
-    def store_schedule(self, key: ScheduleKey, config: dict, latency_ms: float) -> None:
-        """Keep the configuration if it beats the best known one under `key` (atomically)."""
+    def store_schedule(self, key: ScheduleKey, config: dict, latency_ms: float, **facts: Any) -> None:
+        """Keep the configuration if it beats the best known one under `key` (atomically); `facts`: the default
+        schedule's latency and the transfer signature and extents (`Schedule.upsert_if_faster`)."""
         def write() -> None:
             with session_scope(self.url) as s:
-                Schedule.upsert_if_faster(s, key, config, latency_ms, self.job_id)
+                Schedule.upsert_if_faster(s, key, config, latency_ms, self.job_id, **facts)
 
         self.worker.retry_db(f"job {self.job_id}: schedule", write)
 

@@ -47,8 +47,10 @@ from service.models import Job, Schedule, TuningTask
 from service.requests import model_tune_request, schedule_key
 from service.settings import Settings
 from tuner import Trial
-from tuner.model import ModelHistory, ModelTuneHooks, ModelTuneResult, tune_model
+from tuner import transfer
+from tuner.model import ModelHistory, ModelTuneHooks, ModelTuneResult, StartSchedule, tune_model
 from tuner.request import ModelTuneRequest
+from tuner.transfer import StoredSchedule
 
 log = logging.getLogger("altune.worker")
 
@@ -166,7 +168,8 @@ def _run_model_job(run: JobRun, work: Path) -> None:
     report = {**report, "torch_ms": torch_ms}
     _save_report(run, report)
     history = ModelHistory(blocks=blocks, layout_search=report.get("layout_search"), trials=trials,
-                           known=lambda key: _known(run, key, request))
+                           known=lambda key: _known(run, key, request),
+                           similar=lambda signature: _similar(run, signature, request))
     measurer = measurer_for(run.settings, request)
     try:
         tuned = tune_model(graph, request, measurer=measurer, history=history, hooks=JobHooks(run, rows))
@@ -200,20 +203,38 @@ def _run_model_job(run: JobRun, work: Path) -> None:
     run.finish("succeeded")
 
 
-def _known(run: JobRun, workload_key: str, request: ModelTuneRequest) -> dict | None:
-    """The configuration stored for the task under its `ScheduleKey`, None when there is none."""
+def _known(run: JobRun, workload_key: str, request: ModelTuneRequest) -> StartSchedule | None:
+    """The schedule stored for the task under its `ScheduleKey`, None when there is none."""
     with session_scope(run.url) as s:
         schedule = Schedule.find_by_key(s, schedule_key(workload_key, request))
-        return dict(schedule.config) if schedule is not None else None
+        if schedule is None:
+            return None
+        return StartSchedule(dict(schedule.config), "stored", latency_ms=schedule.latency_ms,
+                             default_ms=schedule.default_ms)
+
+
+def _similar(run: JobRun, signature: str, request: ModelTuneRequest) -> list[StoredSchedule]:
+    """The schedules stored for workloads of the task's form (`tuner.transfer` signature) on this target, device,
+    pipeline and space version."""
+    with session_scope(run.url) as s:
+        rows = Schedule.of_signature(s, schedule_key("", request), signature)
+        return [StoredSchedule(r.workload_key, tuple(r.extents), dict(r.config), r.latency_ms)
+                for r in rows if r.extents]
 
 
 def _store_schedules(run: JobRun, tuned: ModelTuneResult, request: ModelTuneRequest, removed: set[str]) -> None:
-    """Every task's pick, kept even when the default schedule wins (the task need not be searched again); never one
-    the whole-model check removed."""
+    """Every measured task's pick, kept even when the default schedule wins (the task need not be searched again:
+    a later job serves the default schedule then, as `default_ms` says), with its transfer signature and extents;
+    never one the whole-model check removed. A schedule served unmeasured (a seed, a transferred one) is not
+    stored: nothing measured it here."""
     for o in tuned.outcomes:
         pick = o.pick
-        if pick is not None and o.task.workload_key not in removed:
-            run.store_schedule(schedule_key(o.task.workload_key, request), pick.config, pick.latency_ms)
+        if pick is None or o.task.workload_key in removed:
+            continue
+        key = transfer.signature(o.task)
+        run.store_schedule(schedule_key(o.task.workload_key, request), pick.config, pick.latency_ms,
+                           default_ms=o.default_ms, signature=key.signature if key else None,
+                           extents=list(key.extents) if key else None)
 
 
 def _save_report(run: JobRun, report: dict) -> None:

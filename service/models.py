@@ -75,6 +75,15 @@ class Job(Base):
         return job
 
     @classmethod
+    def of_signature(cls, session: Session, key: ScheduleKey, signature: str, limit: int = 256) -> list[Schedule]:
+        """The schedules of workloads sharing a transfer `signature`, valid where `key` is but for the workload
+        (target, device, pipeline, space version), fastest first."""
+        return list(session.scalars(select(cls).where(
+            (cls.signature == signature) & (cls.target_key == key.target_key) & (cls.device == key.device)
+            & (cls.pipeline == key.pipeline) & (cls.space_version == key.space_version),
+        ).order_by(cls.latency_ms).limit(limit)))
+
+    @classmethod
     def where_filter(
         cls, session: Session, *, status: str | None = None, workload: str | None = None, limit: int = 50,
         offset: int = 0, owner: Owner | None = None,
@@ -286,7 +295,8 @@ class Schedule(Base):
 
     __tablename__ = "schedules"
     __table_args__ = (UniqueConstraint("workload_key", "target_key", "device", "pipeline", "space_version",
-                                       name="uq_schedules_key"),)
+                                       name="uq_schedules_key"),
+                      Index("ix_schedules_signature", "target_key", "signature"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workload_key: Mapped[str] = mapped_column(Text, index=True)
@@ -296,6 +306,11 @@ class Schedule(Base):
     space_version: Mapped[int] = mapped_column(Integer, default=0)
     config: Mapped[dict[str, Any]]
     latency_ms: Mapped[float] = mapped_column(Float)
+    # the task's default schedule's latency then (None: not measured): served unmeasured only where it won
+    default_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # `tuner.transfer`: workloads of one form share a signature; their loop extents say how near they are
+    signature: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    extents: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
 
@@ -305,8 +320,10 @@ class Schedule(Base):
 
     @classmethod
     def upsert_if_faster(cls, session: Session, key: ScheduleKey, config: dict[str, Any], latency_ms: float,
-                         job_id: int | None) -> None:
-        """Store the configuration unless the known one for `key` is at least as fast.
+                         job_id: int | None, *, default_ms: float | None = None, signature: str | None = None,
+                         extents: list[int] | None = None) -> None:
+        """Store the configuration unless the known one for `key` is at least as fast (with the task's default
+        schedule's latency and its transfer signature and extents, when known).
 
         One `INSERT ... ON CONFLICT DO UPDATE ... WHERE` statement, so two workers finishing the same
         workload at once never collide on the unique key: the faster configuration stays, whatever the order.
@@ -320,13 +337,25 @@ class Schedule(Base):
             raise ValueError(f"unsupported database for schedules: {dialect}")
         stmt = insert(cls).values(workload_key=key.workload_key, target_key=key.target_key, device=key.device,
                                   pipeline=key.pipeline, space_version=key.space_version, config=config,
-                                  latency_ms=latency_ms, job_id=job_id, updated_at=utcnow())
+                                  latency_ms=latency_ms, job_id=job_id, updated_at=utcnow(), default_ms=default_ms,
+                                  signature=signature, extents=extents)
         session.execute(stmt.on_conflict_do_update(
             index_elements=[cls.workload_key, cls.target_key, cls.device, cls.pipeline, cls.space_version],
             set_={"config": stmt.excluded.config, "latency_ms": stmt.excluded.latency_ms,
-                  "job_id": stmt.excluded.job_id, "updated_at": stmt.excluded.updated_at},
+                  "job_id": stmt.excluded.job_id, "updated_at": stmt.excluded.updated_at,
+                  "default_ms": stmt.excluded.default_ms, "signature": stmt.excluded.signature,
+                  "extents": stmt.excluded.extents},
             where=stmt.excluded.latency_ms < cls.latency_ms,
         ))
+
+    @classmethod
+    def of_signature(cls, session: Session, key: ScheduleKey, signature: str, limit: int = 256) -> list[Schedule]:
+        """The schedules of workloads sharing a transfer `signature`, valid where `key` is but for the workload
+        (target, device, pipeline, space version), fastest first."""
+        return list(session.scalars(select(cls).where(
+            (cls.signature == signature) & (cls.target_key == key.target_key) & (cls.device == key.device)
+            & (cls.pipeline == key.pipeline) & (cls.space_version == key.space_version),
+        ).order_by(cls.latency_ms).limit(limit)))
 
     @classmethod
     def where_filter(

@@ -97,6 +97,7 @@ class TaskSummary:
     name: str
     workload_key: str
     weight: int
+    complex: bool = False  # a conv or a matrix product (`ModelTask.complex`)
 
 
 @dataclass(frozen=True)

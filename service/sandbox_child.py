@@ -299,7 +299,8 @@ def _import(request: dict, _facts: dict) -> dict:
                          target=resolve_target(request["target"]),
                          max_tensor_elements=request["max_tensor_elements"], fusion=request.get("fusion", "none"))
     return {"inputs": [[s.name, list(s.shape), s.dtype] for s in model.inputs],
-            "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight} for t in model.tasks]}
+            "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "complex": t.complex}
+                      for t in model.tasks]}
 
 
 def _prepare(request: dict, _facts: dict) -> dict:

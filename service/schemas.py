@@ -13,6 +13,17 @@ MAX_SEED = 2**31 - 1  # the largest search seed: `tuner.task.MAX_SEED` (the API 
 MAX_INT32 = 2**31 - 1  # ids, counts and sizes: the database stores them as `integer` (32 bits on PostgreSQL)
 MAX_INT64 = 2**63 - 1  # offsets: SQL's OFFSET takes a 64-bit integer
 
+BUDGET_PER_COMPLEX_TASK = 8  # a model job's default budget: one round of ALT's batch per conv or matmul task ...
+DEFAULT_MODEL_BUDGET = (64, 512)  # ... within these bounds (ResNet-50's 28: 224)
+
+
+def default_model_budget(complex_tasks: int) -> int:
+    """The budget a model job gets when its user names none: `BUDGET_PER_COMPLEX_TASK` measurements per conv or
+    matmul task (the tasks whose schedule matters most), within `DEFAULT_MODEL_BUDGET`, so that the job's
+    duration follows the model's size and stays bounded."""
+    low, high = DEFAULT_MODEL_BUDGET
+    return max(low, min(high, BUDGET_PER_COMPLEX_TASK * complex_tasks))
+
 
 def _as_utc(value: datetime | None) -> datetime | None:
     # the database stores naive UTC; say so on the wire

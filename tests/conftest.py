@@ -103,7 +103,9 @@ def sqlite_url(tmp_path) -> str:
 
 @pytest.fixture
 def settings(db_url, tmp_path) -> Settings:
-    return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2)
+    # torch.compile's timing (a minute per model job's prepare) only where a test asks for it
+    return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2,
+                    time_torch_compile=False)
 
 
 # -- tokens and clients ------------------------------------------------------------------------------------------

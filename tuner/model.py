@@ -8,12 +8,19 @@
 1. With `layout="search"` ALT's joint stage (`tuner.graph_layout`, `JOINT_SHARE` of the budget) chooses the
    convs' channel blocks first, unless the history already has them (a resumed job); else the graph is lowered in
    the request's layout.
-2. Tasks with a known schedule (`ModelHistory.known`: the schedules table) get one measurement of it and no more;
-   the other tunable tasks share the rest of the budget under `tuner.scheduler.GradientScheduler` (rounds of
-   `tune(prior=...)`, so a resumed job continues from its trials).
-3. Each task's pick is its best few trials measured again (`remeasure_best`, one per 32 trials, none below 32),
-   the fastest reading; it is applied only when it beats the task's default schedule (what `build_model` gives an
-   untuned function), measured by the same measurer.
+2. Knowledge before measurement: every tunable task starts from the best schedule known without measuring
+   (`start_schedule`): its stored one (`ModelHistory.known`, exact workload key on this target); else the nearest
+   stored schedule of a workload of the same form carried to its shapes (`ModelHistory.similar`, `tuner.transfer`);
+   else, for a conv or matmul, the rule's register-blocked seed. A task the budget does not reach is served with
+   it, never with the naive default schedule; a budget of 0 serves the model from knowledge alone.
+3. A task with a stored schedule is measured no more. The others share the budget under
+   `tuner.scheduler.GradientScheduler` (rounds of `tune(prior=...)`, so a resumed job continues from its trials),
+   its warm-up in order of each task's estimated share of the model's time (`estimated_shares`: calls x flops),
+   each task's start measured first. A task whose search raises is given no more rounds (`TaskOutcome.error`,
+   reported); the job goes on.
+4. Each measured task's pick is its best few trials measured again (`remeasure_best`, one per 32 trials, none
+   below 32), the fastest reading; it is applied only when it beats the task's default schedule (what
+   `build_model` gives an untuned function), measured by the same measurer.
 
 `serve_model` is the end of a job: the model built with the picks, checked whole against the reference outputs
 (schedules whose model does not match are removed), timed against the untuned build (served instead when faster
@@ -29,12 +36,16 @@ Layering: `tuner` imports `compiler`, never `service` or `bench`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from compiler.target import resolve_target
+import tvm
+from tvm.s_tir.analysis import estimate_tir_flops
+
+from compiler.target import resolve_target, vector_unit
 from compiler.workloads.model import (
     ImportedModel,
     ModelTask,
@@ -49,14 +60,43 @@ from compiler.workloads.model import (
 from compiler.workloads.model.importer import ModelGraph, graph_blocks, lower_graph
 from compiler.workloads.model.tasks import conversions
 
+from . import transfer
 from .graph_layout import default_schedule_latency, joint_budget, search_layouts, tunable
 from .measurers import Measurer
 from .request import ModelTuneRequest
 from .scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
+from .spaces import make_space, reductions
 from .task import Task, Trial, best_trial
 from .tune import apply_config, remeasure_best, remeasure_count, tune
 
 log = logging.getLogger("altune.model")
+
+@dataclass(frozen=True)
+class StartSchedule:
+    """A schedule a task has before this job measures anything (knowledge before measurement).
+
+    Attributes:
+        config: the configuration, in the task's space.
+        source: "stored" (this workload's, measured on this target by an earlier job), "transferred" (a similar
+            workload's, carried to this one's shapes: `tuner.transfer`) or "seed" (the rule's register-blocked
+            nest, `SearchSpace.seed_configs`).
+        latency_ms: stored only: the latency the earlier job measured.
+        default_ms: stored only: the task's default schedule's latency then (None: not recorded).
+        origin: transferred only: the workload key it came from.
+    """
+
+    config: dict
+    source: str
+    latency_ms: float | None = None
+    default_ms: float | None = None
+    origin: str | None = None
+
+    @property
+    def beats_default(self) -> bool:
+        """Served without measuring: a stored one unless its job found the default schedule faster; a transferred
+        one or a seed always (a complex operator's default schedule is never the better guess)."""
+        return self.latency_ms is None or self.default_ms is None or self.latency_ms < self.default_ms
+
 
 @dataclass(frozen=True)
 class ModelHistory:
@@ -66,14 +106,17 @@ class ModelHistory:
         blocks: the joint stage's chosen blocks (a resumed job's); None: run it when the layout is "search".
         layout_search: that joint stage's report.
         trials: measured trials by workload key (a resumed job's; counted in the budget, never measured again).
-        known: a stored schedule's configuration for a workload key, None when there is none (measured once,
-            then kept).
+        known: the stored schedule of a workload key on this target (`StartSchedule`, source "stored"), None when
+            there is none: the task is served with it and measured no more.
+        similar: the stored schedules of workloads that share a task's transfer signature (`tuner.transfer`), for
+            tasks without a stored schedule of their own.
     """
 
     blocks: Mapping[str, list[int]] | None = None
     layout_search: Mapping[str, Any] | None = None
     trials: Mapping[str, Sequence[Trial]] = field(default_factory=dict)
-    known: Callable[[str], dict | None] = lambda _key: None
+    known: Callable[[str], StartSchedule | None] = lambda _key: None
+    similar: Callable[[str], Sequence[Any]] = lambda _signature: ()
 
 
 class ModelTuneHooks:
@@ -100,17 +143,22 @@ class ModelTuneHooks:
 
 @dataclass
 class TaskOutcome:
-    """One tunable task's tuning: its trials (history included), its pick and what it was compared with."""
+    """One tunable task's tuning: where it started, its trials (history included), its pick and what it was
+    compared with."""
 
     model_task: ModelTask
     task: Task
     trials: list[Trial]
+    start: StartSchedule | None = None
+    share: float = 0.0
     best: Trial | None = None
     untuned_ms: float | None = None
     default_ms: float | None = None
+    error: str | None = None
 
     @property
     def pick(self) -> Trial | None:
+        """The best measured trial (re-measured where it was), None when nothing of this task was measured."""
         return self.best if self.best is not None else best_trial(self.trials)
 
     @property
@@ -119,6 +167,19 @@ class TaskOutcome:
         pick = self.pick
         versus = self.default_ms if self.default_ms is not None else self.untuned_ms
         return pick is not None and (versus is None or pick.latency_ms < versus)
+
+    @property
+    def served(self) -> tuple[dict, str] | None:
+        """(configuration, source) the task is built with, None for its default schedule: the measured pick where
+        it beats the default schedule ("measured"); with nothing measured, its start ("stored", "transferred",
+        "seed") unless a stored one lost to the default schedule."""
+        if self.pick is not None:
+            return (self.pick.config, "measured") if self.beats_default else None
+        if any(t.config == self.start.config for t in self.trials) if self.start else False:
+            return None  # its start was measured and failed
+        if self.start is not None and self.start.beats_default:
+            return self.start.config, self.start.source
+        return None
 
 
 @dataclass
@@ -143,24 +204,48 @@ class ModelTuneResult:
 
     @property
     def schedules(self) -> dict[str, Any]:
-        """The scheduled function of every task whose pick beats its default schedule, by workload key."""
-        return {o.task.workload_key: apply_config(o.task, o.pick.config) for o in self.outcomes if o.beats_default}
+        """The scheduled function of every task served with a schedule (`TaskOutcome.served`), by workload key; a
+        configuration that no longer applies is left out (the task gets its default schedule)."""
+        out = {}
+        for o in self.outcomes:
+            if o.served is None:
+                continue
+            try:
+                out[o.task.workload_key] = apply_config(o.task, o.served[0])
+            except Exception as e:  # noqa: BLE001 - one task's schedule never fails the model
+                log.warning("task %s: its %s schedule does not apply: %s", o.task.name, o.served[1], e)
+        return out
 
     @property
     def facts(self) -> dict[str, dict]:
-        """Per workload key: the pick's latency, the default schedule's, the raw function's (the manifest's)."""
-        return {o.task.workload_key: {"latency_ms": o.pick.latency_ms if o.pick else None,
-                                      "default_ms": o.default_ms, "untuned_ms": o.untuned_ms}
-                for o in self.outcomes}
+        """Per workload key: the pick's latency (a stored start's where nothing was measured), the default
+        schedule's, the raw function's, where the served schedule came from (the manifest's)."""
+        out = {}
+        for o in self.outcomes:
+            latency = o.pick.latency_ms if o.pick else (o.start.latency_ms if o.start else None)
+            out[o.task.workload_key] = {"latency_ms": latency, "default_ms": o.default_ms, "untuned_ms": o.untuned_ms,
+                                        "source": o.served[1] if o.served else "default", "share": o.share,
+                                        "trials": len(o.trials)}
+        return out
 
     @property
     def report(self) -> dict:
-        """The job's report so far: import notes, the joint stage, the tasks whose default schedule was faster."""
+        """The job's report so far: import notes, the joint stage, where each task's schedule came from, the tasks
+        whose default schedule was faster, the tasks whose search failed."""
+        sources: dict[str, int] = {}
+        for o in self.outcomes:
+            source = o.served[1] if o.served else "default"
+            sources[source] = sources.get(source, 0) + 1
         report: dict[str, Any] = {
             "import_notes": list(self.model.notes),
-            "schedules": {"default_schedule_faster": [
-                {"task": o.model_task.name, "workload_key": o.task.workload_key}
-                for o in self.outcomes if o.pick is not None and not o.beats_default]},
+            "schedules": {
+                "sources": sources,
+                "default_schedule_faster": [
+                    {"task": o.model_task.name, "workload_key": o.task.workload_key}
+                    for o in self.outcomes if o.pick is not None and not o.beats_default],
+                "search_failed": [{"task": o.model_task.name, "workload_key": o.task.workload_key, "error": o.error}
+                                  for o in self.outcomes if o.error is not None],
+            },
         }
         if self.layout_search is not None:
             report["layout_search"] = dict(self.layout_search)
@@ -182,13 +267,13 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
 
     Args:
         graph: the translated model.
-        request: what to tune and how.
+        request: what to tune and how (a budget of 0: every task served from what is known, nothing measured).
         measurer: where every candidate is measured (the caller closes it).
         history: trials, blocks and schedules already known (a resumed job, the schedules table).
         hooks: told of every trial and estimate; polled to stop.
     """
     history = history or ModelHistory()
-    hooks = hooks or ModelTuneHooks()
+    hooks = _Guarded(hooks or ModelTuneHooks())
     target = resolve_target(request.target)
     trials: dict[str, list[Trial]] = {k: list(v) for k, v in history.trials.items()}
     spent = sum(len(v) for v in trials.values())
@@ -201,7 +286,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         return trial
 
     layout_search = dict(history.layout_search) if history.layout_search is not None else None
-    if request.layout == "search" and history.blocks is None:
+    if request.layout == "search" and history.blocks is None and request.budget > 0:
         known_ms = {k: b.latency_ms for k, v in trials.items() if (b := best_trial(v)) is not None}
         found = search_layouts(graph, target, measurer, joint_budget(request.budget), seed=request.seed,
                                fusion=request.fusion, known=known_ms, on_measure=record,
@@ -219,44 +304,58 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     else:
         model = lower_model(graph, request, history.blocks)
 
-    picked = [t for t in model.tasks if tunable(t.prim_func)]
     outcomes = [TaskOutcome(t, Task(t.name, t.workload_key, t.prim_func, target), trials.get(t.workload_key, []))
-                for t in picked]
-    weights = [t.weight for t in picked]
+                for t in model.tasks if tunable(t.prim_func)]
+    for o in outcomes:  # knowledge before measurement: every task starts from the best schedule known unmeasured
+        o.start = start_schedule(o, history)
+    shares = estimated_shares(outcomes)
+    for o, share in zip(outcomes, shares):
+        o.share = share
     # what this call spends counts against the budget with everything the history measured, kept task or not
     spent = max(spent, sum(len(v) for v in trials.values()))
 
     def publish() -> None:
-        estimate = estimated_latency(weights, [o.best.latency_ms if o.best else None for o in outcomes],
+        estimate = estimated_latency([o.model_task.weight for o in outcomes],
+                                     [o.best.latency_ms if o.best else None for o in outcomes],
                                      [o.untuned_ms for o in outcomes])
         if estimate is not None:
             hooks.on_estimate(estimate)
 
-    def tune_round(i: int, n: int, start_from: Sequence[dict] = ()) -> RoundResult:
+    def tune_round(i: int, n: int) -> RoundResult:
         o = outcomes[i]
-        result = tune(o.task, len(o.trials) + n, seed=request.seed, prior=o.trials, start_from=start_from,
-                      on_trial=lambda trial: record(o.model_task, trial), should_stop=hooks.should_stop,
-                      measurer=measurer, replay=False)
+        # a task's start is measured first (the seed or transferred schedule it would be served with unmeasured),
+        # then a complex operator's other register-blocked nests; its untuned nest (the search's other seed, for
+        # memory-bound programs) is left out: a conv's runs tens of times slower, seconds per measurement
+        complex_op = o.model_task.complex
+        start_from = [] if o.trials else [*([o.start.config] if o.start else []),
+                                          *(_blocked_seeds(o.task) if complex_op else [])]
+        try:
+            result = tune(o.task, len(o.trials) + n, seed=request.seed, prior=o.trials, start_from=start_from,
+                          on_trial=lambda trial: record(o.model_task, trial), should_stop=hooks.should_stop,
+                          measurer=measurer, replay=False, seeds=not complex_op)
+        except Exception as e:  # noqa: BLE001 - one task's failing search never fails the model job
+            hooks.reraise()
+            log.exception("task %s: its search failed", o.task.name)
+            o.error = f"{type(e).__name__}: {str(e)[:300]}"
+            o.trials = trials.get(o.task.workload_key, [])
+            o.best = best_trial(o.trials)
+            b = o.best.latency_ms if o.best is not None else None
+            return RoundResult(b, 0)  # not given another round
         o.trials = trials[o.task.workload_key]
         o.best, o.untuned_ms = result.best, result.baseline_ms
         hooks.on_round(o.model_task, result)
         publish()
         return RoundResult(result.best.latency_ms if result.best is not None else None, len(result.trials))
 
-    # known schedules first: one measurement each (none when this model already measured it)
-    fresh = []
-    for i, o in enumerate(outcomes):
-        config = history.known(o.task.workload_key)
-        if config is None:
-            fresh.append(i)
-            continue
-        measured = any(t.config == config for t in o.trials)
-        tune_round(i, 0 if measured else 1, [] if measured else [config])
-        spent += 0 if measured else 1
+    # a task with a stored schedule is served with it and measured no more; the others share the budget, the
+    # largest estimated share of the model's time first (the scheduler's warm-up goes in this order)
+    fresh = sorted((i for i, o in enumerate(outcomes) if o.start is None or o.start.source != "stored"),
+                   key=lambda i: -outcomes[i].share)
     left = request.budget - spent
     if fresh and left > 0 and not hooks.should_stop():
         per_round = round_size(left, len(fresh), request.trials_per_round)
-        scheduler = GradientScheduler([weights[i] for i in fresh], lambda j, n: tune_round(fresh[j], n), left,
+        scheduler = GradientScheduler([outcomes[i].model_task.weight for i in fresh],
+                                      lambda j, n: tune_round(fresh[j], n), left,
                                       trials_per_round=per_round, seed=request.seed, should_stop=hooks.should_stop)
         for j, i in enumerate(fresh):  # resumed: the scheduler starts from what each task already has
             done = outcomes[i].trials
@@ -285,6 +384,87 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
                 o.best = replace(pick, latencies_ms=[pick_ms], extra={**pick.extra, "remeasured": readings})
     stopped = hooks.should_stop()
     return ModelTuneResult(request, model, outcomes, measurements, layout_search, stopped=stopped)
+
+
+def start_schedule(outcome: TaskOutcome, history: ModelHistory) -> StartSchedule | None:
+    """The best schedule a task has without measuring: its stored one (exact workload key, this target); else the
+    nearest stored schedule of a workload of the same form, carried to its shapes (`tuner.transfer`); else, for a
+    complex operator (conv, matmul), the rule's register-blocked seed; else None (the default schedule: pools,
+    reductions and other memory-bound tasks run about as fast so)."""
+    task = outcome.task
+    stored = history.known(task.workload_key)
+    if stored is not None:
+        return stored
+    key = transfer.signature(task)
+    if key is not None:
+        carried = transfer.transferred(task, history.similar(key.signature), limit=1)
+        if carried:
+            config, origin = carried[0]
+            return StartSchedule(config, "transferred", origin=origin)
+    seeds = _blocked_seeds(task) if outcome.model_task.complex else []
+    return StartSchedule(seeds[0], "seed") if seeds else None
+
+
+def _blocked_seeds(task: Task) -> list[dict]:
+    """The task's register-blocked nests (`SearchSpace.seed_configs`, source "blocked"), the rule's first."""
+    try:
+        space = make_space("fusion" if reductions(task.prim_func) > 1 else "loop", task.prim_func, None,
+                           vector_unit(task.target))
+        return [c for c, source in space.seed_configs() if source == "blocked"]
+    except Exception as e:  # noqa: BLE001 - no seed: the default schedule
+        log.warning("task %s: no seed schedule: %s", task.name, e)
+        return []
+
+
+def estimated_shares(outcomes: Sequence[TaskOutcome]) -> list[float]:
+    """Each task's estimated share of the model's time before anything is measured: calls x floating-point
+    operations (TVM's `estimate_tir_flops`; at least the bytes its arguments hold, for memory-bound tasks),
+    normalized to sum to 1."""
+    costs = []
+    for o in outcomes:
+        try:
+            flops = float(estimate_tir_flops(tvm.IRModule({"main": o.task.prim_func})))
+        except Exception:  # noqa: BLE001 - a function TVM cannot count: its bytes stand in
+            flops = 0.0
+        data = float(sum(math.prod(a.shape) for a in o.model_task.args))
+        costs.append(o.model_task.weight * max(flops, data))
+    total = sum(costs) or 1.0
+    return [c / total for c in costs]
+
+
+class _Guarded(ModelTuneHooks):
+    """The caller's hooks, remembering an exception one of them raised (an abort: a lost lease), so that a task's
+    failure is told from an abort that must end the job."""
+
+    def __init__(self, hooks: ModelTuneHooks) -> None:
+        self.hooks = hooks
+        self.raised: BaseException | None = None
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            return getattr(self.hooks, name)(*args)
+        except BaseException as e:
+            self.raised = e
+            raise
+
+    def reraise(self) -> None:
+        if self.raised is not None:
+            raise self.raised
+
+    def should_stop(self) -> bool:
+        return self._call("should_stop")
+
+    def on_trial(self, task: ModelTask, trial: Trial) -> None:
+        self._call("on_trial", task, trial)
+
+    def on_layouts(self, blocks: dict[str, list[int]], report: dict) -> None:
+        self._call("on_layouts", blocks, report)
+
+    def on_round(self, task: ModelTask, result: Any) -> None:
+        self._call("on_round", task, result)
+
+    def on_estimate(self, latency_ms: float) -> None:
+        self._call("on_estimate", latency_ms)
 
 
 def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapping[str, Any],
@@ -355,7 +535,10 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
         tasks.append({"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "complex": t.complex,
                       "tuned": t.workload_key in applied, "latency_ms": known.get("latency_ms"),
                       "default_ms": known.get("default_ms"), "untuned_ms": known.get("untuned_ms"),
-                      "removed_by_check": t.workload_key in checked.removed})
+                      "removed_by_check": t.workload_key in checked.removed,
+                      # where its schedule came from ("measured", "stored", "transferred", "seed"; "default": none)
+                      "source": known.get("source", "default") if t.workload_key in applied else "default",
+                      "share": known.get("share"), "trials": known.get("trials", 0)})
     manifest_spec = dict(spec) if spec is not None else asdict(request)
     write_model_artifact(dest, model, built, target, latency_ms=latency, tasks=tasks, spec=manifest_spec,
                          report=report)

@@ -51,7 +51,7 @@ from service.api.uploads import Upload, receive_upload
 from service.db import API_CONNECTIONS, MODEL_SESSIONS, session_scope
 from service.models import Job, TuningTask
 from service.quotas import QuotaExceeded, check_new_job, check_submission
-from service.schemas import MAX_INT32, MAX_SEED, ErrorPublic, JobPublic, ZooModelPublic, ZooModelsPublic
+from service.schemas import MAX_INT32, MAX_SEED, ErrorPublic, default_model_budget, JobPublic, ZooModelPublic, ZooModelsPublic
 from service.settings import Settings
 from service.tokens import Caller
 
@@ -88,8 +88,12 @@ class ModelJobSpec(BaseModel):
                             "depthwise -> pointwise, matmul -> softmax -> matmul) and whose intermediates hold at least "
                             "half the L2 cache become one task each, tiled and fused by basteln and tuned in its "
                             "space; `none`: Relax's own fusion (element-wise operators into a complex one)")
-    budget: int = Field(64, ge=1, le=MAX_INT32, description="on-device measurements for the whole model (at most "
-                                                            "the server's ALTUNE_MAX_BUDGET)")
+    budget: int | None = Field(
+        None, ge=0, le=MAX_INT32,
+        description="on-device measurements for the whole model (at most the server's ALTUNE_MAX_BUDGET); omitted: "
+                    "chosen from the model, 8 per conv or matmul task, between 64 and 512 (the job's `budget`, and "
+                    "`spec.budget_chosen`); 0: nothing measured, every task served from what is known (its stored "
+                    "schedule, a similar workload's carried to its shapes, the rule's register-blocked seed)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="random seed of the search and of the check's inputs")
     licm: bool = Field(True, description="build every task and the model with our loop-invariant code motion; "
                                          "false: TVM's default TIR pipeline")
@@ -107,7 +111,7 @@ class ZooJobCreate(ModelJobSpec):
 
 
 def _check_spec(spec: ModelJobSpec, settings: Settings, loc: str) -> None:
-    if spec.budget > settings.max_budget:
+    if spec.budget is not None and spec.budget > settings.max_budget:
         raise invalid(("body", loc, "budget"), f"budget must be at most {settings.max_budget}, got {spec.budget}")
     try:
         check_target(spec.target)
@@ -124,12 +128,15 @@ def _model_error(e: ModelError, loc: tuple[str, ...]) -> Exception:
 
 
 def _create(session: Any, name: str, spec: ModelJobSpec, imported: sandbox.ModelSummary, path: Path, digest: str,
-            extra: dict, caller: Caller, upload_bytes: int) -> Job:
+            extra: dict, caller: Caller, upload_bytes: int, max_budget: int) -> Job:
+    chosen = default_model_budget(sum(t.complex for t in imported.tasks))
+    budget = spec.budget if spec.budget is not None else min(chosen, max_budget)
     record = spec.model_dump() | extra | {
         "kind": "model", "name": name, "model_file": str(path), "sha256": digest,
-        "input_shapes": [list(s.shape) for s in imported.inputs],
+        "input_shapes": [list(s.shape) for s in imported.inputs], "budget": budget,
+        "budget_chosen": spec.budget is None,
     }
-    job = Job(kind="model", name=name[:64], spec=record, target=spec.target, budget=spec.budget,
+    job = Job(kind="model", name=name[:64], spec=record, target=spec.target, budget=budget,
               owner_id=caller.token_id, upload_bytes=upload_bytes)
     session.add(job)
     session.flush()
@@ -195,7 +202,7 @@ async def create_model_job(request: Request, settings: SettingsDep, caller: Writ
     try:
         spec = _parse_spec(upload)
         await run_in_threadpool(_check_spec, spec, settings, "spec")
-        await _within_quota(settings, caller, trials=spec.budget, upload_bytes=upload.size)
+        await _within_quota(settings, caller, trials=spec.budget or 0, upload_bytes=upload.size)
         return await run_in_threadpool(_create_from_upload, settings, upload, spec, caller)
     finally:
         upload.path.unlink(missing_ok=True)  # refused, or already moved into the store
@@ -252,7 +259,7 @@ def _store_job(settings: Settings, name: str, spec: ModelJobSpec, imported: sand
                digest: str, extra: dict, caller: Caller, upload_bytes: int = 0) -> JobPublic:
     """Write the job and its tasks, within the caller's quota (else 429, and nothing is written)."""
     with _model_sessions, session_scope(settings.resolved_database_url, API_CONNECTIONS) as session:
-        job = _create(session, name, spec, imported, path, digest, extra, caller, upload_bytes)
+        job = _create(session, name, spec, imported, path, digest, extra, caller, upload_bytes, settings.max_budget)
         try:
             check_new_job(session, caller, settings, job)
         except QuotaExceeded as e:
@@ -284,7 +291,7 @@ async def create_zoo_job(body: ZooJobCreate, settings: SettingsDep, caller: Writ
     if body.model not in zoo.MODELS:
         raise invalid(("body", "model"), f"unknown model {body.model!r}; known: {', '.join(zoo.MODELS)}")
     await run_in_threadpool(_check_spec, body, settings, "spec")
-    await _within_quota(settings, caller, trials=body.budget)
+    await _within_quota(settings, caller, trials=body.budget or 0)
     return await run_in_threadpool(_create_zoo_job, body, settings, caller)
 
 

@@ -226,18 +226,25 @@ def test_an_interrupted_run_keeps_the_models_it_finished(tmp_path, monkeypatch):
     assert report["geomean"]["vs_torch"] == pytest.approx(2.0)
 
 
-def test_budgets_are_numbers_or_default_and_default_is_a_model_jobs(monkeypatch):
+def test_budgets_are_numbers_or_default_and_default_is_a_model_jobs():
     assert models.parse_budgets("0,default,2000") == (0, "default", 2000)
     assert models.parse_budgets("64,64,default") == (64, "default")
     for bad in ("", "-1", "ten", "1.5", "0,,4"):
         with pytest.raises(ValueError):
             models.parse_budgets(bad)
-    # until tuner.model has a model-dependent default, "default" is the API's one: 64, whatever the model
-    monkeypatch.setattr(models, "_model_default_budget", None)
-    assert models.resolve_budgets((0, "default", 2000), object()) == [(0, "0"), (64, "default"), (2000, "2000")]
-    assert models.resolve_budgets((64, "default"), object()) == [(64, "64")], "the same budget twice is one row"
-    monkeypatch.setattr(models, "_model_default_budget", lambda model: 300)
-    assert models.resolve_budgets(("default",), object()) == [(300, "default")]
+    # "default" is a model job's: 8 per conv or matmul task, between 64 and 512
+    class Task:
+        def __init__(self, complex_: bool) -> None:
+            self.complex = complex_
+
+    class Model:
+        def __init__(self, complex_tasks: int, others: int = 3) -> None:
+            self.tasks = [Task(True)] * complex_tasks + [Task(False)] * others
+
+    assert models.resolve_budgets((0, "default", 2000), Model(2)) == [(0, "0"), (64, "default"), (2000, "2000")]
+    assert models.resolve_budgets((64, "default"), Model(2)) == [(64, "64")], "the same budget twice is one row"
+    assert models.resolve_budgets(("default",), Model(28)) == [(224, "default")]
+    assert models.resolve_budgets(("default",), Model(100)) == [(512, "default")]
 
 
 def test_the_time_to_beat_is_the_first_estimate_below_the_baseline():
