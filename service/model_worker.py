@@ -6,31 +6,38 @@ cancel, deadline and trial recording are the run's. The tuning itself is `tuner.
 
 1. Nothing of the upload runs in this process. The sandbox (`service.sandbox`, `prepare`: the confined child the
    API's upload check uses) loads the stored file (`spec["model_file"]`) with the checking loader, translates it
-   to Relax, runs the exported program on the job's random inputs (the reference outputs) and times torch eager;
+   to Relax, runs the exported program on the job's random inputs (the reference outputs) and times torch eager and
+   torch.compile;
    it writes the translated graph, weights and outputs as files, which this process copies (regular files only)
    and reads as hostile data (`compiler.workloads.model.exchange.load_graph`: node types and operators on an
    allowlist, arrays without pickle, every tensor bounded).
-2. `tune_model` with the job's typed request (`service.requests`), its history (a resumed job's trials and
+2. Unless the job resumes, the anytime artifact: the model from what is known before measuring (every task's
+   stored, transferred or seed schedule: `tune_model` at budget 0), built, checked and timed as the final one,
+   stored as the job's artifact (downloadable while it tunes) with its latency in `report["anytime"]`.
+3. `tune_model` with the job's typed request (`service.requests`), its history (a resumed job's trials and
    joint-stage blocks, the schedules stored under each task's `ScheduleKey`) and hooks that write every trial
    to its task's row (rows added as the joint stage makes tasks), the joint stage's blocks to
-   `jobs.layout_blocks`, and the running estimate to `best_latency_ms`.
-3. The whole model is then built, checked against the reference outputs, timed and written as the artifact in
+   `jobs.layout_blocks`, the running estimate to `best_latency_ms`, and after each round the progress
+   (`report["progress"]`: measurements, budget, the estimated seconds left).
+4. The whole model is then built, checked against the reference outputs, timed and written as the artifact in
    a child with memory, CPU and time limits (`service.model_build`, which runs `tuner.model.serve_model`); a
    schedule whose model does not match is removed and never stored in `schedules`; when even the untuned model
-   does not match, the job fails and nothing is served.
-4. The report (import notes, the joint stage, the check, removed schedules, latencies) goes to `jobs.report`
+   does not match, the job fails and nothing new is served.
+5. The report (import notes, the joint stage, the check, removed schedules, latencies) goes to `jobs.report`
    and to the artifact's manifest.
 
 A cancel, a lost lease or the job's deadline stops the job within seconds, mid-build included (the build's child
-is killed); a cancelled job keeps its trials and builds nothing. Every write goes through the run's retry, so a
-database outage shorter than `db_retry_seconds` loses nothing.
+is killed); a cancelled job keeps its trials (and its anytime artifact) and builds nothing more. Every write goes
+through the run's retry, so a database outage shorter than `db_retry_seconds` loses nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +65,12 @@ log = logging.getLogger("altune.worker")
 class JobHooks(ModelTuneHooks):
     """`tune_model`'s hooks for a job: every trial on its task's row, the blocks and estimate on the job."""
 
-    def __init__(self, run: JobRun, rows: dict[str, int]) -> None:
+    def __init__(self, run: JobRun, rows: dict[str, int], report: dict | None = None, budget: int = 0,
+                 done: int = 0, build_s: float | None = None) -> None:
         self.run, self.rows = run, rows
+        self.report = dict(report or {})  # the job's report while it tunes: torch's latencies, the joint stage, ...
+        self.budget, self.done, self.build_s = budget, done, build_s
+        self.start, self.measured = time.monotonic(), 0
 
     def should_stop(self) -> bool:
         return self.run.should_stop()
@@ -75,18 +86,32 @@ class JobHooks(ModelTuneHooks):
 
             self.run.write("task", add)
         self.run.record_trial(self.rows[task.workload_key], trial)
+        self.measured += 1
 
     def on_layouts(self, blocks: dict[str, list[int]], report: dict) -> None:
+        self.report["layout_search"] = report
         self.run.write("layout search", lambda s: s.execute(update(Job).where(Job.id == self.run.job_id).values(
-            layout_blocks=blocks, report={"layout_search": report})))
+            layout_blocks=blocks, report=dict(self.report))))
 
     def on_round(self, task: ModelTask, result: Any) -> None:
         if result.baseline_ms is not None and task.workload_key in self.rows:
             row_id = self.rows[task.workload_key]
             self.run.write("baseline", lambda s: s.execute(
                 update(TuningTask).where(TuningTask.id == row_id).values(baseline_ms=result.baseline_ms)))
+        self._progress()
         if self.run.stop_reason == "lease":
             raise LeaseLost()
+
+    def _progress(self) -> None:
+        """The job's progress in its report: measurements so far and the estimated seconds left (the budget left at
+        this job's rate so far, plus the final build as long as the anytime build took)."""
+        done = self.done + self.measured
+        rate = (time.monotonic() - self.start) / self.measured if self.measured else None
+        eta = None
+        if rate is not None:
+            eta = round(max(0, self.budget - done) * rate + (self.build_s or 0.0), 1)
+        self.report["progress"] = {"measurements": done, "budget": self.budget, "eta_s": eta}
+        _save_report(self.run, dict(self.report))
 
     def on_estimate(self, latency_ms: float) -> None:
         self.run.write("estimate", lambda s: s.execute(
@@ -171,8 +196,15 @@ def _run_model_job(run: JobRun, work: Path) -> None:
                            known=lambda key: _known(run, key, request),
                            similar=lambda signature: _similar(run, signature, request))
     measurer = measurer_for(run.settings, request)
+    dest = run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz"
+    anytime = dest.with_name(f"job-{run.job_id}.anytime.tar.gz")  # served until `dest` replaces it
+    build_s = None
     try:
-        tuned = tune_model(graph, request, measurer=measurer, history=history, hooks=JobHooks(run, rows))
+        if request.budget > 0 and not any(trials.values()):
+            report, build_s = _anytime_artifact(run, graph, request, history, measurer, work, spec, torch_ms,
+                                                report, anytime)
+        hooks = JobHooks(run, rows, report, request.budget, sum(len(v) for v in trials.values()), build_s)
+        tuned = tune_model(graph, request, measurer=measurer, history=history, hooks=hooks)
     finally:
         measurer.close()
     if tuned.stopped or run.stop_reason is not None:  # a cancel keeps the measured trials; nothing more is built
@@ -181,13 +213,14 @@ def _run_model_job(run: JobRun, work: Path) -> None:
 
     # the whole-model build, check and timing run in a child with memory and time limits (`service.model_build`):
     # the check against the reference outputs the sandbox computed, the artifact written by our build alone
-    dest = run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz"
     served = build_in_child(run.settings, work, tuned, dest, spec=spec, torch_ms=torch_ms, should_stop=run.stop_check)
-    if served["error"] is not None:
-        _save_report(run, served["report"])
+    final = {**served["report"], **{k: report[k] for k in ("anytime",) if k in report}}
+    if served["error"] is not None:  # the anytime artifact, if there is one, stays the job's
+        _save_report(run, final)
         run.finish("failed", error=served["error"])
         return
     run.store_artifact(dest)
+    anytime.unlink(missing_ok=True)
     _store_schedules(run, tuned, request, set(served["removed"]))
 
     def finish_rows(s: Any) -> None:
@@ -199,8 +232,36 @@ def _run_model_job(run: JobRun, work: Path) -> None:
                                                                  baseline_ms=served["untuned_ms"]))
 
     run.write("results", finish_rows)
-    _save_report(run, served["report"])
+    _save_report(run, final)
     run.finish("succeeded")
+
+
+def _anytime_artifact(run: JobRun, graph: Any, request: ModelTuneRequest, history: ModelHistory, measurer: Any,
+                      work: Path, spec: dict, torch_ms: dict, report: dict, dest: Path) -> tuple[dict, float | None]:
+    """The artifact a user can download while the job tunes: the model from what is known before measuring (each
+    task's stored, transferred or seed schedule; `tune_model` at budget 0), built, checked and timed as the final
+    one is (`build_in_child`), stored as the job's artifact until the final one replaces it. Returns the report
+    with `anytime` (its latency, how it was served) and the build's seconds (the ETA's estimate of the final
+    build); a build that fails or does not match leaves the job tuning without one."""
+    start = time.monotonic()
+    # budget 0 and no history of trials: nothing is measured
+    known = tune_model(graph, replace(request, budget=0), measurer=measurer, history=history)
+    try:
+        served = build_in_child(run.settings, work, known, dest, spec=spec, torch_ms=torch_ms,
+                                should_stop=run.stop_check)
+    except ModelError as e:  # the final build may still succeed: the job goes on
+        log.warning("job %s: the anytime build failed: %s", run.job_id, e)
+        return {**report, "anytime": {"error": f"{e.field}: {e.message}"}}, None
+    build_s = time.monotonic() - start
+    if served["error"] is not None:
+        return {**report, "anytime": {"error": served["error"]}}, build_s
+    run.store_artifact(dest)
+    anytime = {"latency_ms": served["latency_ms"], "untuned_ms": served["untuned_ms"], "measurements": 0,
+               "served": served["report"].get("served"), "sources": served["report"]["schedules"].get("sources"),
+               "build_s": round(build_s, 1)}
+    report = {**report, "anytime": anytime}
+    _save_report(run, report)
+    return report, build_s
 
 
 def _known(run: JobRun, workload_key: str, request: ModelTuneRequest) -> StartSchedule | None:

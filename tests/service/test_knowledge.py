@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,11 +20,13 @@ from compiler.arrays import random_inputs  # noqa: E402
 from compiler.workloads.model import reference_outputs  # noqa: E402
 from compiler.workloads.model.importer import translate_model  # noqa: E402
 from compiler.workloads.pt2 import load_exported_program, static_shapes  # noqa: E402
+from service import model_worker  # noqa: E402
 from service.db import session_scope  # noqa: E402
 from service.models import Schedule  # noqa: E402
 from service.worker import Worker  # noqa: E402
 from support.jobs import trial_rows, upload_model  # noqa: E402
 from support.models import program_bytes  # noqa: E402
+from tuner import make_measurer  # noqa: E402
 
 
 class Cnn(torch.nn.Module):
@@ -60,6 +64,14 @@ def _artifact_outputs(data: bytes, inputs: list[np.ndarray], folder) -> list[np.
     return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
 
 
+def _matches_torch(data: bytes, artifact: bytes, folder) -> None:
+    ep = static_shapes(load_exported_program(data))
+    inputs = random_inputs([(tuple(x.shape), x.dtype) for x in translate_model(ep).inputs], 1)
+    expected = reference_outputs(ep, inputs)
+    (out,) = _artifact_outputs(artifact, inputs, folder)
+    np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=1e-4)
+
+
 def _run(client, settings, data: bytes, **spec) -> dict:
     r = upload_model(client, data, **{"layout": "blocked", "target": "host"} | spec)
     assert r.status_code == 201, r.text
@@ -86,11 +98,7 @@ def test_a_budget_0_job_serves_its_convs_with_the_seed_and_matches_torch(client,
     convs = [t for t in manifest["tasks"] if "conv2d" in t["name"]]
     assert len(convs) == 2 and all(t["tuned"] for t in convs), manifest["tasks"]
 
-    ep = static_shapes(load_exported_program(data))
-    inputs = random_inputs([(tuple(x.shape), x.dtype) for x in translate_model(ep).inputs], 1)
-    expected = reference_outputs(ep, inputs)
-    (out,) = _artifact_outputs(artifact, inputs, tmp_path / "artifact")
-    np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=1e-4)
+    _matches_torch(data, artifact, tmp_path / "artifact")
 
 
 @pytest.mark.tunes
@@ -128,3 +136,40 @@ def test_a_budget_omitted_is_chosen_from_the_model_and_a_negative_one_refused(cl
     assert job["budget"] == 64 and job["spec"]["budget_chosen"] is True
     r = upload_model(client, _program(), budget=-1)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "budget", r.text
+
+
+@pytest.mark.tunes
+@pytest.mark.builds_model
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_anytime_artifact_is_downloadable_and_matches_torch_while_the_job_tunes(client, settings, tmp_path,
+                                                                                   monkeypatch):
+    # a device that takes half a second per measurement (no CPU work): the job tunes for 12 s after its anytime build
+    monkeypatch.setattr(model_worker, "measurer_for", lambda *_: make_measurer("simulated", delay_s=0.5))
+    data = _program()
+    r = upload_model(client, data, budget=24, layout="blocked", target="host")
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    worker = threading.Thread(target=Worker(settings).run_once)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            job = client.get(f"/api/v1/jobs/{job_id}").json()
+            assert job["status"] in ("queued", "running"), job
+            if job["has_artifact"]:
+                break
+            assert time.monotonic() < deadline, job
+            time.sleep(0.2)
+        artifact = client.get(f"/api/v1/jobs/{job_id}/artifact")
+        assert artifact.status_code == 200
+        anytime = client.get(f"/api/v1/jobs/{job_id}").json()["report"]["anytime"]
+        assert anytime["measurements"] == 0 and anytime["sources"] == {"seed": 3, "default": 1}, anytime
+        assert anytime["latency_ms"] > 0
+        _matches_torch(data, artifact.content, tmp_path / "anytime")
+    finally:
+        worker.join()
+    job = client.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job["error"]
+    assert job["report"]["anytime"] == anytime and job["trials_done"] == 24
+    _matches_torch(data, client.get(f"/api/v1/jobs/{job_id}/artifact").content, tmp_path / "final")
+    assert not (settings.resolved_artifact_dir / f"job-{job_id}.anytime.tar.gz").exists()

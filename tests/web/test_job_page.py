@@ -153,6 +153,23 @@ def test_running_model_job_shows_the_estimate_as_one(api_server, page):
     assert cell.inner_text() == "≈ 4.000 ms" and "estimate" in cell.get_attribute("title")
 
 
+def test_running_model_job_leads_with_its_anytime_build_and_the_time_left(api_server, page):
+    url = api_server.settings.resolved_database_url
+    report = {"torch_ms": {"eager": 60.0, "compile": 40.0},
+              "anytime": {"latency_ms": 50.0, "untuned_ms": 2000.0, "measurements": 0, "served": "tuned",
+                          "sources": {"seed": 28, "default": 2}, "build_s": 80.0},
+              "progress": {"measurements": 30, "budget": 224, "eta_s": 330.0}}
+    job_id, _ = _model_job(url, status="running", report=report, best_latency_ms=45.0)
+    page.goto(f"{api_server.url}/jobs/{job_id}")
+    page.wait_for_selector("#headline-latency")
+    # the anytime build is measured, not an estimate: no "≈"; the tuning's estimate is a note under it
+    assert page.locator("#headline-latency").inner_text() == "50.00 ms"
+    assert "so far" in page.locator(".headline-label").inner_text()
+    assert page.locator("#vs-compile").inner_text() == "0.80× vs torch.compile (40.00 ms)"
+    assert "≈ 45.00 ms" in page.locator("#headline-anytime").inner_text()
+    assert page.locator("#headline-eta").inner_text() == "30 of 224 measurements; about 6 min left"
+
+
 def test_failed_and_cancelled_jobs_show_no_best_latency(api_server, page, screenshots):
     url = api_server.settings.resolved_database_url
     # what a model job that failed in its final build leaves: the running estimate in best_latency_ms

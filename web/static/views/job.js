@@ -13,6 +13,14 @@ import {
   setTitle, statusBadge, timeEl, workloadOf,
 } from '../util.js';
 
+/** Seconds left as a person reads them: "40 s", "3 min", "1 h 5 min". */
+function fmtEta(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 90) return `${s} s`;
+  const minutes = Math.round(s / 60);
+  return minutes < 60 ? `${minutes} min` : `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+}
+
 /** A failed or cancelled job's best latency is not one to show (a model job's is the running estimate). */
 const ended = (job) => job.status === 'failed' || job.status === 'cancelled';
 
@@ -412,6 +420,15 @@ class JobView {
           `The untuned TVM build takes ${fmtMs(measured.untuned)} (${fmtSpeedup(measured.untuned, ours)} the `
           + 'artifact\'s latency). All measured on the worker.');
       }
+    } else if (report.anytime?.latency_ms) {
+      // the anytime artifact: built from what was known before measuring, checked and timed like the final one
+      ours = report.anytime.latency_ms;
+      label = 'Best build so far (checked, downloadable while the job tunes)';
+      note = h('p', {class: 'muted small', id: 'headline-anytime'},
+        'Built before any measurement from each task\'s stored, transferred or seed schedule. ',
+        job.best_latency_ms ? `The tuning's estimate is now ≈ ${fmtMs(job.best_latency_ms)} (each task's best `
+          + 'latency times its calls, summed). ' : '',
+        'The final build replaces it when the tuning ends.');
     } else if (job.best_latency_ms) {
       ours = job.best_latency_ms;
       estimate = true;
@@ -421,6 +438,11 @@ class JobView {
     } else {
       label = job.status === 'queued' ? 'Queued: no latency yet' : 'Tuning: no estimate yet';
     }
+    const progress = report.progress;
+    const eta = !ended(job) && job.status === 'running' && progress && progress.eta_s !== null
+      ? h('p', {class: 'muted small', id: 'headline-eta'},
+        `${progress.measurements} of ${progress.budget} measurements; about ${fmtEta(progress.eta_s)} left`)
+      : null;
     const versus = (name, id, theirs) => h('li', {id},
       theirs === null ? [h('span', {class: 'muted'}, `${name}: not timed`)]
         : ours === null ? [`${name} `, h('strong', {}, fmtMs(theirs))]
@@ -433,7 +455,7 @@ class JobView {
           estimate ? '≈ ' : '', fmtMs(ours))),
       h('ul', {class: 'headline-vs'},
         versus('torch eager', 'vs-eager', torch.eager), versus('torch.compile', 'vs-compile', torch.compile)),
-      note);
+      note, eta);
   }
 
   /** A model's task keys, collapsed (one line each when opened). */
