@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir
 from tvm.s_tir import Schedule
-from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.analysis import SBlockInfo, normalize_prim_func
 from tvm.s_tir.dlight.base import ApplyDefaultSchedule, ScheduleRule, try_inline_contiguous_spatial
 from tvm.tirx import IndexMap
 
@@ -26,6 +26,7 @@ from compiler.passes.basteln import basteln
 from compiler.pipeline import Pipeline, tir_pipeline
 from compiler.target import target_info, vector_lanes
 
+from .glue import GLUE_RULES, GlueRule
 from .importer import ImportedModel
 from .tasks import func_args
 
@@ -112,15 +113,22 @@ PARALLEL_MIN_WORK = 1 << 14
 
 
 def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int,
-                         min_parallel_work: int = PARALLEL_MIN_WORK) -> tvm.tirx.PrimFunc:
+                         min_parallel_work: int = PARALLEL_MIN_WORK, *, glue: bool = True) -> tvm.tirx.PrimFunc:
     """A cheap schedule for a PrimFunc nobody tuned (element-wise, pooling, layout conversions, a task the
     budget did not reach). Without it such functions run on one thread in TE's loop order. A grouped chain of
     complex operators gets basteln's default tiling and fusion instead.
 
-    dlight's preamble (`normalize_prim_func`, `try_inline_contiguous_spatial`), then for every block left:
-    its leading spatial loops fused and parallel (until `cores * 8` iterations), its innermost loop
-    vectorized when spatial and at most `4 * lanes` long. A step TVM refuses is skipped, and a function
-    dlight cannot normalize is returned as it is, so the result is never wrong, at worst unscheduled.
+    dlight's preamble (`normalize_prim_func`, `try_inline_contiguous_spatial`), then for every block left: the
+    first of `glue.GLUE_RULES` that takes it (means and pools in NCHWc, softmax's and layer norm's reductions
+    along the contiguous axis, layout conversions: see `compiler.workloads.model.glue`), or the plain rule: its leading spatial loops
+    fused and parallel (until `cores * 8` iterations), its innermost loop vectorized when spatial and at most
+    `4 * lanes` long. Loops are parallel only in a block of at least `min_parallel_work` iterations. A step the
+    plain rule cannot take is skipped; a glue rule TVM refuses half way sends the whole function to the plain
+    rule; a function dlight cannot normalize is returned as it is. So the result is never wrong, at worst
+    unscheduled.
+
+    Args:
+        glue: False: the plain rule for every block (what `bench.glue` compares the glue rules with).
     """
     if _grouped(func):  # a chain of complex operators (`compiler.passes.grouping`): basteln tiles and fuses it
 
@@ -128,26 +136,44 @@ def default_cpu_schedule(func: tvm.tirx.PrimFunc, cores: int, lanes: int,
             return basteln(func, None, 1.0, vector=4 * lanes).sch.mod["main"]
         except Exception:  # noqa: BLE001 - a program basteln cannot tile gets the plain schedule below
             pass
+    if glue:
+        try:
+            return _schedule_blocks(func, cores, lanes, min_parallel_work, GLUE_RULES)
+        except Exception:  # noqa: BLE001 - a glue rule TVM refused half way: the plain rule, from the start
+            pass
+    return _schedule_blocks(func, cores, lanes, min_parallel_work, ())
+
+
+def _schedule_blocks(func: tvm.tirx.PrimFunc, cores: int, lanes: int, min_parallel_work: int,
+                     rules: Sequence[GlueRule]) -> tvm.tirx.PrimFunc:
+    """dlight's preamble, then each block by the first of `rules` that takes it, else by `_plain_block`."""
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)
     if infos is None:
         return func
     for info in try_inline_contiguous_spatial(sch, infos):
-        loops = info.get_loops()
-        kinds = [it.kind for it in info.iters]
-        extents = [int(sch.get(loop).extent) for loop in loops]
-        vector = bool(loops) and kinds[-1] == "S" and 1 < extents[-1] <= 4 * lanes
-        picked, total = [], 1
-        for i, (kind, extent) in enumerate(zip(kinds, extents)):
-            if kind != "S" or total >= cores * 8 or (vector and i == len(loops) - 1 and picked):
-                break
-            picked.append(loops[i])
-            total *= extent
-        if vector:
-            _try(sch.vectorize, loops[-1])
-        if total > 1 and math.prod(extents) >= min_parallel_work:
-            _try(lambda: sch.parallel(sch.fuse(*picked) if len(picked) > 1 else picked[0]))
+        if not any(rule(sch, info, cores, lanes, min_parallel_work) for rule in rules):
+            _plain_block(sch, info, cores, lanes, min_parallel_work)
     return sch.mod["main"]
+
+
+def _plain_block(sch: Schedule, info: SBlockInfo, cores: int, lanes: int, min_parallel_work: int) -> None:
+    """Leading spatial loops fused and parallel, the innermost vectorized when spatial and short; a step TVM
+    refuses is skipped."""
+    loops = info.get_loops()
+    kinds = [it.kind for it in info.iters]
+    extents = [int(sch.get(loop).extent) for loop in loops]
+    vector = bool(loops) and kinds[-1] == "S" and 1 < extents[-1] <= 4 * lanes
+    picked, total = [], 1
+    for i, (kind, extent) in enumerate(zip(kinds, extents)):
+        if kind != "S" or total >= cores * 8 or (vector and i == len(loops) - 1 and picked):
+            break
+        picked.append(loops[i])
+        total *= extent
+    if vector:
+        _try(sch.vectorize, loops[-1])
+    if total > 1 and math.prod(extents) >= min_parallel_work:
+        _try(lambda: sch.parallel(sch.fuse(*picked) if len(picked) > 1 else picked[0]))
 
 
 def _grouped(func: Any) -> bool:
