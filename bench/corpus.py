@@ -8,16 +8,8 @@ upload loader, imported and built untuned, and checked against torch.
     CORPUS[name]() -> (module, args, kwargs)             # a fresh module in eval mode, random weights
     export(name) -> torch.export.ExportedProgram
 
-The corpus (defined in `bench.corpus_models`, torch only, re-exported here): every torchvision classification
-model that `torch.export` takes at 1x3x224x224, its segmentation models (they return dicts),
-`torch.nn.TransformerEncoder` and `TransformerDecoder` with causal masks, a GPT-style causal block
-(`masked_fill(mask, float('-inf'))`), and small models whose inputs and outputs are every pytree form
-`torch.export` allows (tuples, lists, dicts, nested, keyword arguments, namedtuples). Always random weights
-(`weights=None`, `weights_backbone=None`): nothing downloads.
-
-torchvision (0.28, the release for torch 2.13) installs beside the CPU torch, but its compiled operators do not
-load with it: `import_torchvision` stubs `torchvision._meta_registrations` (which registers meta kernels for those
-operators) before importing it. Its model definitions are plain Python and need none of them.
+The corpus is `bench.corpus_models` (torch and torchvision only, its docstring says what is in it), re-exported
+here.
 
 `main` prints, per model, how long export and load+import took, how many tasks the import made and whether the
 untuned build matches `reference_outputs`; a failing step is recorded in its row and the run goes on (`--budget`

@@ -75,15 +75,6 @@ class Job(Base):
         return job
 
     @classmethod
-    def of_signature(cls, session: Session, key: ScheduleKey, signature: str, limit: int = 256) -> list[Schedule]:
-        """The schedules of workloads sharing a transfer `signature`, valid where `key` is but for the workload
-        (target, device, pipeline, space version), fastest first."""
-        return list(session.scalars(select(cls).where(
-            (cls.signature == signature) & (cls.target_key == key.target_key) & (cls.device == key.device)
-            & (cls.pipeline == key.pipeline) & (cls.space_version == key.space_version),
-        ).order_by(cls.latency_ms).limit(limit)))
-
-    @classmethod
     def where_filter(
         cls, session: Session, *, status: str | None = None, workload: str | None = None, limit: int = 50,
         offset: int = 0, owner: Owner | None = None,
