@@ -95,7 +95,6 @@ session `bench.timing_onnx` (their names re-exported here).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import tempfile
 import time
@@ -103,24 +102,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import tvm
-from tvm import relax
 
-from bench.common import (TORCH_VARIANTS, Column, OnnxProgram, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_x,
-                          format_table, geomean, geomeans, save_args, speedup, time_fresh, write_json)
+from bench.common import (TORCH_VARIANTS, TorchProgram, fmt_ms, speedup, time_fresh, write_json)
 from bench.corpus_models import CORPUS, flat_call
 from bench.environment import environment
+from bench.models_programs import artifact_program, check_outputs, export_vm, onnxruntime_program, run_vm
+from bench.models_report import by_budget, geomeans_of, table
 from bench.models_metaschedule import partly_read, run_metaschedule, whole_layout_free, wrong_tasks
-from bench.timing_onnx import onnx_session
 from bench.torch_programs import bf16, torch_bf16_model, torch_corpus_model, torch_model, torch_quantized_model
-from compiler.arrays import check_close, to_numpy
+from compiler.arrays import to_numpy
 from compiler.target import resolve_target, target_key
 from compiler.workloads import zoo
-from compiler.workloads.model import (QUANTIZED_ATOL, QUANTIZED_RTOL, ImportedModel, ModelTask, build_model,
-                                      flatten_outputs, import_model, torch_outputs)
-from compiler.workloads.model.artifact import extract_model_artifact
+from compiler.workloads.model import (ImportedModel, ModelTask, build_model,
+                                      import_model, torch_outputs)
 from compiler.workloads.model.importer import translate_model
 from service.schemas import default_model_budget
 from tuner import Measurer, make_measurer
@@ -142,19 +137,6 @@ CORPUS_DEFAULT = ("resnet50", "squeezenet1_1", "efficientnet_b0", "mobilenet_v3_
 PRESETS = {"corpus": CORPUS_DEFAULT}
 # of the corpus, the models MetaSchedule runs on unless --metaschedule-models says otherwise (it is hours at 2,000)
 METASCHEDULE_CORPUS = ("resnet50",)
-
-
-def _check(outs: list, expected: list, *, quantized: bool = False) -> str | None:
-    """None when `outs` match `expected`; a quantized model's within `compiler.workloads.model.tolerance`'s bound
-    (a value rounded across a quantization step moves what follows by one step)."""
-    if len(outs) != len(expected):
-        return f"{len(outs)} outputs, expected {len(expected)}"
-    bounds = {"rtol": QUANTIZED_RTOL, "atol": QUANTIZED_ATOL} if quantized else {}
-    for i, (out, ref) in enumerate(zip(outs, expected)):
-        mismatch = check_close(out, ref, **bounds)
-        if mismatch is not None:
-            return f"output {i}: {mismatch}"
-    return None
 
 
 def parse_budgets(text: str) -> tuple[int | str, ...]:
@@ -301,14 +283,6 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
     return facts, tuned, served
 
 
-def artifact_program(artifact: Path, inputs: list, folder: Path) -> TvmProgram:
-    """The served artifact (lib.so, its packed params) as a program for `time_fresh`."""
-    extract_model_artifact(artifact, folder)
-    with np.load(folder / "params.npz", allow_pickle=False) as npz:
-        params = [npz[f"p{i}"] for i in range(len(npz.files))]
-    return TvmProgram(str(folder / "lib.so"), save_args([*inputs, *params], folder / "args.npz"), vm=True)
-
-
 def _ours_in(variant: str, ep: Any, target_name: str, budget: int, seed: int, options: dict, inputs: list,
              expected: list, folder: Path, log: Any) -> tuple[dict, Any]:
     """Ours in one graph-level layout ("search": the joint stage first, as a model job), "<layout>+chains" with
@@ -331,21 +305,6 @@ def _ours_in(variant: str, ep: Any, target_name: str, budget: int, seed: int, op
     return facts, None
 
 
-def _run_vm(ex: Any, inputs: list, params: list) -> list:
-    """Runs a VM executable once on the inputs and the parameters it takes; its outputs."""
-    dev = tvm.cpu(0)
-    vm = relax.VirtualMachine(ex, dev)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
-    args += [tvm.runtime.tensor(p, dev) for p in params]
-    return flatten_outputs(vm["main"](*args))
-
-
-def _export_vm(ex: Any, inputs: list, params: list, path: Path) -> TvmProgram:
-    """A VM executable exported with its arguments (inputs, then parameters), for `time_fresh`."""
-    ex.export_library(str(path.with_suffix(".so")))
-    return TvmProgram(str(path.with_suffix(".so")), save_args([*inputs, *params], path.with_suffix(".npz")), vm=True)
-
-
 def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: bool = False,
                    bfloat16: bool = False) -> dict[str, TorchProgram]:
     """The torch variants of model `name` (channels_last only where an input is 4-D or 5-D): a zoo model's of its
@@ -360,31 +319,6 @@ def torch_programs(name: str, seed: int, variants: Sequence[str], quantized: boo
         _, inputs = zoo.create(name, seed)
     spatial = any(x.dim() in (4, 5) for x in inputs)
     return {f"torch_{v}": TorchProgram(factory, args, v) for v in variants if v != "channels_last" or spatial}
-
-
-def onnxruntime_program(module: Any, torch_inputs: list, expected: list, folder: Path) -> tuple[dict, OnnxProgram | None]:
-    """ONNX Runtime's side: `module` exported to ONNX (`torch.onnx.export`, dynamo), run once and checked
-    against torch's `expected`; (facts for the row, the program to time or None when it failed)."""
-    facts: dict[str, Any] = {"onnxruntime_correct": None, "onnxruntime_error": None}
-    path = folder / "model.onnx"
-    try:
-        start = time.perf_counter()
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" per operator
-        torch.onnx.export(module, tuple(torch_inputs), str(path), dynamo=True, verbose=False)
-        facts["onnxruntime_export_s"] = round(time.perf_counter() - start, 2)
-        arrays = [t.numpy() for t in torch_inputs]
-        session = onnx_session(str(path), 1, spin=False)
-        feeds = {spec.name: a for spec, a in zip(session.get_inputs(), arrays, strict=True)}
-        mismatch = _check(session.run(None, feeds), expected)
-        del session
-    except Exception as e:  # noqa: BLE001
-        facts["onnxruntime_error"] = f"ONNX Runtime failed: {type(e).__name__}: {str(e)[:300]}"
-        return facts, None
-    facts["onnxruntime_correct"] = mismatch is None
-    if mismatch is not None:
-        facts["onnxruntime_error"] = f"ONNX Runtime: {mismatch}"
-        return facts, None
-    return facts, OnnxProgram(str(path), save_args(arrays, folder / "onnx-inputs.npz"))
 
 
 def run_model(name: str, target_name: str, budgets: Sequence[int | str], seed: int, options: dict, log: Any
@@ -406,7 +340,7 @@ def run_model(name: str, target_name: str, budgets: Sequence[int | str], seed: i
     folder = Path(tempfile.mkdtemp(prefix=f"programs-{name}-", dir=options["work_dir"]))
     if options["untuned"]:
         untuned = build_model(model, target)
-        programs["untuned"] = _export_vm(untuned.ex, inputs, untuned.params, folder / "untuned")
+        programs["untuned"] = export_vm(untuned.ex, inputs, untuned.params, folder / "untuned")
 
     rows: list[dict] = []
     for budget, given in resolve_budgets(budgets, model):
@@ -437,10 +371,10 @@ def run_model(name: str, target_name: str, budgets: Sequence[int | str], seed: i
                                       quantized=quantized, translated=bfloat16)
                 ex, params, check = ms.pop("ex"), ms.pop("params"), ms.pop("check")
                 row.update(ms)
-                mismatch = _check(_run_vm(ex, inputs, params), expected, quantized=quantized)
+                mismatch = check_outputs(run_vm(ex, inputs, params), expected, quantized=quantized)
                 row["metaschedule_correct"] = mismatch is None
                 if mismatch is None:
-                    programs[prefix + "metaschedule"] = _export_vm(ex, inputs, params, here / "metaschedule")
+                    programs[prefix + "metaschedule"] = export_vm(ex, inputs, params, here / "metaschedule")
                 else:
                     row["metaschedule_error"] = f"MetaSchedule: {mismatch}"
                     row["metaschedule_wrong_tasks"] = wrong = check()
@@ -496,95 +430,6 @@ def run_model(name: str, target_name: str, budgets: Sequence[int | str], seed: i
         beat = time_to_beat(row.get("estimate_curve", []), variants.get("compile"))
         row["estimate_beats_compile_s"], row["estimate_beats_compile_measurements"] = beat or (None, None)
     return rows
-
-
-def _budget_cell(r: dict) -> str:
-    budget = r.get("budget")
-    return "-" if budget is None else f"{budget}{' (default)' if r.get('budget_given') == 'default' else ''}"
-
-
-def _torch_cell(r: dict, variant: str) -> str:
-    return fmt_ms(r.get("torch_variants_ms", {}).get(variant))
-
-
-COLUMNS = (
-    Column("model", lambda r: r["name"], right=False),
-    Column("budget", _budget_cell),
-    Column("tasks", lambda r: f"{r.get('tuned_tasks', '-')}/{r.get('tasks', '-')}"),
-    Column("untuned ms", lambda r: fmt_ms(r.get("untuned_ms"))),
-    Column("ours ms", lambda r: fmt_ms(r.get("ours_ms"))),
-    Column("also", lambda r: " ".join(f"{k} {fmt_ms(v.get('ours_ms'))} ({fmt_x(v.get('vs_main'))})"
-                                      for k, v in r.get("also", {}).items()) or "-", right=False),
-    Column("compile ms", lambda r: _torch_cell(r, "compile")),
-    Column("torch ms", lambda r: fmt_ms(r.get("torch_ms")) + (f" ({r['torch_best']})" if r.get("torch_best") else "")),
-    Column("eager ms", lambda r: _torch_cell(r, "eager")),
-    Column("ORT ms", lambda r: fmt_ms(r.get("onnxruntime_ms"))),
-    Column("MS tasks", lambda r: f"{r.get('metaschedule_tuned_tasks', '-')}/{r.get('metaschedule_tasks', '-')}"),
-    Column("MS ms", lambda r: fmt_ms(r.get("metaschedule_ms"))),
-    Column("vs compile", lambda r: fmt_x(r.get("vs_compile"))),
-    Column("vs torch", lambda r: fmt_x(r.get("vs_torch"))),
-    Column("vs eager", lambda r: fmt_x(r.get("vs_eager"))),
-    Column("vs ORT", lambda r: fmt_x(r.get("vs_onnxruntime"))),
-    Column("vs MS", lambda r: fmt_x(r.get("vs_metaschedule"))),
-    Column("ours tune s", lambda r: fmt_s(r.get("ours_tune_s"))),
-    Column("beat compile s (est.)", lambda r: fmt_s(r.get("estimate_beats_compile_s"))),
-    Column("meas.", lambda r: str(r["ours_trials"]) if r.get("ours_trials") is not None else "-"),
-    Column("MS tune s", lambda r: fmt_s(r.get("metaschedule_tune_s"))),
-    Column("correct", lambda r: "yes" if r["correct"] else ("NO (ours)" if not r.get("ours_correct") else "NO (MS)"),
-           right=False),
-)
-# shown whatever the rows hold; any other column only where some row has a value in it
-ALWAYS = {"model", "budget", "ours ms", "correct"}
-
-
-def _geomeans(rows: Sequence[dict]) -> dict[str, float | None]:
-    """The geometric means of ours' speedups over `rows` (`bench.common.geomeans`' and the other baselines')."""
-    return geomeans(rows) | {k: geomean(r.get(k) for r in rows) for k in ("vs_onnxruntime", "vs_compile", "vs_eager")}
-
-
-def _by_budget(rows: Sequence[dict]) -> dict[str, list[dict]]:
-    """The rows by budget as given ("default" or the number), in the order first met."""
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(str(r.get("budget_given", r.get("budget"))), []).append(r)
-    return groups
-
-
-def _cpu(report: dict) -> str:
-    env = report.get("environment", {})
-    return ", ".join(str(v) for v in (env.get("cpu_model"), env.get("cpu")) if v) or "CPU unknown"
-
-
-def table(report: dict) -> str:
-    cases = report["cases"]
-    footer = [{"name": "geomean", "budget": given, "correct": all(r["correct"] for r in group), "ours_correct": True,
-               **_geomeans(group)} for given, group in _by_budget(cases).items()]
-    columns = [c for c in COLUMNS if c.header in ALWAYS or any(c.cell(r) not in ("-", "-/-") for r in cases)]
-    budgets = ", ".join(str(b) for b in report.get("budgets", [report["budget"]]))
-    ms_models = report.get("metaschedule_models", sorted({r["name"] for r in cases
-                                                          if r.get("metaschedule_tune_s") is not None}))
-    head = (f"models, target {report['target']} ({_cpu(report)}); budgets {budgets} on-device measurements per "
-            f"model (ours and MetaSchedule; default: a model job's when its spec names none); MetaSchedule on "
-            f"{', '.join(ms_models) or 'none'}; tasks, MS tasks = tuned/all; torch = the best of its variants; each "
-            f"program timed in a fresh process, the median of {report.get('rounds', 1)} round(s); speedup = "
-            f"baseline ms / ours ms; beat compile s (est.) = tuning seconds until ours' estimated latency (sum over "
-            f"tuned tasks of calls x best measured latency, not a timed artifact) first fell below torch.compile's "
-            f"timed ms; meas. = ours' measurements")
-    notes = [f"  {r['name']}@{r.get('budget')}: {r['error']}" for r in cases if r.get("error")]
-    notes += [f"  {r['name']}@{r.get('budget')}: {r['metaschedule_error']}" for r in cases
-              if r.get("metaschedule_error")]
-    notes += [f"  {r['name']}@{r.get('budget')}: MetaSchedule: left in its layout (read only in part): "
-              f"{', '.join(r['metaschedule_not_layout_free'])}"
-              for r in cases if r.get("metaschedule_not_layout_free")]
-    notes += sorted({f"  {r['name']}: {r['onnxruntime_error']}" for r in cases if r.get("onnxruntime_error")})
-    notes += [f"  {r['name']}@{r.get('budget')}: {f['error']}" for r in cases for f in r.get("also", {}).values()
-              if f.get("error")]
-    notes += [f"  {r['name']}@{r.get('budget')} ({layout}): layout search {f['layout_search']['rounds']} choices, "
-              f"estimate {fmt_ms(f['layout_search']['rule_estimate_ms'])} ms (rule) -> "
-              f"{fmt_ms(f['layout_search']['chosen_estimate_ms'])} ms"
-              for r in cases for layout, f in [(r.get("layout"), r), *r.get("also", {}).items()]
-              if f.get("layout_search")]
-    return "\n".join([head, format_table(columns, cases, footer), *notes])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -686,13 +531,13 @@ def main(argv: list[str] | None = None) -> int:
                    "also_layouts": also, "quantize": args.quantize, "bf16": args.bf16}
 
         def report_of(rows: list[dict]) -> dict:
-            by_budget = _by_budget(rows)
+            groups = by_budget(rows)
             return {"suite": "models", "target": target_key(args.target),
                     "budget": max((r["budget"] for r in rows), default=0), "budgets": list(budgets),
                     "rounds": args.rounds, "metaschedule_models": ms_models, "quantized": args.quantize,
                     "bf16": args.bf16, "cases": rows,
-                    "geomean": _geomeans(by_budget.get(str(budgets[-1]), [])),
-                    "geomean_by_budget": {given: _geomeans(group) for given, group in by_budget.items()},
+                    "geomean": geomeans_of(groups.get(str(budgets[-1]), [])),
+                    "geomean_by_budget": {given: geomeans_of(group) for given, group in groups.items()},
                     "environment": environment()}
 
         rows = []

@@ -156,7 +156,7 @@ def test_metaschedule_gets_our_translation_where_tvms_importer_lacks_an_operator
     ep = torch.export.export(module, (x,))
     ms = models.run_metaschedule(ep, resolve_target("host"), 2, 0, tmp_path, 64)
     assert ms["metaschedule_importer"] == "ours", ms
-    out = models._run_vm(ms["ex"], [x.numpy()], ms["params"])
+    out = models.run_vm(ms["ex"], [x.numpy()], ms["params"])
     with torch.no_grad():
         np.testing.assert_allclose(out[0], module(x).numpy(), rtol=1e-5, atol=1e-5)
 
