@@ -11,7 +11,7 @@ cancel, deadline and trial recording are the run's. The tuning itself is `tuner.
    it writes the translated graph, weights and outputs as files, which this process copies (regular files only)
    and reads as hostile data (`compiler.workloads.model.exchange.load_graph`: node types and operators on an
    allowlist, arrays without pickle, every tensor bounded).
-2. Unless the job resumes, the anytime artifact: the model from what is known before measuring (every task's
+2. Unless the job resumes (or `ALTUNE_ANYTIME_ARTIFACT` is off), the anytime artifact: the model from what is known before measuring (every task's
    stored, transferred or seed schedule: `tune_model` at budget 0), built, checked and timed as the final one,
    stored as the job's artifact (downloadable while it tunes) with its latency in `report["anytime"]`.
 3. `tune_model` with the job's typed request (`service.requests`), its history (a resumed job's trials and
@@ -200,7 +200,7 @@ def _run_model_job(run: JobRun, work: Path) -> None:
     anytime = dest.with_name(f"job-{run.job_id}.anytime.tar.gz")  # served until `dest` replaces it
     build_s = None
     try:
-        if request.budget > 0 and not any(trials.values()):
+        if run.settings.anytime_artifact and request.budget > 0 and not any(trials.values()):
             report, build_s = _anytime_artifact(run, graph, request, history, measurer, work, spec, torch_ms,
                                                 report, anytime)
         hooks = JobHooks(run, rows, report, request.budget, sum(len(v) for v in trials.values()), build_s)

@@ -34,6 +34,10 @@ class Settings(BaseSettings):
                           "when it is prepared, in the same confined process (which then runs the system's C++ "
                           "compiler); it may take a minute of the sandbox's time limits, and when it fails or does "
                           "not fit, the job goes on without that number")
+    anytime_artifact: bool = Field(
+        True, description="a model job first builds the model from what is known before measuring (stored, "
+                          "transferred and seed schedules), checks it and serves it as its artifact while it tunes: "
+                          "one more whole-model build per job")
     lease_seconds: float = Field(30.0, description="a worker that has not renewed its lease for this long loses its job")
     poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
     max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")

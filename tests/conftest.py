@@ -103,9 +103,10 @@ def sqlite_url(tmp_path) -> str:
 
 @pytest.fixture
 def settings(db_url, tmp_path) -> Settings:
-    # torch.compile's timing (a minute per model job's prepare) only where a test asks for it
+    # torch.compile's timing (a minute per model job's prepare) and the anytime build (one more build per model job)
+    # only where a test asks for them
     return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2,
-                    time_torch_compile=False)
+                    time_torch_compile=False, anytime_artifact=False)
 
 
 # -- tokens and clients ------------------------------------------------------------------------------------------

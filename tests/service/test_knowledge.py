@@ -145,6 +145,7 @@ def test_the_anytime_artifact_is_downloadable_and_matches_torch_while_the_job_tu
                                                                                    monkeypatch):
     # a device that takes half a second per measurement (no CPU work): the job tunes for 12 s after its anytime build
     monkeypatch.setattr(model_worker, "measurer_for", lambda *_: make_measurer("simulated", delay_s=0.5))
+    settings = settings.model_copy(update={"anytime_artifact": True})
     data = _program()
     r = upload_model(client, data, budget=24, layout="blocked", target="host")
     assert r.status_code == 201, r.text

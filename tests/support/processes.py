@@ -19,9 +19,9 @@ LEASE_S = 3.0  # the workers' lease in `worker_env`: short, so that a takeover o
 
 def service_env(**settings: str) -> dict[str, str]:
     """This process's environment without its ALTUNE_ settings (but the host CPU), the repository importable,
-    torch.compile's timing off (a minute per model job), and `settings` (ALTUNE_ names) on top."""
+    torch.compile's timing and the anytime build off (a minute, a build per model job), and `settings` (ALTUNE_ names) on top."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALTUNE_") or k == "ALTUNE_HOST_CPU"}
-    return env | {"PYTHONPATH": str(ROOT), "ALTUNE_TIME_TORCH_COMPILE": "0"} | settings
+    return env | {"PYTHONPATH": str(ROOT), "ALTUNE_TIME_TORCH_COMPILE": "0", "ALTUNE_ANYTIME_ARTIFACT": "0"} | settings
 
 
 def worker_env(url: str, data_dir: Path, **settings: str) -> dict[str, str]:
