@@ -150,6 +150,7 @@ class TaskOutcome:
     task: Task
     trials: list[Trial]
     start: StartSchedule | None = None
+    seeds: list[dict] = field(default_factory=list)  # a complex task's register-blocked nests (`_blocked_seeds`)
     share: float = 0.0
     best: Trial | None = None
     untuned_ms: float | None = None
@@ -307,6 +308,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     outcomes = [TaskOutcome(t, Task(t.name, t.workload_key, t.prim_func, target), trials.get(t.workload_key, []))
                 for t in model.tasks if tunable(t.prim_func)]
     for o in outcomes:  # knowledge before measurement: every task starts from the best schedule known unmeasured
+        o.seeds = _blocked_seeds(o.task) if o.model_task.complex else []
         o.start = start_schedule(o, history)
     shares = estimated_shares(outcomes)
     for o, share in zip(outcomes, shares):
@@ -328,7 +330,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         # memory-bound programs) is left out: a conv's runs tens of times slower, seconds per measurement
         complex_op = o.model_task.complex
         start_from = [] if o.trials else [*([o.start.config] if o.start else []),
-                                          *(_blocked_seeds(o.task) if complex_op else [])]
+                                          *o.seeds]
         try:
             result = tune(o.task, len(o.trials) + n, seed=request.seed, prior=o.trials, start_from=start_from,
                           on_trial=lambda trial: record(o.model_task, trial), should_stop=hooks.should_stop,
@@ -401,8 +403,7 @@ def start_schedule(outcome: TaskOutcome, history: ModelHistory) -> StartSchedule
         if carried:
             config, origin = carried[0]
             return StartSchedule(config, "transferred", origin=origin)
-    seeds = _blocked_seeds(task) if outcome.model_task.complex else []
-    return StartSchedule(seeds[0], "seed") if seeds else None
+    return StartSchedule(outcome.seeds[0], "seed") if outcome.seeds else None
 
 
 def _blocked_seeds(task: Task) -> list[dict]:
