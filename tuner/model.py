@@ -176,8 +176,8 @@ class TaskOutcome:
         "seed") unless a stored one lost to the default schedule."""
         if self.pick is not None:
             return (self.pick.config, "measured") if self.beats_default else None
-        if any(t.config == self.start.config for t in self.trials) if self.start else False:
-            return None  # its start was measured and failed
+        if self.trials:
+            return None  # measured, nothing correct (its start among what failed)
         if self.start is not None and self.start.beats_default:
             return self.start.config, self.start.source
         return None
