@@ -105,6 +105,11 @@ class Featurizer:
         if use_ms and target is not None and space.feature_module is not None:
             self._ms = MSFeatures(space.feature_module, target)
 
+    @property
+    def program_features(self) -> bool:
+        """Whether rows end with MetaSchedule's program features (`tuner.knowledge.PROGRAM_WIDTH` columns)."""
+        return self._ms is not None
+
     def __call__(
         self, configs: Sequence[Config], schedules: Sequence[tvm.s_tir.Schedule | None] | None = None
     ) -> np.ndarray:

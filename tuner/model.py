@@ -61,6 +61,7 @@ from compiler.workloads.model.importer import ModelGraph, graph_blocks, lower_gr
 from compiler.workloads.model.tasks import conversions
 
 from . import transfer
+from .knowledge import Knowledge
 from .graph_layout import default_schedule_latency, joint_budget, search_layouts, tunable
 from .measurers import Measurer
 from .request import ModelTuneRequest
@@ -263,7 +264,8 @@ def lower_model(graph: ModelGraph, request: ModelTuneRequest, blocks: Mapping[st
 
 
 def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measurer,
-               history: ModelHistory | None = None, hooks: ModelTuneHooks | None = None) -> ModelTuneResult:
+               history: ModelHistory | None = None, hooks: ModelTuneHooks | None = None,
+               knowledge: Knowledge | None = None) -> ModelTuneResult:
     """Tunes every tunable task of the model under one budget (see the module docstring); the measurer stays open.
 
     Args:
@@ -272,6 +274,8 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         measurer: where every candidate is measured (the caller closes it).
         history: trials, blocks and schedules already known (a resumed job, the schedules table).
         hooks: told of every trial and estimate; polled to stop.
+        knowledge: what the target learned in earlier jobs (`tuner.knowledge`): every task's search starts warm from
+            its cost model, and records its measurements into it; None: cold.
     """
     history = history or ModelHistory()
     hooks = _Guarded(hooks or ModelTuneHooks())
@@ -334,7 +338,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         try:
             result = tune(o.task, len(o.trials) + n, seed=request.seed, prior=o.trials, start_from=start_from,
                           on_trial=lambda trial: record(o.model_task, trial), should_stop=hooks.should_stop,
-                          measurer=measurer, replay=False, seeds=not complex_op)
+                          measurer=measurer, replay=False, seeds=not complex_op, knowledge=knowledge)
         except Exception as e:  # noqa: BLE001 - one task's failing search never fails the model job
             hooks.reraise()
             log.exception("task %s: its search failed", o.task.name)

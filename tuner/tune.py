@@ -20,6 +20,7 @@ from compiler.target import vector_unit
 from compiler.workloads.subgraphs import Subgraph
 
 from .cost_models import CostModelKind
+from .knowledge import Knowledge
 from .measurers import Candidate, LocalMeasurer, Measurer
 from .searches import SearchKind, make_search, never, noop
 from .spaces import (
@@ -72,6 +73,7 @@ def tune(
     ppo: bool = True,
     seeds: bool = True,
     remeasure: int = 0,
+    knowledge: Knowledge | None = None,
 ) -> TuneResult:
     """Searches `task`'s layouts and loops (ALT) or its loops only.
 
@@ -110,6 +112,8 @@ def tune(
         remeasure: after the search, measure this many of the best trials (prior ones included)
             again and keep the fastest then (`remeasure_best`); 0: keep the search's best. Skipped
             when `should_stop()` says so. `remeasure_count(budget)` is the service's choice.
+        knowledge: what the target learned in earlier jobs (`tuner.knowledge`): the search starts warm from its
+            cost model and policies and records what it measures and learns into it; None: cold.
 
     Returns:
         The best trial (prior ones included), this call's trials, the untuned program's latency
@@ -125,7 +129,8 @@ def tune(
         if fusion:  # a subgraph of complex operators: basteln's tiles and threshold, searched by XGBoost
             space = "fusion"
         kind = search or ("alt" if task.workload is not None and not fusion else "xgb")
-        options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size, seeds=seeds)
+        options = dict(cost_model=cost_model, seed=seed, top_k=top_k, batch_size=batch_size, seeds=seeds,
+                       knowledge=knowledge)
         if kind == "alt":
             options.update(joint_fraction=joint_fraction, layout=layout, ppo=ppo)
             strategy = make_search("alt", task, LayoutSpace(task, layout_levels), measurer, **options)

@@ -65,6 +65,7 @@ from compiler.layout import GROUP_PARAM, LayoutError
 
 from ..cost_models import CostModel, CostModelKind, make_cost_model
 from ..features import MSFeatures
+from ..knowledge import Knowledge
 from ..measurers.base import Candidate, Measurer
 from ..ppo import Critic, LayoutActor, LoopActor, action_of, factor_of
 from ..spaces.base import Config, InvalidConfig, ScheduleFailed, config_key, sample_unique
@@ -102,6 +103,7 @@ class ALTSearch(Search):
         ms_features: bool = True,
         ppo: bool = True,
         seeds: bool = True,
+        knowledge: Knowledge | None = None,
     ):
         """
         Args:
@@ -124,6 +126,8 @@ class ALTSearch(Search):
             ppo: the PPO agents choose layouts and walks; False: at random (the ablation).
             seeds: a layout's first visit measures known nests (`seed_configs`) and the joint stage tries the
                 oneDNN-like layout (`first_layout`) first; False: neither (the unseeded ablation).
+            knowledge: the target's (`tuner.knowledge`): its cost model warms an "xgb" model (with MetaSchedule's
+                features on), and every measurement is recorded into it.
         """
         if task.workload is None:
             raise ValueError("the ALT search needs task.workload (the layout template comes from it)")
@@ -138,6 +142,9 @@ class ALTSearch(Search):
         self.finalists, self.margin = finalists, margin
         self.shared_until = 0  # measurement count up to which the finalists share the loop stage
         self.ms_features = ms_features and self.model.reads_features  # the random model reads none
+        self.knowledge = knowledge
+        if cost_model == "xgb" and knowledge is not None and knowledge.cost_model is not None and self.ms_features:
+            self.model = make_cost_model("xgb", seed, base=knowledge.cost_model)
         self.template = space.template
         self.free = list(space.free)
         self.fixed = None if layout is None else {**self.template.default(), **layout}
@@ -597,3 +604,5 @@ class ALTSearch(Search):
                 actor.update()
         if rows:
             self.model.update(np.stack(rows), lats)
+            if self.knowledge is not None and self.ms_features:
+                self.knowledge.record(self.task.workload_key, np.stack(rows), lats)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..cost_models import CostModel, CostModelKind, make_cost_model
 from ..features import Featurizer
+from ..knowledge import Knowledge
 from ..measurers.base import Measurer
 from ..spaces.base import Config, InvalidConfig, ScheduleFailed, SearchSpace, config_key, sample_unique
 from ..task import Task, Trial
@@ -48,6 +49,7 @@ class XGBSearch(Search):
         elite: int = 8,
         ms_features: bool = True,
         seeds: bool = True,
+        knowledge: Knowledge | None = None,
     ):
         """
         Args:
@@ -64,15 +66,21 @@ class XGBSearch(Search):
             elite: how many of the best trials are mutated.
             ms_features: add MetaSchedule's per-store features to the knob features.
             seeds: measure the space's known nests first (`seed_configs`); False: samples and mutations only.
+            knowledge: the target's (`tuner.knowledge`): its cost model warms an "xgb" model (with MetaSchedule's
+                features on), and every measurement is recorded into it.
         """
         super().__init__(task, space, measurer)
         self.rng = np.random.default_rng(seed)
+        self.knowledge = knowledge
         self.model = make_cost_model(cost_model, seed) if isinstance(cost_model, str) else cost_model
         self.batch_size, self.top_k, self.epsilon = batch_size, top_k, epsilon
         self.mutation_fraction, self.elite = mutation_fraction, elite
         self.seeded = seeds
         # MetaSchedule's features cost about as much as applying the batch's schedules: only for a model that reads them
         self.featurize = Featurizer(space, task.target, use_ms=ms_features and self.model.reads_features)
+        if cost_model == "xgb" and knowledge is not None and knowledge.cost_model is not None \
+                and self.featurize.program_features:
+            self.model = make_cost_model("xgb", seed, base=knowledge.cost_model)
         self._features: dict[str, np.ndarray] = {}  # config key -> feature row of a proposal
         self._best: list[tuple[float, Config]] = []  # (latency, config) of correct trials
 
@@ -177,6 +185,8 @@ class XGBSearch(Search):
                 self._remember(c, t.latency_ms)
         if rows:
             self.model.update(np.stack(rows), latencies)
+            if self.knowledge is not None and self.featurize.program_features:
+                self.knowledge.record(self.task.workload_key, np.stack(rows), latencies)
 
 
 def random_search(task: Task, space: SearchSpace, measurer: Measurer, **options: Any) -> XGBSearch:
