@@ -24,11 +24,20 @@ The caller's rewards are log speedups over a reference (see `tuner.searches.alt`
 eq. (3)'s U - latency, which scores every layout alike when U is the untuned
 latency.
 
+An agent persists (`_Actor.state_bytes`, `_Actor.load_state`): its policy net, its critic's net, their optimizer
+and its running reward statistics, as one `torch.save` of a dict read back with `weights_only=True` (nothing a
+stored policy holds can run code). `tuner.knowledge.Knowledge` keeps them per target by `policy_key`, which
+names the operator family, the agent and its dimensions, and `POLICY_VERSION`: a policy of another version is
+never even looked up, and bytes of another version or shape handed to `load_state` are ignored with a log line
+(the agent stays cold), never mis-read.
+
 Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +45,17 @@ from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
+
 HIDDEN = 64
+# what a stored policy is: bump when the networks, their inputs (an agent's state) or their actions' meaning change
+POLICY_VERSION = 1
+
+
+def policy_key(family: str, agent: str, state_dim: int, n_params: int) -> str:
+    """The key an agent's policy is kept under on a target (the target itself is the store's): e.g.
+    "ppo1/conv2d/float32/layout/8x4" for the layout actor of float32 conv2d's 4 template parameters."""
+    return f"ppo{POLICY_VERSION}/{family}/{agent}/{state_dim}x{n_params}"
 
 
 def _torch() -> Any:
@@ -115,6 +134,7 @@ class _Actor:
         self.gen = torch.Generator().manual_seed(seed)
         self.buffer = _Buffer()
         self.seen, self.mean, self.m2 = 0, 0.0, 0.0  # running reward statistics (Welford)
+        self.updates = 0  # updates in this process (not persisted): whether it learned anything worth keeping
 
     def _make_net(self, torch: Any) -> Any:
         raise NotImplementedError
@@ -174,6 +194,7 @@ class _Actor:
         rewards = torch.as_tensor([(s.reward - self.mean) / scale if self.seen > 1 else s.reward for s in steps],
                                   dtype=torch.float32)
         raw = float(sum(s.reward for s in steps) / len(steps))
+        self.updates += 1
         for _ in range(self.epochs):
             values = self.critic(states)
             adv = (rewards - values).detach()
@@ -189,6 +210,59 @@ class _Actor:
             loss.backward()
             self.opt.step()
         return raw
+
+    def _shapes(self) -> dict[str, list[int]]:
+        return {**{f"actor.{k}": list(v.shape) for k, v in self.net.state_dict().items()},
+                **{f"critic.{k}": list(v.shape) for k, v in self.critic.net.state_dict().items()}}
+
+    def state_bytes(self) -> bytes:
+        """The policy, its critic, their optimizer and the reward statistics (`load_state` reads them back)."""
+        torch = _torch()
+        buf = io.BytesIO()
+        torch.save({"version": POLICY_VERSION, "agent": self.name, "state_dim": self.state_dim,
+                    "n_params": self.n_params, "critic_width": self.critic.width, "actor": self.net.state_dict(),
+                    "critic": self.critic.net.state_dict(), "optimizer": self.opt.state_dict(),
+                    "seen": self.seen, "mean": self.mean, "m2": self.m2}, buf)
+        return buf.getvalue()
+
+    def load_state(self, data: bytes, *, source: str = "policy") -> bool:
+        """Warm-starts from what `state_bytes` wrote; False (with a log line saying why, the agent untouched)
+        when `data` is not a policy, is of another `POLICY_VERSION` or of another agent or shape."""
+        torch = _torch()
+        try:  # weights_only: tensors, numbers, strings and containers, never code
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - whatever a foreign file makes torch raise
+            log.warning("policy %s unreadable (%s); starting cold", source, (str(e).splitlines() or [type(e)])[0])
+            return False
+        version = state.get("version") if isinstance(state, dict) else None
+        if version != POLICY_VERSION:
+            log.warning("policy %s of version %s ignored (this tuner reads %s); starting cold", source, version,
+                        POLICY_VERSION)
+            return False
+        try:
+            shapes = {**{f"actor.{k}": list(v.shape) for k, v in state["actor"].items()},
+                      **{f"critic.{k}": list(v.shape) for k, v in state["critic"].items()}}
+            seen, mean, m2 = int(state["seen"]), float(state["mean"]), float(state["m2"])
+            agent, dims = state["agent"], f"{state['state_dim']}x{state['n_params']}/{state['critic_width']}"
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            log.warning("policy %s of version %s incomplete (%r); starting cold", source, version, e)
+            return False
+        if agent != self.name or shapes != self._shapes():
+            log.warning("policy %s of a %s agent of shape %s ignored (this %s agent's is %dx%d/%d); starting cold",
+                        source, agent, dims, self.name, self.state_dim, self.n_params, self.critic.width)
+            return False
+        self.net.load_state_dict(state["actor"])
+        self.critic.net.load_state_dict(state["critic"])
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+        try:  # the moments carry over; the settings (learning rate, ...) stay this code's
+            self.opt.load_state_dict(state["optimizer"])
+            for group, own in zip(self.opt.param_groups, settings):
+                group.update(own)
+        except (KeyError, ValueError, TypeError) as e:
+            log.info("policy %s: optimizer state not restored (%s); its moments start afresh", source, e)
+            self.opt.state.clear()
+        self.seen, self.mean, self.m2 = seen, mean, m2
+        return True
 
 
 class LayoutActor(_Actor):
