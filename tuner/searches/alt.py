@@ -46,6 +46,13 @@ user's own layouts (the untransformed program, nothing converted) are one more
 layout point, tried first in the joint stage: a layout is kept only where its
 gains pay for its conversions.
 
+The agents carry over between jobs on a target (`tuner.knowledge`, with `ppo` on): the layout actor and every
+layout's loop actor load the stored policy of their key (`tuner.ppo.policy_key`: the operator family, e.g.
+"conv2d/float32", the agent and its dimensions) and, at the end of `run`, give back what they learned. A warm
+layout actor proposes from the joint stage's first round: the hand-enumerated layouts (the oneDNN-like one,
+channels last untiled) are not tried, the user's own layouts come second, and the blocked seeds go to the
+actor's first layout (`next_layout`, `seed_configs`). Without a stored policy the search is what it was cold.
+
 The search is this module; what it keeps per layout and the helpers of a round are `alt_points`, and
 where it starts beyond the paper (a oneDNN-like first layout, known loop nests) `alt_seeds`.
 
@@ -67,7 +74,7 @@ from ..cost_models import CostModel, CostModelKind, make_cost_model
 from ..features import MSFeatures
 from ..knowledge import Knowledge
 from ..measurers.base import Candidate, Measurer
-from ..ppo import Critic, LayoutActor, LoopActor, action_of, factor_of
+from ..ppo import Critic, LayoutActor, LoopActor, action_of, factor_of, policy_key
 from ..spaces.base import Config, InvalidConfig, ScheduleFailed, config_key, sample_unique
 from ..spaces.layout import LayoutSpace, has_layout, interface_space, join_config, split_config
 from ..spaces.loop import LoopSpace, loop_space
@@ -125,9 +132,11 @@ class ALTSearch(Search):
             ms_features: add MetaSchedule's per-store features.
             ppo: the PPO agents choose layouts and walks; False: at random (the ablation).
             seeds: a layout's first visit measures known nests (`seed_configs`) and the joint stage tries the
-                oneDNN-like layout (`first_layout`) first; False: neither (the unseeded ablation).
+                oneDNN-like layout (`first_layout`) first (a warm layout actor's first layout instead, see
+                `next_layout`); False: neither (the unseeded ablation).
             knowledge: the target's (`tuner.knowledge`): its cost model warms an "xgb" model (with MetaSchedule's
-                features on), and every measurement is recorded into it.
+                features on), and every measurement is recorded into it; with `ppo` its policies warm the layout
+                actor (`warm_layout`) and the loop actors, and what they learn is kept into it (`keep_policies`).
         """
         if task.workload is None:
             raise ValueError("the ALT search needs task.workload (the layout template comes from it)")
@@ -160,6 +169,10 @@ class ALTSearch(Search):
         self.ppo, self.seeded = ppo, seeds
         width = max(2 * len(self.free), 1)
         self.layout_actor = LayoutActor(width, max(len(self.free), 1), Critic(width, seed=seed), seed=seed)
+        self.family = f"{task.workload.operator}/{task.workload.dtype}"  # what the policies' keys name
+        # a stored layout policy: the actor proposes from the first joint round (`next_layout`)
+        self.warm_layout = bool(self.free) and self._warm(self.layout_actor, "layout")
+        self.blocked_key: str | None = None  # the warm actor's first layout, seeded as the oneDNN-like one is
         self._walk_steps: dict[str, tuple[Any, Any, float | None]] = {}  # config key -> (actor, step, start ms)
 
     # -- layouts --------------------------------------------------------------
@@ -256,12 +269,23 @@ class ALTSearch(Search):
         untiled (ALT-OL's layout, so the joint stage never misses it), then the layout actor's
         (untried ones preferred). In the dot-product form (an int8 / bf16 template with a `group`) the start
         comes before the user's layouts, which no instruction fits: a small budget's joint stage has a round
-        or two."""
+        or two.
+
+        With a warm layout actor (`warm_layout`: a policy learned on this operator family in earlier jobs) the
+        actor proposes from the first round and the hand-enumerated layouts are not tried (unless it proposes
+        them): it has learned where they stand (the oneDNN-like and the untiled layouts are among its actions),
+        and a small budget's one or two joint rounds are better spent on what it learned than on a guess made
+        for every workload. The user's own layouts come second, right after the actor's first proposal: no
+        action of the actor is the identity, which stays the fallback a layout must beat to pay for its
+        conversions (and on small memory-bound operators the fastest), so a joint stage of two rounds still
+        measures it. The price: the actor's first layout ends its episode with only itself tried, so its reward
+        (log speedup over the layouts tried so far) is 0, neutral."""
         started = any(k != IDENTITY for k in self.points)
-        if self.template.params and IDENTITY not in self.points and (started or not self.dot_form):
+        identity_first = not (self.dot_form or self.warm_layout)
+        if self.template.params and IDENTITY not in self.points and (started or identity_first):
             return self.identity_point()
         state = self.layout_state()
-        if not started and self.seeded:
+        if not started and self.seeded and not self.warm_layout:
             choice = first_layout(self.template, self.space.unit)
             try:
                 p = self.point(choice)
@@ -271,7 +295,7 @@ class ALTSearch(Search):
             except LayoutError as e:
                 log.info("first layout %s does not apply: %s", choice, e)
         default = self.full_choice({})
-        if self.key(default) not in self.points:  # channels last, untiled: what ALT-OL tunes in
+        if self.key(default) not in self.points and not self.warm_layout:  # channels last, untiled: ALT-OL's
             try:
                 p = self.point(default)
                 self.layout_actor.record(state, [action_of(q.extent, default[q.name]) for q in self.free])
@@ -295,6 +319,8 @@ class ALTSearch(Search):
             if k in self.points and self.points[k].trials and _ < 15:
                 self.layout_actor.reward_last([self.layout_reward(self.points[k])])
                 continue
+            if not started and self.warm_layout:  # its first layout: the blocked seeds' (`seed_configs`)
+                self.blocked_key = k
             return p
         best = self.best_point()
         return best if best is not None else self.point({})
@@ -400,8 +426,43 @@ class ALTSearch(Search):
             replay: bool = True) -> list[Trial]:
         self.joint_budget = 0 if self.fixed is not None else int(round(self.joint_fraction * budget))
         self.shared_until = self.joint_budget + (budget - self.joint_budget) // 2 if self.joint_budget else 0
-        return super().run(budget, prior=prior, start_from=start_from, on_trial=on_trial, should_stop=should_stop,
-                           replay=replay)
+        trials = super().run(budget, prior=prior, start_from=start_from, on_trial=on_trial,
+                             should_stop=should_stop, replay=replay)
+        self.keep_policies()
+        return trials
+
+    # -- policies across jobs ---------------------------------------------------
+
+    def agent_key(self, actor: LayoutActor | LoopActor, agent: str) -> str:
+        """The key of an agent's policy on this search's target (`tuner.ppo.policy_key`)."""
+        return policy_key(self.family, agent, actor.state_dim, actor.n_params)
+
+    def _warm(self, actor: LayoutActor | LoopActor, agent: str) -> bool:
+        """Loads the policy of the agent's key where `knowledge` holds one (with `ppo` only: the ablation's
+        agents neither load nor store); whether it did."""
+        if not self.ppo or self.knowledge is None:
+            return False
+        key = self.agent_key(actor, agent)
+        data = self.knowledge.policy(key)
+        return data is not None and actor.load_state(data, source=key)
+
+    def keep_policies(self) -> None:
+        """Keeps what the agents learned in this search into `knowledge` (an agent that never updated keeps
+        nothing: the stored policy stays). Loop actors of layouts whose spaces have the same dimensions share a
+        key: the one kept is the actor of the fastest layout among them, the layout the loop stage tuned in
+        (so mostly also the one updated most), whose walks led to the best program; a layout tried for one
+        joint round would overwrite it with a few walks' worth of learning."""
+        if not self.ppo or self.knowledge is None:
+            return
+        if self.free and self.layout_actor.updates:
+            self.knowledge.keep_policy(self.agent_key(self.layout_actor, "layout"), self.layout_actor.state_bytes())
+        kept: set[str] = set()
+        learned = [p for p in self.points.values() if p.actor is not None and p.actor.updates]
+        for p in sorted(learned, key=lambda p: math.inf if p.best_ms is None else p.best_ms):
+            key = self.agent_key(p.actor, self.loop_agent(p))
+            if key not in kept:
+                kept.add(key)
+                self.knowledge.keep_policy(key, p.actor.state_bytes())
 
     def _start_proposals(self, start_from: Sequence[Config]) -> list[Proposal]:
         out = []
@@ -542,20 +603,32 @@ class ALTSearch(Search):
         """The known loop nests a layout's first round measures, with their sources (`alt_seeds.loop_seeds`): in
         the user's layouts `untuned_config` and `blocked_config` both ways; in the first tiled layout
         `blocked_config`, oneDNN's blocking, with one output vector and, where it differs, with several (in the
-        dot-product form also in its least layout); none elsewhere."""
+        dot-product form also in its least layout); none elsewhere.
+
+        The first tiled layout is the oneDNN-like one (`first_layout`), or with a warm layout actor, which does not
+        start from it (`next_layout`), the actor's first proposal (`blocked_key`): the layout the joint stage
+        measures first is judged by a good nest, not by walks from a random batch, whichever chose it."""
         # ALT-OL (a fixed layout) gets the same seeds, so "vs ALT-OL" compares searches, not seeds
-        start = self.full_choice(first_layout(self.template, self.space.unit))
-        first = self.fixed is not None or self.key(p.choice) == self.key(start)
+        start = self.blocked_key or self.key(self.full_choice(first_layout(self.template, self.space.unit)))
+        first = self.fixed is not None or self.key(p.choice) == start
         # in the dot-product form also the least dot layout (rows from the loops, not a row tile: the data is
         # converted by a padded row copy, not a gather into tiles; 0.39 ms against 0.49 on an int8 3025x127x255)
         least = self.dot_form and self.key(p.choice) == self.key(self.full_choice({}))
         return loop_seeds(p, p.identity or first or least)
 
     def loop_actor(self, p: LayoutPoint) -> LoopActor:
+        """The layout's loop actor, made on first use, warm where `knowledge` holds a policy of its key."""
         if p.actor is None:
             n = len(p.space.knobs)
             p.actor = LoopActor(n, n, Critic(n, seed=self.seed), seed=self.seed)
+            self._warm(p.actor, self.loop_agent(p))
         return p.actor
+
+    @staticmethod
+    def loop_agent(p: LayoutPoint) -> str:
+        """The loop actor's agent name in its key: the user's layouts' loops (the untransformed program's) are
+        another space than a layout program's, whose knobs include its conversions' placements."""
+        return "loop-as-given" if p.identity else "loop"
 
     def _directions(self, actor: LoopActor, state: list[float], n_knobs: int, n: int) -> list[list[int]]:
         """`n` walks' directions: the loop actor's, or (the ablation) random with the untrained actor's odds."""
