@@ -49,6 +49,7 @@ from compiler.workloads.pt2 import ModelError
 from service import sandbox
 from service.db import session_scope
 from service.job_run import JobRun, LeaseLost, measurer_for, trials_of
+from service.knowledge import load_knowledge, save_knowledge, scope_of
 from service.model_build import GRAPH_FILES, build_in_child, copy_regular
 from service.models import Job, Schedule, TuningTask
 from service.requests import model_tune_request, schedule_key
@@ -199,14 +200,22 @@ def _run_model_job(run: JobRun, work: Path) -> None:
     dest = run.settings.resolved_artifact_dir / f"job-{run.job_id}.tar.gz"
     anytime = dest.with_name(f"job-{run.job_id}.anytime.tar.gz")  # served until `dest` replaces it
     build_s = None
+    knowledge = load_knowledge(run.url, scope_of(request)) if run.settings.learn else None
+    if knowledge is not None:  # what the job started from, on its page
+        report = {**report, "knowledge": {
+            "cost_model_rows": knowledge.cost_model.rows if knowledge.cost_model else None,
+            "policies": len(knowledge.policies)}}
     try:
         if run.settings.anytime_artifact and request.budget > 0 and not any(trials.values()):
             report, build_s = _anytime_artifact(run, graph, request, history, measurer, work, spec, torch_ms,
                                                 report, anytime)
         hooks = JobHooks(run, rows, report, request.budget, sum(len(v) for v in trials.values()), build_s)
-        tuned = tune_model(graph, request, measurer=measurer, history=history, hooks=hooks)
+        tuned = tune_model(graph, request, measurer=measurer, history=history, hooks=hooks, knowledge=knowledge)
     finally:
         measurer.close()
+    if knowledge is not None and run.stop_reason != "lease":  # a cancelled job's measurements are as real
+        report = {**report, "knowledge": {**report["knowledge"],
+                                          "kept": save_knowledge(run.url, scope_of(request), knowledge, run.job_id)}}
     if tuned.stopped or run.stop_reason is not None:  # a cancel keeps the measured trials; nothing more is built
         _stopped(run, run.stop_reason or "cancel")
         return
@@ -214,7 +223,7 @@ def _run_model_job(run: JobRun, work: Path) -> None:
     # the whole-model build, check and timing run in a child with memory and time limits (`service.model_build`):
     # the check against the reference outputs the sandbox computed, the artifact written by our build alone
     served = build_in_child(run.settings, work, tuned, dest, spec=spec, torch_ms=torch_ms, should_stop=run.stop_check)
-    final = {**served["report"], **{k: report[k] for k in ("anytime",) if k in report}}
+    final = {**served["report"], **{k: report[k] for k in ("anytime", "knowledge") if k in report}}
     if served["error"] is not None:  # the anytime artifact, if there is one, stays the job's
         _save_report(run, final)
         run.finish("failed", error=served["error"])

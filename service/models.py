@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
-    func, or_, select,
+    JSON, BigInteger, Boolean, ColumnElement, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
+    UniqueConstraint, func, or_, select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, selectinload
@@ -27,6 +27,16 @@ FINISHED = ("succeeded", "failed", "cancelled")
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[float]: JSON}
+
+
+def _insert(session: Session) -> Any:
+    """The dialect's `insert` (with `on_conflict_do_update`): PostgreSQL's or SQLite's."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert
+    if dialect == "sqlite":
+        return sqlite.insert
+    raise ValueError(f"unsupported database: {dialect}")
 
 
 class Job(Base):
@@ -319,14 +329,7 @@ class Schedule(Base):
         One `INSERT ... ON CONFLICT DO UPDATE ... WHERE` statement, so two workers finishing the same
         workload at once never collide on the unique key: the faster configuration stays, whatever the order.
         """
-        dialect = session.get_bind().dialect.name
-        if dialect == "postgresql":
-            insert = postgresql.insert
-        elif dialect == "sqlite":
-            insert = sqlite.insert
-        else:
-            raise ValueError(f"unsupported database for schedules: {dialect}")
-        stmt = insert(cls).values(workload_key=key.workload_key, target_key=key.target_key, device=key.device,
+        stmt = _insert(session)(cls).values(workload_key=key.workload_key, target_key=key.target_key, device=key.device,
                                   pipeline=key.pipeline, space_version=key.space_version, config=config,
                                   latency_ms=latency_ms, job_id=job_id, updated_at=utcnow(), default_ms=default_ms,
                                   signature=signature, extents=extents)
@@ -396,3 +399,61 @@ class Artifact(Base):
     def where_jobs(cls, session: Session, job_ids: list[int]) -> set[int]:
         """The ids among `job_ids` of the jobs that have an artifact."""
         return set(session.scalars(select(cls.job_id).where(cls.job_id.in_(job_ids))).all())
+
+
+class KnowledgeSample(Base):
+    """One workload's measurements in one job, as the target's cost model learns from them (`tuner.knowledge.Samples`:
+    program features and latencies, compressed), under the feature version they were computed with."""
+
+    __tablename__ = "knowledge_samples"
+    __table_args__ = (Index("ix_knowledge_samples_scope", "scope", "feature_version", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope: Mapped[str] = mapped_column(Text)  # `service.knowledge.scope_of`: target and device
+    feature_version: Mapped[str] = mapped_column(String(64))
+    workload_key: Mapped[str] = mapped_column(Text)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    rows: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    @classmethod
+    def where_latest(cls, session: Session, scope: str, feature_version: str, max_rows: int) -> list[KnowledgeSample]:
+        """The newest samples of `scope` and `feature_version` holding about `max_rows` rows in all, oldest first."""
+        out, rows = [], 0
+        for sample in session.scalars(select(cls).where((cls.scope == scope) & (cls.feature_version == feature_version))
+                                      .order_by(cls.id.desc()).execution_options(yield_per=256)):
+            out.append(sample)
+            rows += sample.rows
+            if rows >= max_rows:
+                break
+        return out[::-1]
+
+
+class LearnedModel(Base):
+    """The latest learned model of a scope (target and device) by name: "cost_model" or a PPO policy's key."""
+
+    __tablename__ = "learned_models"
+    __table_args__ = (UniqueConstraint("scope", "name", name="uq_learned_models_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Text)
+    rows: Mapped[int] = mapped_column(Integer)  # training rows (a cost model's) or updates (a policy's)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+    @classmethod
+    def where_scope(cls, session: Session, scope: str) -> list[LearnedModel]:
+        return list(session.scalars(select(cls).where(cls.scope == scope)))
+
+    @classmethod
+    def upsert(cls, session: Session, scope: str, name: str, data: bytes, rows: int, job_id: int | None) -> None:
+        """Store `data` as the model of (scope, name), replacing the one before (the latest job's wins)."""
+        stmt = _insert(session)(cls).values(scope=scope, name=name, data=data, rows=rows, job_id=job_id,
+                                            updated_at=utcnow())
+        session.execute(stmt.on_conflict_do_update(
+            index_elements=[cls.scope, cls.name],
+            set_={"data": stmt.excluded.data, "rows": stmt.excluded.rows, "job_id": stmt.excluded.job_id,
+                  "updated_at": stmt.excluded.updated_at}))

@@ -12,6 +12,7 @@ from sqlalchemy import update
 from compiler.build import write_artifact
 from service.db import session_scope
 from service.job_run import JobRun, LeaseLost, measurer_for, trials_of
+from service.knowledge import load_knowledge, save_knowledge, scope_of
 from service.models import Job, Schedule, ScheduleKey, TuningTask
 from service.requests import schedule_key, tune_request
 from tuner import Trial, apply_config, layout_of_config
@@ -28,14 +29,19 @@ def run_operator_job(run: JobRun) -> None:
     key = schedule_key(workload.key, request)
     task_id, prior, start_from = _prepare(run, key, request.budget)
 
+    learn = run.settings.learn
+    knowledge = load_knowledge(run.url, scope_of(request)) if learn else None
     measurer = measurer_for(run.settings, request)
     try:
         result = tune_operator(task, request, measurer=measurer, prior=prior, start_from=start_from,
-                               on_trial=lambda trial: run.record_trial(task_id, trial), should_stop=run.should_stop)
+                               on_trial=lambda trial: run.record_trial(task_id, trial), should_stop=run.should_stop,
+                               knowledge=knowledge)
     finally:
         measurer.close()
     if run.stop_reason == "lease":
         raise LeaseLost()
+    if knowledge is not None:  # a cancelled or timed-out job's measurements are as real
+        save_knowledge(run.url, scope_of(request), knowledge, run.job_id)
     if run.stop_reason == "deadline":
         run.finish("failed", error=run.deadline_error())
         return

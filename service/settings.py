@@ -38,6 +38,10 @@ class Settings(BaseSettings):
         True, description="a model job first builds the model from what is known before measuring (stored, "
                           "transferred and seed schedules), checks it and serves it as its artifact while it tunes: "
                           "one more whole-model build per job")
+    learn: bool = Field(
+        True, description="jobs start from what earlier jobs on the same target and device learned (a cost model "
+                          "trained on all their measurements, the PPO agents' policies) and add to it when they end; "
+                          "off: every job tunes cold and keeps nothing learned (schedules are stored either way)")
     lease_seconds: float = Field(30.0, description="a worker that has not renewed its lease for this long loses its job")
     poll_seconds: float = Field(1.0, description="how often an idle worker looks for a queued job")
     max_attempts: int = Field(3, description="claims of one job before it is failed (a job that kills workers)")

@@ -103,10 +103,10 @@ def sqlite_url(tmp_path) -> str:
 
 @pytest.fixture
 def settings(db_url, tmp_path) -> Settings:
-    # torch.compile's timing (a minute per model job's prepare) and the anytime build (one more build per model job)
-    # only where a test asks for them
+    # torch.compile's timing (a minute per model job's prepare), the anytime build (one more build per model job) and
+    # learning across jobs (a later job of a test would start warm from an earlier one's) only where a test asks
     return Settings(database_url=db_url, data_dir=tmp_path, lease_seconds=5, poll_seconds=0.2,
-                    time_torch_compile=False, anytime_artifact=False)
+                    time_torch_compile=False, anytime_artifact=False, learn=False)
 
 
 # -- tokens and clients ------------------------------------------------------------------------------------------

@@ -59,6 +59,13 @@ class Samples:
     features: np.ndarray  # (n, PROGRAM_WIDTH), float32
     latencies_ms: list[float | None]
 
+    @classmethod
+    def joined(cls, batches: Sequence[Samples]) -> Samples:
+        """One batch of several batches of one workload."""
+        assert len({b.workload_key for b in batches}) == 1, f"{[b.workload_key for b in batches]=}"
+        return cls(batches[0].workload_key, np.concatenate([b.features for b in batches]),
+                   [v for b in batches for v in b.latencies_ms])
+
     def to_bytes(self) -> bytes:
         y = np.asarray([np.nan if v is None else v for v in self.latencies_ms], dtype=np.float64)
         buf = io.BytesIO()

@@ -9,8 +9,9 @@
    convs' channel blocks first, unless the history already has them (a resumed job); else the graph is lowered in
    the request's layout.
 2. Knowledge before measurement: every tunable task starts from the best schedule known without measuring
-   (`start_schedule`): its stored one (`ModelHistory.known`, exact workload key on this target); else the nearest
-   stored schedule of a workload of the same form carried to its shapes (`ModelHistory.similar`, `tuner.transfer`);
+   (`start_schedule`): its stored one (`ModelHistory.known`, exact workload key on this target); else a stored
+   schedule of a workload of the same form carried to its shapes (`ModelHistory.similar`, `tuner.transfer`): of the
+   nearest few, the one the target's cost model ranks first (`knowledge`), the others measured in its first round;
    else, for a conv or matmul, the rule's register-blocked seed. A task the budget does not reach is served with
    it, never with the naive default schedule; a budget of 0 serves the model from knowledge alone.
 3. A task with a stored schedule is measured no more. The others share the budget under
@@ -28,7 +29,9 @@ end to end), written as the artifact. The worker runs it in a confined child (`s
 benchmark runs it in its own process: the same function either way.
 
 The caller persists what it is told through `ModelTuneHooks` (every trial, the layouts, the running estimate);
-nothing here reads settings or a database.
+nothing here reads settings or a database. What the target learned in earlier jobs comes in as `knowledge`
+(`tuner.knowledge`: every task's search starts warm from its cost model) and goes out grown by this job's
+measurements; persisting it is the caller's.
 
 Layering: `tuner` imports `compiler`, never `service` or `bench`.
 """
@@ -61,7 +64,8 @@ from compiler.workloads.model.importer import ModelGraph, graph_blocks, lower_gr
 from compiler.workloads.model.tasks import conversions
 
 from . import transfer
-from .knowledge import Knowledge
+from .features import Featurizer
+from .knowledge import PROGRAM_WIDTH, Knowledge, TargetModel
 from .graph_layout import default_schedule_latency, joint_budget, search_layouts, tunable
 from .measurers import Measurer
 from .request import ModelTuneRequest
@@ -152,6 +156,7 @@ class TaskOutcome:
     trials: list[Trial]
     start: StartSchedule | None = None
     seeds: list[dict] = field(default_factory=list)  # a complex task's register-blocked nests (`_blocked_seeds`)
+    carried: list[dict] = field(default_factory=list)  # the other transferred schedules its first round measures
     share: float = 0.0
     best: Trial | None = None
     untuned_ms: float | None = None
@@ -313,7 +318,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
                 for t in model.tasks if tunable(t.prim_func)]
     for o in outcomes:  # knowledge before measurement: every task starts from the best schedule known unmeasured
         o.seeds = _blocked_seeds(o.task) if o.model_task.complex else []
-        o.start = start_schedule(o, history)
+        o.start = start_schedule(o, history, knowledge)
     shares = estimated_shares(outcomes)
     for o, share in zip(outcomes, shares):
         o.share = share
@@ -333,7 +338,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         # then a complex operator's other register-blocked nests; its untuned nest (the search's other seed, for
         # memory-bound programs) is left out: a conv's runs tens of times slower, seconds per measurement
         complex_op = o.model_task.complex
-        start_from = [] if o.trials else [*([o.start.config] if o.start else []),
+        start_from = [] if o.trials else [*([o.start.config] if o.start else []), *o.carried,
                                           *o.seeds]
         try:
             result = tune(o.task, len(o.trials) + n, seed=request.seed, prior=o.trials, start_from=start_from,
@@ -392,22 +397,47 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     return ModelTuneResult(request, model, outcomes, measurements, layout_search, stopped=stopped)
 
 
-def start_schedule(outcome: TaskOutcome, history: ModelHistory) -> StartSchedule | None:
-    """The best schedule a task has without measuring: its stored one (exact workload key, this target); else the
-    nearest stored schedule of a workload of the same form, carried to its shapes (`tuner.transfer`); else, for a
-    complex operator (conv, matmul), the rule's register-blocked seed; else None (the default schedule: pools,
-    reductions and other memory-bound tasks run about as fast so)."""
+def start_schedule(outcome: TaskOutcome, history: ModelHistory, knowledge: Knowledge | None = None
+                   ) -> StartSchedule | None:
+    """The best schedule a task has without measuring: its stored one (exact workload key, this target); else a
+    stored schedule of a workload of the same form carried to its shapes (`tuner.transfer`): of the
+    `TRANSFERRED` nearest, the one the target's cost model ranks first (`knowledge`; the nearest without one),
+    the others measured in the task's first round (`outcome.carried`); else, for a complex operator (conv,
+    matmul), the rule's register-blocked seed; else None (the default schedule: pools, reductions and other
+    memory-bound tasks run about as fast so)."""
     task = outcome.task
     stored = history.known(task.workload_key)
     if stored is not None:
         return stored
     key = transfer.signature(task)
     if key is not None:
-        carried = transfer.transferred(task, history.similar(key.signature), limit=1)
+        carried = transfer.transferred(task, history.similar(key.signature), limit=TRANSFERRED)
+        if carried and knowledge is not None and knowledge.cost_model is not None and len(carried) > 1:
+            carried = [carried[i] for i in _ranked(task, [c for c, _ in carried], knowledge.cost_model)]
         if carried:
-            config, origin = carried[0]
+            (config, origin), *others = carried
+            outcome.carried = [c for c, _ in others]
             return StartSchedule(config, "transferred", origin=origin)
     return StartSchedule(outcome.seeds[0], "seed") if outcome.seeds else None
+
+
+TRANSFERRED = 4  # the nearest stored schedules of a task's form carried to it: the start, and its first round's
+
+
+def _ranked(task: Task, configs: Sequence[dict], model: TargetModel) -> list[int]:
+    """The indexes of `configs` (of `task`'s loop space), best first as `model` predicts from their program
+    features; their order unchanged when they cannot be featurized."""
+    try:
+        space = make_space("fusion" if reductions(task.prim_func) > 1 else "loop", task.prim_func, None,
+                           vector_unit(task.target))
+        featurize = Featurizer(space, task.target)
+        if not featurize.program_features:
+            return list(range(len(configs)))
+        scores = model.predict(featurize(list(configs))[:, -PROGRAM_WIDTH:])
+    except Exception as e:  # noqa: BLE001 - the nearest first, as without a model
+        log.warning("task %s: transferred schedules not ranked: %s", task.name, e)
+        return list(range(len(configs)))
+    return sorted(range(len(configs)), key=lambda i: -float(scores[i]))
 
 
 def _blocked_seeds(task: Task) -> list[dict]:
