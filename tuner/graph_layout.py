@@ -21,6 +21,12 @@ reward, the log of its round-0 cost over it. At the end each group takes the blo
 that choice is lowered and measured too, and the model keeps whichever measured choice has the lowest
 estimated latency (sum over its tasks of calls x their latency, conversions included).
 
+The actor carries over between model jobs on a target (`knowledge`, `tuner.knowledge`): it loads the stored
+policy of its key (`GRAPH_FAMILY`, `tuner.ppo.policy_key`) and, at the end of `run`, keeps what it learned. A warm
+actor proposes from round 1: every group's block is its draw, in place of the hand-enumerated "every group plain"
+(`PLAIN` is one of its actions: it has learned where a model's own layout pays). Round 0, the rule, stays: it is
+the reference every reward is measured against, and the result's `rule_ms`.
+
 Layering: `tuner` never imports `service`; it imports `compiler`.
 """
 
@@ -41,8 +47,9 @@ from compiler.workloads.model.importer import ModelGraph, lower_graph
 from compiler.workloads.model.layouts import PLAIN, conv_sites, group_blocks, layout_groups, vector_lanes
 from compiler.workloads.model.tasks import conv_calls, conversions
 
+from .knowledge import Knowledge
 from .measurers.base import Candidate, Measurer
-from .ppo import Critic, LayoutActor
+from .ppo import Critic, LayoutActor, policy_key
 from .spaces import make_space, reductions
 from .spaces.loop import LoopSpace
 from .task import Task, Trial
@@ -53,6 +60,7 @@ log = logging.getLogger("altune.graph_layout")
 JOINT_SHARE = 0.3  # of a model's budget, for the joint stage (the rest: the loop stage)
 DEFAULT_CONFIG = {"schedule": "default"}  # a trial of the default schedule (the joint stage's measurements)
 LAYOUT_STAGE = "layout"
+GRAPH_FAMILY = "graph/float32"  # the actor's policy key names it (every model's groups, float32 convs' blocks)
 
 
 @dataclass
@@ -123,7 +131,7 @@ class GraphLayoutSearch:
                  max_tensor_elements: int | None = None, joint_trials: int = 4,
                  known: dict[str, float] | None = None,
                  on_measure: Callable[[ModelTask, Trial], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+                 should_stop: Callable[[], bool] | None = None, knowledge: Knowledge | None = None) -> None:
         """
         Args:
             graph: the translated model (`compiler.workloads.model.translate_model`).
@@ -134,6 +142,8 @@ class GraphLayoutSearch:
             on_measure: called with each measurement: the task and its trial (stage "joint" for a loop search's,
                 "layout" for a default schedule's, whose config is `DEFAULT_CONFIG`; indices from 0 per task).
             should_stop: polled between measurements.
+            knowledge: the target's (`tuner.knowledge`): the actor starts from its policy where it holds one
+                (`warm`), and what it learns is kept into it at the end of `run`; None: cold.
         """
         self.graph, self.target, self.measurer = graph, target, measurer
         self.fusion, self.max_tensor_elements = fusion, max_tensor_elements
@@ -148,6 +158,10 @@ class GraphLayoutSearch:
         self.spent = 0
         self.observed: dict[int, dict[int, list[float]]] = {g.index: {} for g in self.groups}
         self.actor = LayoutActor(6, 1, Critic(6, seed=seed), seed=seed)
+        self.knowledge = knowledge
+        self.policy_key = policy_key(GRAPH_FAMILY, "layout", self.actor.state_dim, self.actor.n_params)
+        stored = knowledge.policy(self.policy_key) if knowledge is not None else None
+        self.warm = stored is not None and self.actor.load_state(stored, source=self.policy_key)
         self.move_share = 0.25  # the share of groups the actor moves in a round
 
     def state(self, group: Any) -> list[float]:
@@ -218,7 +232,14 @@ class GraphLayoutSearch:
 
     def run(self, budget: int, max_rounds: int = 64) -> LayoutSearchResult:
         """Rounds until `budget` measurements are spent (the round that crosses it is not finished), then the
-        best block per group; at least the rule's choice is lowered (and measured if the budget allows)."""
+        best block per group; at least the rule's choice is lowered (and measured if the budget allows). What
+        the actor learned is kept into `knowledge` (nothing if it never updated: the stored policy stays)."""
+        result = self._rounds(budget, max_rounds)
+        if self.knowledge is not None and self.actor.updates:
+            self.knowledge.keep_policy(self.policy_key, self.actor.state_bytes())
+        return result
+
+    def _rounds(self, budget: int, max_rounds: int) -> LayoutSearchResult:
         rng = random.Random(self.seed)
         rounds: list[dict] = []
         measured: list[tuple[float, dict[int, int], ImportedModel]] = []
@@ -247,11 +268,12 @@ class GraphLayoutSearch:
         for g in self.groups:
             self.observed[g.index].setdefault(g.default, []).append(reference[g.index])
             self.actor.record(self.state(g), [action_of(g.candidates, g.default)], 0.0)
-        # round 1: every group in the model's own layout (no conversions at all), the other end of the choice
+        # round 1: every group in the model's own layout (no conversions at all), the other end of the choice;
+        # a warm actor's own choice for every group instead (below)
         plain = {g.index: PLAIN for g in self.groups}
         before = len(measured)
-        plain_model = evaluate(plain, "plain")
-        if len(measured) > before:
+        plain_model = evaluate(plain, "plain") if not self.warm else None
+        if plain_model is not None and len(measured) > before:
             costs = seen[tuple(sorted(plain.items()))] = self.group_costs(plain_model)
             for g in self.groups:
                 self.observed[g.index].setdefault(PLAIN, []).append(costs[g.index])
@@ -259,13 +281,17 @@ class GraphLayoutSearch:
                 self.actor.record(self.state(g), [action_of(g.candidates, PLAIN)],
                                   math.log(ref / cost) if ref > 0 and 0 < cost < math.inf else -1.0)
             self.actor.update()
-        for _ in range(max_rounds):
+        for i in range(max_rounds):
             if self.spent >= budget or self.should_stop():
                 break
             # the actor moves a few groups from the best choice so far (the rest keep it), so a round makes
-            # few new tasks and a group's cost changes mostly by its own block
+            # few new tasks and a group's cost changes mostly by its own block; a warm actor's first round moves
+            # every group: the whole model in what it learned on others
             choice = self.best_choice()
-            moved = [g for g in self.groups if rng.random() < self.move_share] or [rng.choice(self.groups)]
+            if i == 0 and self.warm:
+                moved = list(self.groups)
+            else:
+                moved = [g for g in self.groups if rng.random() < self.move_share] or [rng.choice(self.groups)]
             for g in moved:
                 (action,) = self.actor.act(self.state(g))
                 choice[g.index] = candidate_of(g.candidates, action[0])
@@ -312,7 +338,7 @@ class GraphLayoutSearch:
                                   dict(self.costs))
 
 
-def search_layouts(graph: ModelGraph, target: tvm.target.Target, measurer: Measurer, budget: int,
-                   **kwargs: Any) -> LayoutSearchResult:
-    """`GraphLayoutSearch(graph, target, measurer, **kwargs).run(budget)`."""
-    return GraphLayoutSearch(graph, target, measurer, **kwargs).run(budget)
+def search_layouts(graph: ModelGraph, target: tvm.target.Target, measurer: Measurer, budget: int, *,
+                   knowledge: Knowledge | None = None, **kwargs: Any) -> LayoutSearchResult:
+    """`GraphLayoutSearch(graph, target, measurer, knowledge=knowledge, **kwargs).run(budget)`."""
+    return GraphLayoutSearch(graph, target, measurer, knowledge=knowledge, **kwargs).run(budget)
