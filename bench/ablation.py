@@ -20,7 +20,9 @@ once without (`tune(seeds=...)`), on one machine in one run, at the same budget:
 
 Each warm arm gets a fresh copy of the trained knowledge (`Knowledge(trained.cost_model, trained.policies)`), so
 no held-out measurement reaches another arm. A fused subgraph is searched by "xgb" over the fusion space, which
-has no PPO agents: there (d) is (c), not run again, and its row says so (`same_as`). MetaSchedule (`tune_tir`,
+has no PPO agents: there (d) is (c), not run again, and its row says so (`same_as`). The fusion space has no program
+features either (no `feature_module`), so the target model cannot rank its candidates and (c) runs cold there, as
+(b): the row lists such arms in `warm_unused` (a warm arm whose first round the model ranked none of). MetaSchedule (`tune_tir`,
 `bench.baselines.metaschedule`, the constants layout-free for an operator) runs once per case at the same budget;
 its curve is read from its tuning database's records in the order they were committed (its runner's readings,
 timed its own way: read against our band, not part of it), and its best is re-timed our way (`metaschedule_ms`).
@@ -41,6 +43,7 @@ The markdown table (`bench.ablation_report.table`) is printed and written beside
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -265,21 +268,9 @@ def write(report: dict, path: Path) -> None:
     path.with_suffix(".md").write_text(table(report) + "\n")
 
 
-class _Borrowed:
-    """A caller's measurer, not closed here."""
-
-    def __init__(self, measurer: Measurer):
-        self.measurer = measurer
-
-    def __enter__(self) -> Measurer:
-        return self.measurer
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def _measurer(measurer: Measurer | None) -> Any:
-    return LocalMeasurer() if measurer is None else _Borrowed(measurer)
+def _measurer(measurer: Measurer | None) -> contextlib.AbstractContextManager[Measurer]:
+    """A new `LocalMeasurer` (closed on exit), or the caller's measurer (left open)."""
+    return LocalMeasurer() if measurer is None else contextlib.nullcontext(measurer)
 
 
 def _names(text: str | None) -> list[str]:

@@ -72,6 +72,10 @@ def settle(row: dict) -> dict:
         if "latencies_ms" in arm:
             arm["seed_in_band_at"] = seed_in_band(arm["latencies_ms"], arm.get("origins", []), row["band_ms"])
     row["seeds_in_band"] = any(a.get("seed_in_band_at") is not None for a in arms.values())
+    # a warm arm whose first round the target model ranked none of: the space has no program features (a fused
+    # subgraph's), so the arm ran cold whatever it was given
+    row["warm_unused"] = sorted(name for name, a in arms.items()
+                                if a.get("warm") and not a.get("same_as") and a.get("first_round_predicted") == 0)
     return row
 
 
@@ -137,8 +141,12 @@ def table(report: dict) -> str:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         verdict = "" if r["met"] is None else (" (met)" if r["met"] else " (NOT met)")
         lines.append(f"- (d)/(a) {label}: {ratio}, target <= {r['target']}{verdict}")
-    flagged = [f"{r['name']} (at measurement {_seed_hits(r)})" for r in report["cases"] if r.get("seeds_in_band")]
+    flagged = [f"{r['name']} ({_seed_hits(r)})" for r in report["cases"] if r.get("seeds_in_band")]
     lines.append("- seeds in the band at their first measurement: " + (", ".join(flagged) if flagged else "none"))
+    cold = [f"{r['name']} ({', '.join(r['warm_unused'])})" for r in report["cases"] if r.get("warm_unused")]
+    if cold:
+        lines.append("- warm arms the trained model could not rank (no program features in their space: they ran "
+                     "cold, as (b)): " + ", ".join(cold))
     if "metaschedule" in names:
         lines.append("- MS: MetaSchedule's curve is its runner's readings in its database's order, read against our "
                      "band (its runner times with its own repeats; its best re-timed our way is in the JSON).")
@@ -146,5 +154,5 @@ def table(report: dict) -> str:
 
 
 def _seed_hits(row: dict) -> str:
-    return ", ".join(f"{name}: {arm['seed_in_band_at']}" for name, arm in row["arms"].items()
+    return ", ".join(f"{name} at measurement {arm['seed_in_band_at']}" for name, arm in row["arms"].items()
                      if arm.get("seed_in_band_at") is not None)

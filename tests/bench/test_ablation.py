@@ -7,20 +7,28 @@ import json
 import pytest
 
 from bench import ablation
+from bench.ops_cases import Case
 from bench.ablation_report import (ARMS, arm_name, best_so_far, seed_in_band, settle, summary, table,
                                    to_band)
 from tuner.knowledge import Knowledge
 from tuner.measurers.simulated import SimulatedMeasurer
 
 
+@pytest.fixture(scope="module")
+def trained_path(tmp_path_factory):
+    """`train` on the tiny conv2d, 20 simulated measurements."""
+    path = tmp_path_factory.mktemp("ablation") / "knowledge.npz"
+    ablation.train(ablation.SMOKE_TRAIN, 20, path, measurer=SimulatedMeasurer())
+    return path
+
+
 @pytest.mark.bench
 @pytest.mark.tunes
 @pytest.mark.timeout(300)
-def test_train_then_run_on_a_tiny_case(tmp_path):
+def test_train_then_run_on_a_tiny_case(trained_path, tmp_path):
     """`train` leaves a knowledge file with a model and the PPO policies; `run` loads it into the warm arms (their
     first round is ranked by it, the cold arms' cannot be) and writes every arm's curve and band."""
-    path = tmp_path / "knowledge.npz"
-    ablation.train(ablation.SMOKE_TRAIN, 20, path, measurer=SimulatedMeasurer())
+    path = trained_path
     trained = Knowledge.load(path)
     assert trained.cost_model is not None and trained.cost_model.rows == 20
     assert len(trained.samples) > 0
@@ -47,6 +55,22 @@ def test_train_then_run_on_a_tiny_case(tmp_path):
     assert {"without_seeds", "with_seeds"} == set(report["summary"]["d_over_a"])
     md = out.with_suffix(".md").read_text()
     assert "tiny_grp" in md and "(d)/(a) without seeds" in md
+    assert row["warm_unused"] == []
+
+
+@pytest.mark.bench
+@pytest.mark.tunes
+@pytest.mark.timeout(300)
+def test_a_fused_subgraph_runs_d_as_c_and_says_the_model_cannot_rank_it(trained_path):
+    """Attention is searched over the fusion space: no PPO agents, so (d) is (c) and not run again; no program
+    features, so the trained model ranks nothing and the warm arm is listed as having run cold."""
+    case = Case("tiny_attention", "matmul_softmax_matmul", {"heads": 2, "seq": 16, "dim": 8})
+    row = ablation.run_case(case, 6, Knowledge.load(trained_path), arms=("b", "c", "d"), seed_modes=(True,),
+                            with_metaschedule=False, measurer=SimulatedMeasurer())
+    assert row["search"] == "xgb (fusion space)"
+    assert row["arms"]["d+seeds"]["same_as"] == "c+seeds"
+    assert row["arms"]["d+seeds"]["curve"] == row["arms"]["c+seeds"]["curve"]
+    assert row["warm_unused"] == ["c+seeds"]
 
 
 def _arm(latencies, origins=None, **extra):
@@ -73,6 +97,7 @@ def test_band_seeds_and_ratios_from_hand_made_rows():
         [3, 2, 4, 1, 1]
     assert x["arms"]["d+seeds"]["seed_in_band_at"] == 2 and x["arms"]["a+seeds"]["seed_in_band_at"] is None
     assert x["seeds_in_band"] and not rows[1]["seeds_in_band"]
+    assert x["warm_unused"] == []
     s = summary(rows, budget=4)
     assert s["geomean_to_band"]["a-seeds"]["geomean"] == pytest.approx((4 * 1) ** 0.5)
     assert s["geomean_to_band"]["d-seeds"]["geomean"] == pytest.approx((1 * 2) ** 0.5)
@@ -85,7 +110,7 @@ def test_band_seeds_and_ratios_from_hand_made_rows():
         {"geomean": pytest.approx(10.0), "cases": 1, "never": 1}
     text = table({"budget": 4, "target": "llvm", "environment": {"cpu": "znver5"}, "cases": rows,
                   "summary": s})
-    assert "x *" in text and "d+seeds: 2" in text and "MS" in text
+    assert "x *" in text and "d+seeds at measurement 2" in text and "MS" in text
 
 
 def test_seed_in_band_reads_only_seeds():
