@@ -29,7 +29,9 @@ timed its own way: read against our band, not part of it), and its best is re-ti
 
 What a row holds per arm: `curve` (best latency so far after each measurement), `latencies_ms` and `origins` of
 every trial in order, `best_ms`, `to_band` (measurements to the 2% band: `bench.ablation_report`), for a seeded arm
-`seed_in_band_at` (the first seed that sits in the band), `first_round_predicted` (how many of the first round's
+`seed_in_band_at` (the first seed that sits in the band), for a warm arm `policies_stored` and `policies_new` (its
+agents' keys that had a trained policy, and those that started fresh: a policy is kept by operator family and the
+agent's dimensions, so a held-out operator's agents start fresh), `first_round_predicted` (how many of the first round's
 trials the cost model ranked: a warm model ranks them, a cold one cannot), `tune_s`. A case's band is 1.02 x the
 best latency any of our arms found there; `seeds_in_band` flags the cases where a seed already sits in it.
 
@@ -168,7 +170,11 @@ def run_arm(task: Task, budget: int, arm: str, seeds: bool, trained: Knowledge |
     knowledge = Knowledge(trained.cost_model, trained.policies) if warm else None  # a fresh copy: nothing leaks
     start = time.perf_counter()
     result = tune(task, budget, seed=seed, measurer=measurer, seeds=seeds, knowledge=knowledge, **options)
-    return arm_entry(result.trials, time.perf_counter() - start, warm=warm)
+    entry = arm_entry(result.trials, time.perf_counter() - start, warm=warm)
+    if knowledge is not None:  # the agents whose key had a stored policy (a policy is kept by operator family)
+        entry["policies_stored"] = sorted(k for k in knowledge.updated_policies if k in trained.policies)
+        entry["policies_new"] = sorted(k for k in knowledge.updated_policies if k not in trained.policies)
+    return entry
 
 
 def arm_entry(trials: Sequence[Trial], tune_s: float, *, warm: bool) -> dict:

@@ -49,6 +49,7 @@ def test_train_then_run_on_a_tiny_case(trained_path, tmp_path):
         assert arm["to_band"] == to_band(arm["curve"], row["band_ms"]), name
         if arm["warm"]:
             assert arm["first_round_predicted"] == arm["first_round"] > 0, name  # ranked by the loaded model
+            assert isinstance(arm["policies_stored"], list) and isinstance(arm["policies_new"], list), name
         else:
             assert arm["first_round_predicted"] == 0, name
     assert any(a["to_band"] is not None for a in row["arms"].values())  # the best arm reaches its own band
