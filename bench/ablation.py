@@ -20,9 +20,8 @@ once without (`tune(seeds=...)`), on one machine in one run, at the same budget:
 
 Each warm arm gets a fresh copy of the trained knowledge (`Knowledge(trained.cost_model, trained.policies)`), so
 no held-out measurement reaches another arm. A fused subgraph is searched by "xgb" over the fusion space, which
-has no PPO agents: there (d) is (c), not run again, and its row says so (`same_as`). The fusion space has no program
-features either (no `feature_module`), so the target model cannot rank its candidates and (c) runs cold there, as
-(b): the row lists such arms in `warm_unused` (a warm arm whose first round the model ranked none of). MetaSchedule (`tune_tir`,
+has no PPO agents: there (d) is (c), not run again, and its row says so (`same_as`). A warm arm whose first round
+the model ranked none of (a space without program features) is listed in `warm_unused`. MetaSchedule (`tune_tir`,
 `bench.baselines.metaschedule`, the constants layout-free for an operator) runs once per case at the same budget;
 its curve is read from its tuning database's records in the order they were committed (its runner's readings,
 timed its own way: read against our band, not part of it), and its best is re-timed our way (`metaschedule_ms`).

@@ -300,7 +300,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         known_ms = {k: b.latency_ms for k, v in trials.items() if (b := best_trial(v)) is not None}
         found = search_layouts(graph, target, measurer, joint_budget(request.budget), seed=request.seed,
                                fusion=request.fusion, known=known_ms, on_measure=record,
-                               should_stop=hooks.should_stop, **_limit(request))
+                               should_stop=hooks.should_stop, knowledge=knowledge, **_limit(request))
         model = found.model
         layout_search = {
             "measurements": found.measurements, "rule_estimate_ms": found.rule_ms,

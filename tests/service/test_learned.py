@@ -18,10 +18,11 @@ from service.requests import tune_request
 from service.settings import Settings
 from service.worker import Worker
 from support.jobs import add_job, get_job
+from tuner import ppo
 from tuner.knowledge import FEATURE_VERSION, PROGRAM_WIDTH, Samples, TargetModel
 
 CONV = {"kind": "operator", "operator": "conv2d", "dtype": "float32", "epilogue": "none", "target": "host",
-        "budget": 24, "seed": 0,
+        "budget": 40, "seed": 0,
         "params": {"batch": 1, "in_channels": 8, "height": 10, "width": 10, "out_channels": 16, "kernel": 3,
                    "stride": 1, "padding": 1}}
 
@@ -56,17 +57,30 @@ def _scope(spec: dict) -> str:
     return scope_of(tune_request(spec, spec["budget"]))
 
 
-def test_a_second_job_ranks_its_first_round_with_the_model_the_first_job_trained(learning):
+def test_a_second_job_ranks_its_first_round_with_the_model_the_first_job_trained(learning, monkeypatch):
     url = learning.resolved_database_url
+    loaded: list[tuple[str, bool]] = []
+    load_state = ppo._Actor.load_state
+
+    def spy(self, data, *, source="policy"):
+        loaded.append((source, ok := load_state(self, data, source=source)))
+        return ok
+
+    monkeypatch.setattr(ppo._Actor, "load_state", spy)
     first = _run(learning, CONV)
+    assert loaded == [], "a fresh server has no policy to load"
+    with session_scope(url) as s:
+        policies = {m.name: m.job_id for m in LearnedModel.where_scope(s, _scope(CONV)) if m.name != COST_MODEL}
+    assert f"ppo{ppo.POLICY_VERSION}/conv2d/float32/layout/8x4" in policies, sorted(policies)
+    assert set(policies.values()) == {first}
     with session_scope(url) as s:
         samples = s.scalars(select(KnowledgeSample)).all()
-        assert [(r.job_id, r.feature_version, r.rows) for r in samples] == [(first, FEATURE_VERSION, 24)]
+        assert [(r.job_id, r.feature_version, r.rows) for r in samples] == [(first, FEATURE_VERSION, 40)]
         assert samples[0].scope == _scope(CONV)
         stored = s.scalar(select(LearnedModel).where(LearnedModel.name == COST_MODEL))
-        assert stored is not None and stored.rows == 24 and stored.job_id == first
+        assert stored is not None and stored.rows == 40 and stored.job_id == first
     knowledge = load_knowledge(url, _scope(CONV))
-    assert knowledge.cost_model is not None and knowledge.cost_model.rows == 24
+    assert knowledge.cost_model is not None and knowledge.cost_model.rows == 40
     # the first job started cold: nothing ranked its first round (the seeds and random picks)
     assert all(p is None for p in _predictions(url, first)[:4])
 
@@ -80,10 +94,16 @@ def test_a_second_job_ranks_its_first_round_with_the_model_the_first_job_trained
     with session_scope(url) as s:
         row = s.scalar(select(KnowledgeSample).where(KnowledgeSample.job_id == second))
         batch = Samples.from_bytes(row.workload_key, bytes(row.data))
-    assert batch.features.shape == (24, PROGRAM_WIDTH)
+    assert batch.features.shape == (40, PROGRAM_WIDTH)
     assert np.ptp(knowledge.cost_model.predict(batch.features)) > 0
     refit = load_knowledge(url, _scope(CONV)).cost_model
-    assert refit.rows == 48 and refit.workloads == 2, "the second job's trials joined the training set"
+    assert refit.rows == 80 and refit.workloads == 2, "the second job's trials joined the training set"
+    # and its agents started from the first job's policies, and kept what they learned on top
+    assert (f"ppo{ppo.POLICY_VERSION}/conv2d/float32/layout/8x4", True) in loaded, loaded
+    assert all(ok for _, ok in loaded)
+    with session_scope(url) as s:
+        kept = {m.name: m.job_id for m in LearnedModel.where_scope(s, _scope(CONV)) if m.name != COST_MODEL}
+    assert kept[f"ppo{ppo.POLICY_VERSION}/conv2d/float32/layout/8x4"] == second
 
 
 def test_a_cost_model_of_an_older_feature_version_is_ignored_with_a_log_line(learning_sqlite, caplog):
@@ -102,7 +122,7 @@ def test_a_cost_model_of_an_older_feature_version_is_ignored_with_a_log_line(lea
     job_id = _run(learning, CONV)  # starts cold, and its model replaces the old one
     assert all(p is None for p in _predictions(url, job_id)[:4])
     model = load_knowledge(url, _scope(CONV)).cost_model
-    assert model is not None and model.version == FEATURE_VERSION and model.rows == 24
+    assert model is not None and model.version == FEATURE_VERSION and model.rows == 40
 
 
 def test_another_device_starts_cold_and_learning_off_keeps_nothing(learning_sqlite):

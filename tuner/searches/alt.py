@@ -53,8 +53,12 @@ layout actor proposes from the joint stage's first round: the hand-enumerated la
 channels last untiled) are not tried, the user's own layouts come second, and the blocked seeds go to the
 actor's first layout (`next_layout`, `seed_configs`). Without a stored policy the search is what it was cold.
 
-The search is this module; what it keeps per layout and the helpers of a round are `alt_points`, and
-where it starts beyond the paper (a oneDNN-like first layout, known loop nests) `alt_seeds`.
+The search is this module; what it keeps per layout and the helpers of a round are `alt_points`, where it
+starts beyond the paper (a oneDNN-like first layout, known loop nests) `alt_seeds`, and its agents' policies across
+jobs `alt_policies`.
+
+Over 600 lines: one search's lifecycle, whose two stages, layout choices and loop rounds all read and write the
+same per-layout state; what stands apart (points, seeds, policies) is in its own modules already.
 
 Layering: `tuner` never imports `service`; it imports `compiler`.
 """
@@ -74,11 +78,12 @@ from ..cost_models import CostModel, CostModelKind, make_cost_model
 from ..features import MSFeatures
 from ..knowledge import Knowledge
 from ..measurers.base import Candidate, Measurer
-from ..ppo import Critic, LayoutActor, LoopActor, action_of, factor_of, policy_key
+from ..ppo import Critic, LayoutActor, LoopActor, action_of, factor_of
 from ..spaces.base import Config, InvalidConfig, ScheduleFailed, config_key, sample_unique
 from ..spaces.layout import LayoutSpace, has_layout, interface_space, join_config, split_config
 from ..spaces.loop import LoopSpace, loop_space
 from ..task import Task, Trial
+from .alt_policies import CarriedPolicies
 from .alt_points import IDENTITY, LayoutPoint, point_features, random_directions, walk
 from .alt_seeds import first_layout, loop_seeds
 from .base import Proposal, Search, never, noop
@@ -87,7 +92,7 @@ from .picks import pick, seat_seeds
 log = logging.getLogger(__name__)
 
 
-class ALTSearch(Search):
+class ALTSearch(CarriedPolicies, Search):
     """ALT's two-stage cross exploration (see the module doc)."""
 
     def __init__(
@@ -431,39 +436,6 @@ class ALTSearch(Search):
         self.keep_policies()
         return trials
 
-    # -- policies across jobs ---------------------------------------------------
-
-    def agent_key(self, actor: LayoutActor | LoopActor, agent: str) -> str:
-        """The key of an agent's policy on this search's target (`tuner.ppo.policy_key`)."""
-        return policy_key(self.family, agent, actor.state_dim, actor.n_params)
-
-    def _warm(self, actor: LayoutActor | LoopActor, agent: str) -> bool:
-        """Loads the policy of the agent's key where `knowledge` holds one (with `ppo` only: the ablation's
-        agents neither load nor store); whether it did."""
-        if not self.ppo or self.knowledge is None:
-            return False
-        key = self.agent_key(actor, agent)
-        data = self.knowledge.policy(key)
-        return data is not None and actor.load_state(data, source=key)
-
-    def keep_policies(self) -> None:
-        """Keeps what the agents learned in this search into `knowledge` (an agent that never updated keeps
-        nothing: the stored policy stays). Loop actors of layouts whose spaces have the same dimensions share a
-        key: the one kept is the actor of the fastest layout among them, the layout the loop stage tuned in
-        (so mostly also the one updated most), whose walks led to the best program; a layout tried for one
-        joint round would overwrite it with a few walks' worth of learning."""
-        if not self.ppo or self.knowledge is None:
-            return
-        if self.free and self.layout_actor.updates:
-            self.knowledge.keep_policy(self.agent_key(self.layout_actor, "layout"), self.layout_actor.state_bytes())
-        kept: set[str] = set()
-        learned = [p for p in self.points.values() if p.actor is not None and p.actor.updates]
-        for p in sorted(learned, key=lambda p: math.inf if p.best_ms is None else p.best_ms):
-            key = self.agent_key(p.actor, self.loop_agent(p))
-            if key not in kept:
-                kept.add(key)
-                self.knowledge.keep_policy(key, p.actor.state_bytes())
-
     def _start_proposals(self, start_from: Sequence[Config]) -> list[Proposal]:
         out = []
         for config in start_from:
@@ -623,12 +595,6 @@ class ALTSearch(Search):
             p.actor = LoopActor(n, n, Critic(n, seed=self.seed), seed=self.seed)
             self._warm(p.actor, self.loop_agent(p))
         return p.actor
-
-    @staticmethod
-    def loop_agent(p: LayoutPoint) -> str:
-        """The loop actor's agent name in its key: the user's layouts' loops (the untransformed program's) are
-        another space than a layout program's, whose knobs include its conversions' placements."""
-        return "loop-as-given" if p.identity else "loop"
 
     def _directions(self, actor: LoopActor, state: list[float], n_knobs: int, n: int) -> list[list[int]]:
         """`n` walks' directions: the loop actor's, or (the ablation) random with the untrained actor's odds."""

@@ -160,6 +160,11 @@ class FusionSpace(SearchSpace):
             text = str(e).strip().splitlines()
             raise ScheduleFailed(f"schedule failed: {type(e).__name__}: {text[-1] if text else ''}") from e
 
+    @property
+    def feature_module(self) -> tvm.IRModule:
+        """The task's program (a blocked layout's has other buffers, not another signature for the features)."""
+        return tvm.IRModule({"main": self.prim_func})
+
     def volume(self) -> int:
         """How many configurations the space holds."""
         return math.prod(len(k.choices) for k in self._knobs)
