@@ -57,7 +57,7 @@ from bench.ablation_report import ARMS, arm_name, best_so_far, settle, summary, 
 from bench.baselines import metaschedule
 from bench.common import RESULTS_DIR, source_commit
 from bench.environment import environment
-from bench.ops_cases import Case
+from bench.ops_cases import Case, pick
 from compiler.target import host_cpu, target_key
 from compiler.workloads.subgraphs import SUBGRAPHS
 from tuner import LocalMeasurer
@@ -118,17 +118,6 @@ ARM_OPTIONS: dict[str, tuple[dict[str, Any], bool]] = {
     "c": ({"ppo": False, "cost_model": "xgb"}, True),
     "d": ({"ppo": True, "cost_model": "xgb"}, True),
 }
-
-
-def pick(cases: Sequence[Case], names: Sequence[str] | None) -> list[Case]:
-    """The named cases of `cases` in the given order, all of them when `names` is empty (ValueError: unknown)."""
-    if not names:
-        return list(cases)
-    by_name = {c.name: c for c in cases}
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise ValueError(f"unknown case(s): {', '.join(unknown)}; known: {', '.join(by_name)}")
-    return [by_name[n] for n in names]
 
 
 def make_task(case: Case) -> Task:

@@ -8,6 +8,7 @@ tensor-instruction paper's shapes); each with its default budget (`SUITES`).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -162,13 +163,18 @@ def select(suite: str, names: list[str] | None) -> list[Case]:
     """The cases of `suite`, or the named ones in the given order (ValueError for an unknown name)."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite: {suite!r}; known: {', '.join(SUITES)}")
-    cases = SUITES[suite][0]
+    return pick(SUITES[suite][0], names, f" in suite {suite}")
+
+
+def pick(cases: Sequence[Case], names: Sequence[str] | None, where: str = "") -> list[Case]:
+    """The named cases of `cases` in the given order, all of them when `names` is empty (ValueError for an unknown
+    name, saying `where` it was looked for)."""
     if not names:
         return list(cases)
     by_name = {c.name: c for c in cases}
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise ValueError(f"unknown case(s) in suite {suite}: {', '.join(unknown)}; known: {', '.join(by_name)}")
+        raise ValueError(f"unknown case(s){where}: {', '.join(unknown)}; known: {', '.join(by_name)}")
     return [by_name[n] for n in names]
 
 
