@@ -29,8 +29,7 @@ def run_operator_job(run: JobRun) -> None:
     key = schedule_key(workload.key, request)
     task_id, prior, start_from = _prepare(run, key, request.budget)
 
-    learn = run.settings.learn
-    knowledge = load_knowledge(run.url, scope_of(request)) if learn else None
+    knowledge = load_knowledge(run.url, scope_of(request)) if run.settings.learn else None
     measurer = measurer_for(run.settings, request)
     try:
         result = tune_operator(task, request, measurer=measurer, prior=prior, start_from=start_from,

@@ -427,9 +427,10 @@ TRANSFERRED = 4  # the nearest stored schedules of a task's form carried to it: 
 def _ranked(task: Task, configs: Sequence[dict], model: TargetModel) -> list[int]:
     """The indexes of `configs` (of `task`'s loop space), best first as `model` predicts from their program
     features; their order unchanged when they cannot be featurized."""
+    space = transfer.space_of(task)  # the space `transfer.adapt` carried them into
+    if space is None:
+        return list(range(len(configs)))
     try:
-        space = make_space("fusion" if reductions(task.prim_func) > 1 else "loop", task.prim_func, None,
-                           vector_unit(task.target))
         featurize = Featurizer(space, task.target)
         if not featurize.program_features:
             return list(range(len(configs)))

@@ -74,3 +74,27 @@ def test_bytes_of_another_feature_version_are_never_read(caplog, mangle):
         assert TargetModel.from_bytes(data, source="stored") is None
     assert "stored:" in caplog.text and "starting cold" in caplog.text
     assert TargetModel.from_bytes(TargetModel.fit([_workload(rng, "w", 32, 1.0)]).to_bytes()).version == FEATURE_VERSION
+
+
+def test_transferred_schedules_are_ordered_by_the_target_models_prediction():
+    """`tuner.model._ranked`: the carried configurations best first as the target model predicts from their program
+    features in the task's loop space."""
+    from compiler.target import resolve_target
+    from compiler.workloads import make_workload
+    from tuner import Task
+    from tuner.features import Featurizer
+    from tuner.model import _ranked
+    from tuner.transfer import space_of
+
+    wl = make_workload("dense", {"m": 32, "n": 32, "k": 32})
+    task = Task("dense", wl.key, wl.prim_func, resolve_target("host"))
+    space = space_of(task)
+    configs = space.sample(np.random.default_rng(0), 6)
+    rows = Featurizer(space, task.target)(configs)[:, -PROGRAM_WIDTH:]
+    rng = np.random.default_rng(3)
+    model = TargetModel.fit([Samples("w", rows, [float(v) for v in rng.random(6) + 0.1]),
+                             _workload(rng, "x", 40, 1.0)])
+    order = _ranked(task, configs, model)
+    predicted = model.predict(rows)
+    assert sorted(order) == list(range(6))
+    assert [float(predicted[i]) for i in order] == sorted((float(p) for p in predicted), reverse=True)
