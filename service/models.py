@@ -113,6 +113,10 @@ class Job(Base):
         return cls.owner_id.is_(None) if token_id is None else cls.owner_id == token_id
 
 
+# the jobs stream of a token that sees only its own jobs (`ALTUNE_JOBS_VISIBLE=own`): its changes since a moment
+Index("ix_jobs_owner_id_updated_at", Job.owner_id, Job.updated_at)
+
+
 @dataclass(frozen=True)
 class Owner:
     """Whose jobs: a token's id, or None for the anonymous ones."""
@@ -219,6 +223,9 @@ class TuningTask(Base):
         return list(session.scalars(select(cls).where(cls.job_id == job_id).order_by(cls.index)).all())
 
 
+Index("ix_tasks_workload_key", TuningTask.workload_key)  # the jobs list's `workload` filter
+
+
 class TrialRow(Base):
     """One on-device measurement of one configuration."""
 
@@ -271,6 +278,16 @@ class TrialRow(Base):
         ).all()
         count = session.scalar(select(func.count()).select_from(cls).where(cls.job_id == job_id)) or 0
         return list(rows), count
+
+
+# The read path (0009_read_indexes): a job's trials by id with what its chart needs (the streams' cursor, paging in
+# measurement order, the chart's buckets, read from the index alone), by latency (paging by latency, counting
+# errors), by stage (stage counts, the joint / loop-only boundary), its newest trial, and each task's best.
+Index("ix_trials_job_id_id", TrialRow.job_id, TrialRow.id, TrialRow.task_id, TrialRow.latency_ms)
+Index("ix_trials_job_id_latency_ms", TrialRow.job_id, TrialRow.latency_ms, TrialRow.id)
+Index("ix_trials_job_id_stage", TrialRow.job_id, TrialRow.stage, TrialRow.id)
+Index("ix_trials_job_id_created_at", TrialRow.job_id, TrialRow.created_at)
+Index("ix_trials_task_id_latency_ms", TrialRow.task_id, TrialRow.latency_ms, TrialRow.id)
 
 
 @dataclass(frozen=True)
