@@ -165,7 +165,45 @@ class TrialPublic(BaseModel):
 
 class TrialsPublic(BaseModel):
     data: list[TrialPublic]
-    count: int
+    count: int = Field(description="the job's trials that match the `status` filter, on every page")
+    next: str | None = Field(None, description="pass as `cursor` for the next page; null on the last page")
+
+
+class ChartPointPublic(BaseModel):
+    """A bucket of consecutive trials, numbered from 1 in measurement order."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    first: int = Field(description="the number of the bucket's first trial")
+    last: int = Field(description="the number of its last trial")
+    errors: int = Field(description="its trials that failed (no latency)")
+    min_ms: float | None = Field(description="its fastest trial's latency (null: every one failed)")
+    max_ms: float | None = Field(description="its slowest trial's latency")
+    best_ms: float | None = Field(description="the job's best latency up to and including this bucket")
+
+
+class TaskBestPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    task_id: int
+    last: int = Field(description="the last trial of the bucket in which the task's best latency improved")
+    best_ms: float = Field(description="the task's best latency from then on")
+
+
+class TrialChartPublic(BaseModel):
+    """A job's search curve downsampled on the server: at most `points` buckets however many trials it has."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    count: int = Field(description="trials counted (those up to `last_id`)")
+    last_id: int = Field(description="the newest trial counted: resume the job's event stream from it "
+                                     "(`?last_event_id=`) and nothing is missed or sent twice")
+    points: list[ChartPointPublic]
+    task_best: list[TaskBestPublic] = Field(description="each task's best-so-far steps (for a job of several tasks)")
+    stage_boundary: int | None = Field(description="the number of the first loop-only trial after joint-stage ones")
+    stages: dict[str, int] = Field(description="trials per search stage (joint, loop)")
+    timeouts: int = Field(description="error trials that timed out")
+    best: list[TrialPublic] = Field([], description="each task's fastest measured trial, in task order")
 
 
 class SchedulePublic(BaseModel):

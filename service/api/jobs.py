@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse
 from sqlalchemy import delete, func, select, update
 
+from service import trial_reads
 from service.api.auth import ReadCaller, WriteCaller, too_many, visible_owner
 from service.api.common import JobId, Offset, check_target, errors
 from service.api.deps import SessionDep, SettingsDep, invalid
 from service.db import utcnow
-from service.models import FINISHED, Artifact, Job, TrialRow
+from service.models import FINISHED, Artifact, Job
 from service.quotas import QuotaExceeded, check_new_job
 from service.settings import Settings
 from service.tokens import Caller
-from service.schemas import JobPublic, JobsPublic, OperatorJobCreate, TrialsPublic
+from service.schemas import JobPublic, JobsPublic, OperatorJobCreate, TrialChartPublic, TrialPublic, TrialsPublic
+from service.trial_reads import Cursor, TrialSort, TrialStatus
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -30,7 +32,8 @@ def job_public(session: SessionDep, job: Job) -> JobPublic:
     """The job as the API shows it: its row, whether it has an artifact, and its trials per stage."""
     out = JobPublic.model_validate(job)
     out.has_artifact = Artifact.find_by_job(session, job.id) is not None
-    out.trials_by_stage, out.last_trial_at = TrialRow.stage_summary(session, job.id)
+    summary = trial_reads.stage_summaries(session, [job.id])
+    out.trials_by_stage, out.last_trial_at = summary.get(job.id, ({}, None))
     return out
 
 
@@ -38,7 +41,7 @@ def jobs_public(session: SessionDep, jobs: list[Job]) -> list[JobPublic]:
     """`job_public` of a page of jobs in two queries, not two per job (the list is the dashboard's busiest read)."""
     ids = [j.id for j in jobs]
     with_artifact = Artifact.where_jobs(session, ids)
-    summaries = TrialRow.stage_summaries(session, ids)
+    summaries = trial_reads.stage_summaries(session, ids)
     out = []
     for job in jobs:
         public = JobPublic.model_validate(job)
@@ -135,13 +138,50 @@ def read_trials(
     session: SessionDep,
     settings: SettingsDep,
     caller: ReadCaller,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000, description="trials per page")] = 100,
+    cursor: Annotated[str | None, Query(max_length=64, description="the `next` of the page before")] = None,
+    sort: Annotated[TrialSort, Query(description="`id`: measurement order; `latency`: the measured trials fastest "
+                                                 "first, then the error trials")] = "id",
+    order: Annotated[Literal["asc", "desc"], Query(description="`desc`: newest (or slowest) first")] = "asc",
+    status: Annotated[TrialStatus, Query(description="`ok`: measured trials only; `error`: failed ones only")] = "all",
     offset: Offset = 0,
 ) -> TrialsPublic:
-    """Page through every measured trial of a job, in measurement order."""
+    """Page through a job's trials: in measurement order, or by latency; `next` is the cursor of the next page.
+
+    Each page is one indexed query, however many trials the job has. `offset` (by id only) is the older way of
+    paging, kept for clients that use it; it costs the rows it skips.
+    """
+    if offset and (cursor is not None or sort != "id"):
+        raise invalid(("query", "offset"), "offset pages by id only and not with a cursor: follow `next` instead")
+    try:
+        after = None if cursor is None else Cursor.decode(cursor, sort)
+    except ValueError as e:
+        raise invalid(("query", "cursor"), str(e)) from None
     job_or_404(session, job_id, caller, settings)
-    rows, count = TrialRow.where_job(session, job_id, limit, offset)
-    return TrialsPublic(data=rows, count=count)
+    rows, following = trial_reads.where_page(session, job_id, limit=limit, sort=sort, desc=order == "desc",
+                                             status=status, cursor=after, offset=offset)
+    return TrialsPublic(data=rows, count=trial_reads.count_trials(session, job_id, status),
+                        next=None if following is None else following.encode(sort))
+
+
+@router.get("/{job_id}/trials/chart", response_model=TrialChartPublic, responses=errors(404))
+def read_trial_chart(
+    job_id: JobId,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: ReadCaller,
+    points: Annotated[int, Query(ge=10, le=5000, description="at most this many buckets")] = 1000,
+) -> TrialChartPublic:
+    """A job's search curve in at most `points` buckets, with trials per stage and each task's best trial.
+
+    Each bucket holds consecutive trials: their fastest and slowest latency, the errors among them, the job's best
+    latency so far. Computed in the database from an index (no trial's configuration is read), so a job of
+    100,000 trials answers as fast as one of 1,000.
+    """
+    job_or_404(session, job_id, caller, settings)
+    out = TrialChartPublic.model_validate(trial_reads.chart(session, job_id, points))
+    out.best = [TrialPublic.model_validate(t) for t in trial_reads.where_best_per_task(session, job_id)]
+    return out
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=errors(403, 404, 409))
