@@ -238,7 +238,7 @@ class _BenchHooks(ModelTuneHooks):
 
     def on_round(self, task: Any, result: Any) -> None:
         latency = result.best.latency_ms if result.best is not None else None
-        print(f"      round: {task.name} (weight {task.weight}) +{len(result.trials)} trials, best "
+        print(f"      round: {task.name} (weight {task.weight}) +{result.spent} trials, best "
               f"{fmt_ms(latency)} ms (untuned {fmt_ms(result.baseline_ms)})", file=self.log, flush=True)
 
 

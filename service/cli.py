@@ -77,6 +77,8 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     check_schema(settings.resolved_database_url)
+    # below the API's priority: its measurement and build processes inherit it, and the dashboard stays responsive
+    os.nice(settings.worker_nice)
     worker = Worker(settings)
     # SIGTERM (from `altune serve`, a process manager, or the kernel when the server dies) stops the worker:
     # the job in hand is released for the next worker, which resumes it from its trials

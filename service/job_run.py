@@ -144,7 +144,7 @@ class JobRun:
                 .values(
                     trials_done=Job.trials_done + 1,
                     errors=Job.errors + (1 if trial.error else 0),
-                    best_latency_ms=_min_sql(Job.best_latency_ms, latency),
+                    best_latency_ms=min_sql(Job.best_latency_ms, latency),
                 )
             ).rowcount
             if owned != 1:
@@ -157,7 +157,7 @@ class JobRun:
             )
             values = {"trials_done": TuningTask.trials_done + 1}
             if latency is not None:
-                values["best_latency_ms"] = _min_sql(TuningTask.best_latency_ms, latency)
+                values["best_latency_ms"] = min_sql(TuningTask.best_latency_ms, latency)
             s.execute(update(TuningTask).where(TuningTask.id == task_id).values(**values))
             if latency is not None:
                 task = s.get(TuningTask, task_id)
@@ -193,8 +193,9 @@ def measurer_for(settings: Settings, request: TuneRequest | ModelTuneRequest) ->
     """Where a job's candidates are measured (`tuner.make_measurer`): on a device leased from the RPC tracker when
     the request names a `device`, else by the worker's own measurer (`ALTUNE_MEASURER`: its own CPU, by default)."""
     if request.device is None:
-        local = {"timeout_s": settings.measure_timeout, "pipeline": request.pipeline}
-        return make_measurer(settings.measurer, **(local if settings.measurer == "local" else {}))
+        if settings.measurer == "simulated":
+            return make_measurer("simulated", delay_s=settings.simulated_delay_seconds)
+        return make_measurer("local", timeout_s=settings.measure_timeout, pipeline=request.pipeline)
     if settings.rpc_tracker is None:
         raise RuntimeError(f"the job is to be measured on device {request.device!r}, but this worker has no RPC "
                            "tracker: start it with ALTUNE_RPC_TRACKER=HOST:PORT")
@@ -202,7 +203,7 @@ def measurer_for(settings: Settings, request: TuneRequest | ModelTuneRequest) ->
                          timeout_s=settings.measure_timeout, pipeline=request.pipeline)
 
 
-def _min_sql(column, value: float | None):
+def min_sql(column, value: float | None):
     """SQL for min(column, value) that treats NULL as +infinity on every backend."""
     if value is None:
         return column

@@ -49,9 +49,11 @@ def load_knowledge(url: str, scope: str) -> Knowledge:
     return knowledge
 
 
-def save_knowledge(url: str, scope: str, knowledge: Knowledge, job_id: int | None) -> dict[str, Any]:
+def save_knowledge(url: str, scope: str, knowledge: Knowledge, job_id: int | None, *, refit_model: bool = True
+                   ) -> dict[str, Any]:
     """Appends the job's samples (one row per workload), stores its agents' policies, refits the scope's cost model
-    on its latest `MAX_ROWS` rows; returns what was kept (for the job's report)."""
+    on its latest `MAX_ROWS` rows (unless not `refit_model`: a round another worker ran for a job whose own worker
+    refits at its end); returns what was kept (for the job's report)."""
     merged: dict[str, list[Samples]] = {}
     for batch in knowledge.samples:
         merged.setdefault(batch.workload_key, []).append(batch)
@@ -64,7 +66,7 @@ def save_knowledge(url: str, scope: str, knowledge: Knowledge, job_id: int | Non
             added += len(joined.latencies_ms)
         for key, data in knowledge.updated_policies.items():
             LearnedModel.upsert(s, scope, key, data, 0, job_id)
-    model = refit(url, scope, job_id) if added else None
+    model = refit(url, scope, job_id) if added and refit_model else None
     return {"samples": added, "policies": len(knowledge.updated_policies),
             "cost_model_rows": model.rows if model is not None else None}
 

@@ -53,6 +53,7 @@ from service.knowledge import load_knowledge, save_knowledge, scope_of
 from service.model_build import GRAPH_FILES, build_in_child, copy_regular
 from service.models import Job, Schedule, TuningTask
 from service.requests import model_tune_request, schedule_key
+from service.rounds import JobRounds, cancel_rounds
 from service.settings import Settings
 from tuner import Trial
 from tuner import transfer
@@ -76,17 +77,23 @@ class JobHooks(ModelTuneHooks):
     def should_stop(self) -> bool:
         return self.run.should_stop()
 
-    def on_trial(self, task: ModelTask, trial: Trial) -> None:
-        if task.workload_key not in self.rows:  # a task of a layout the joint stage tried
+    def task_row(self, name: str, workload_key: str, weight: int) -> int:
+        """The id of the task's row, added on its first trial or round (a task of a layout the joint stage
+        tried, a task of the model)."""
+        if workload_key not in self.rows:
             def add(s: Any) -> None:
-                row = TuningTask(job_id=self.run.job_id, index=len(self.rows), name=task.name[:128],
-                                 workload_key=task.workload_key, weight=task.weight, budget=0)
+                row = TuningTask(job_id=self.run.job_id, index=len(self.rows), name=name[:128],
+                                 workload_key=workload_key, weight=weight, budget=0)
                 s.add(row)
                 s.flush()
-                self.rows[task.workload_key] = row.id
+                self.rows[workload_key] = row.id
 
             self.run.write("task", add)
-        self.run.record_trial(self.rows[task.workload_key], trial)
+        return self.rows[workload_key]
+
+    def on_trial(self, task: ModelTask, trial: Trial) -> None:
+        """A trial of the joint stage (the rounds' trials are written by the workers running them)."""
+        self.run.record_trial(self.task_row(task.name, task.workload_key, task.weight), trial)
         self.measured += 1
 
     def on_layouts(self, blocks: dict[str, list[int]], report: dict) -> None:
@@ -95,6 +102,7 @@ class JobHooks(ModelTuneHooks):
             layout_blocks=blocks, report=dict(self.report))))
 
     def on_round(self, task: ModelTask, result: Any) -> None:
+        self.measured += result.spent
         if result.baseline_ms is not None and task.workload_key in self.rows:
             row_id = self.rows[task.workload_key]
             self.run.write("baseline", lambda s: s.execute(
@@ -181,6 +189,7 @@ def _stopped(run: JobRun, reason: str) -> None:
 
 
 def _run_model_job(run: JobRun, work: Path) -> None:
+    cancel_rounds(run.url, run.job_id)  # a worker before this one left them: it resumes from their trials
     with session_scope(run.url) as s:
         job = Job.find_or_raise_by_id(s, run.job_id)
         spec, blocks, report = dict(job.spec), job.layout_blocks, job.report or {}
@@ -210,7 +219,16 @@ def _run_model_job(run: JobRun, work: Path) -> None:
             report, build_s = _anytime_artifact(run, graph, request, history, measurer, work, spec, torch_ms,
                                                 report, anytime)
         hooks = JobHooks(run, rows, report, request.budget, sum(len(v) for v in trials.values()), build_s)
-        tuned = tune_model(graph, request, measurer=measurer, history=history, hooks=hooks, knowledge=knowledge)
+        # the tasks' rounds go to every worker on the database, this one included (`service.rounds`)
+        rounds = JobRounds(run.worker, run.job_id, request, lambda r: hooks.task_row(r.task.name, r.task.workload_key,
+                                                                                     r.weight),
+                           measurer=measurer, knowledge=knowledge, should_stop=run.should_stop,
+                           make_measurer=lambda req: measurer_for(run.settings, req))
+        try:
+            tuned = tune_model(graph, request, measurer=measurer, history=history, hooks=hooks, knowledge=knowledge,
+                               rounds=rounds)
+        finally:
+            rounds.close()
     finally:
         measurer.close()
     if knowledge is not None and run.stop_reason != "lease":  # a cancelled job's measurements are as real

@@ -396,6 +396,27 @@ class Schedule(Base):
         return list(rows), count
 
 
+class TaskRound(Base):
+    """A round of a model job's task ("measure n more candidates"), claimed by any worker under a lease
+    (`service.rounds`)."""
+
+    __tablename__ = "task_rounds"
+    __table_args__ = (Index("ix_task_rounds_job_status", "job_id", "status"),
+                      Index("ix_task_rounds_status_id", "status", "id"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default="queued")  # queued | running | done | cancelled
+    payload: Mapped[dict[str, Any]]
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime)
+    attempts: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
 class Artifact(Base):
     """A compiled, downloadable result of a job."""
 

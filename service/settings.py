@@ -50,6 +50,13 @@ class Settings(BaseSettings):
         "local", description="how a worker measures a job that names no device: local (built and run on this "
                              "machine) or simulated (nothing built; a latency that is a fixed function of the "
                              "configuration: for load tests and scaling benchmarks, never for real tuning)")
+    simulated_delay_seconds: float = Field(
+        0.0, ge=0, description="with the simulated measurer: wall-clock seconds each measurement takes (a sleep, no "
+                               "CPU work: a device's time, for scaling benchmarks)")
+    worker_nice: int = Field(
+        10, ge=0, le=19, description="how much a worker lowers its CPU priority (and its measurement and build "
+                                     "processes', which inherit it) below the API's: the dashboard stays responsive "
+                                     "while tuning runs on the same cores; 0 keeps the same priority")
     db_retry_seconds: float = Field(
         120.0, ge=0, description="how long a worker keeps retrying a database write (a trial, a finished job) while "
                                  "the database is unreachable or locked before it leaves the job to its lease; an "
@@ -84,6 +91,12 @@ class Settings(BaseSettings):
     upload_queue: int = Field(
         2, ge=0, description="model submissions (uploads and zoo jobs) that may wait for one of the "
                              "`sandbox_processes`; more at once are refused with 503 and Retry-After")
+    max_streams: int = Field(
+        200, ge=0, description="event streams (`/events`, `/jobs/{id}/events`) the API keeps open at once; one more "
+                               "is refused with 429 (each dashboard tab holds one or two)")
+    max_streams_per_token: int = Field(
+        20, ge=0, description="event streams one token keeps open at once (requests without a token: per client "
+                              "address); one more is refused with 429")
     worker_restart_max_seconds: float = Field(
         60.0, gt=0, description="`altune serve` restarts a worker that died after 1 s, doubling the wait for each "
                                 "death in a row up to this many seconds (a worker that ran a minute starts over)")

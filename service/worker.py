@@ -1,4 +1,5 @@
-"""The worker: claims a queued job under a lease it keeps renewing, tunes it, stores every trial at once.
+"""The worker: claims a queued job under a lease it keeps renewing, tunes it, stores every trial at once; with no
+job to claim, it runs a round of another worker's model job (`service.rounds`).
 
 A job is claimable when it is queued, or running with an expired lease (its
 worker died): the new owner resumes from the trials already in the database.
@@ -29,10 +30,11 @@ from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import aliased
 
 from service.db import StorageError, session_scope
-from service.job_run import JobRun, LeaseLost, db_now
+from service.job_run import JobRun, LeaseLost, db_now, measurer_for
 from service.model_worker import run_model_job
 from service.models import Job, Token
 from service.operator_job import run_operator_job
+from service.rounds import claim_round, execute_round, release_rounds
 from service.settings import Settings
 
 log = logging.getLogger("altune.worker")
@@ -126,7 +128,7 @@ class Worker:
             if down_since is not None:
                 log.warning("worker %s: database back after %.1f s", self.worker_id, time.monotonic() - down_since)
                 down_since = None
-            if job_id is None:
+            if job_id is None and self.run_round_once() is None:
                 self._stop.wait(self.settings.poll_seconds)
 
     def retry_db(self, what: str, write: Callable[[], T]) -> T:
@@ -160,6 +162,7 @@ class Worker:
                     .where(Job.worker_id == self.worker_id, Job.status == "running")
                     .values(lease_expires_at=db_now(s) - timedelta(seconds=1))
                 )
+            release_rounds(self.url, self.worker_id)
         except Exception:  # shutting down: the lease runs out by itself if the database is not there
             log.exception("worker %s: could not release its job", self.worker_id)
 
@@ -169,6 +172,14 @@ class Worker:
         if job_id is not None:
             self.run_job(job_id)
         return job_id
+
+    def run_round_once(self) -> int | None:
+        """Claim one round of another worker's model job and run it (`service.rounds`); its id, or None when no
+        round waits."""
+        round_id = claim_round(self)
+        if round_id is not None:
+            execute_round(self, round_id, make_measurer=lambda request: measurer_for(self.settings, request))
+        return round_id
 
     def stop(self) -> None:
         self._stop.set()

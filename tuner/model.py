@@ -69,10 +69,11 @@ from .knowledge import PROGRAM_WIDTH, Knowledge, TargetModel
 from .graph_layout import default_schedule_latency, joint_budget, search_layouts, tunable
 from .measurers import Measurer
 from .request import ModelTuneRequest
+from .rounds import InlineRounds, Round, RoundDone, Rounds
 from .scheduler import GradientScheduler, RoundResult, estimated_latency, round_size
 from .spaces import make_space, reductions
 from .task import Task, Trial, best_trial
-from .tune import apply_config, remeasure_best, remeasure_count, tune
+from .tune import apply_config, remeasure_best, remeasure_count
 
 log = logging.getLogger("altune.model")
 
@@ -270,7 +271,7 @@ def lower_model(graph: ModelGraph, request: ModelTuneRequest, blocks: Mapping[st
 
 def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measurer,
                history: ModelHistory | None = None, hooks: ModelTuneHooks | None = None,
-               knowledge: Knowledge | None = None) -> ModelTuneResult:
+               knowledge: Knowledge | None = None, rounds: Rounds | None = None) -> ModelTuneResult:
     """Tunes every tunable task of the model under one budget (see the module docstring); the measurer stays open.
 
     Args:
@@ -281,6 +282,9 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         hooks: told of every trial and estimate; polled to stop.
         knowledge: what the target learned in earlier jobs (`tuner.knowledge`): every task's search starts warm from
             its cost model, and records its measurements into it; None: cold.
+        rounds: who runs the tasks' rounds (`tuner.rounds`): the service's spread them over its workers, which
+            persist their trials themselves (`hooks.on_trial` hears only the joint stage's then); None: this
+            process, one at a time (`InlineRounds`, every trial to `hooks.on_trial`).
     """
     history = history or ModelHistory()
     hooks = _Guarded(hooks or ModelTuneHooks())
@@ -332,31 +336,27 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         if estimate is not None:
             hooks.on_estimate(estimate)
 
-    def tune_round(i: int, n: int) -> RoundResult:
+    def make_round(i: int, n: int) -> Round:
         o = outcomes[i]
         # a task's start is measured first (the seed or transferred schedule it would be served with unmeasured),
         # then a complex operator's other register-blocked nests; its untuned nest (the search's other seed, for
         # memory-bound programs) is left out: a conv's runs tens of times slower, seconds per measurement
-        complex_op = o.model_task.complex
-        start_from = [] if o.trials else [*([o.start.config] if o.start else []), *o.carried,
-                                          *o.seeds]
-        try:
-            result = tune(o.task, len(o.trials) + n, seed=request.seed, prior=o.trials, start_from=start_from,
-                          on_trial=lambda trial: record(o.model_task, trial), should_stop=hooks.should_stop,
-                          measurer=measurer, replay=False, seeds=not complex_op, knowledge=knowledge)
-        except Exception as e:  # noqa: BLE001 - one task's failing search never fails the model job
-            hooks.reraise()
-            log.exception("task %s: its search failed", o.task.name)
-            o.error = f"{type(e).__name__}: {str(e)[:300]}"
-            o.trials = trials.get(o.task.workload_key, [])
-            o.best = best_trial(o.trials)
-            b = o.best.latency_ms if o.best is not None else None
-            return RoundResult(b, 0)  # not given another round
-        o.trials = trials[o.task.workload_key]
-        o.best, o.untuned_ms = result.best, result.baseline_ms
-        hooks.on_round(o.model_task, result)
+        start_from = [] if o.trials else [*([o.start.config] if o.start else []), *o.carried, *o.seeds]
+        return Round(i, o.task, n, len(o.trials), start_from, seeds=not o.model_task.complex, seed=request.seed,
+                     weight=o.model_task.weight)
+
+    def finished(done: RoundDone) -> RoundResult:
+        o = outcomes[done.round.index]
+        o.trials = trials[o.task.workload_key] = list(done.trials)
+        o.best = best_trial(o.trials)
+        if done.error is not None:  # one task's failing search never fails the model job
+            o.error = done.error
+            return RoundResult(o.best.latency_ms if o.best is not None else None, 0)  # not given another round
+        if done.baseline_ms is not None:
+            o.untuned_ms = done.baseline_ms
+        hooks.on_round(o.model_task, done)
         publish()
-        return RoundResult(result.best.latency_ms if result.best is not None else None, len(result.trials))
+        return RoundResult(o.best.latency_ms if o.best is not None else None, done.spent)
 
     # a task with a stored schedule is served with it and measured no more; the others share the budget, the
     # largest estimated share of the model's time first (the scheduler's warm-up goes in this order)
@@ -365,8 +365,10 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     left = request.budget - spent
     if fresh and left > 0 and not hooks.should_stop():
         per_round = round_size(left, len(fresh), request.trials_per_round)
-        scheduler = GradientScheduler([outcomes[i].model_task.weight for i in fresh],
-                                      lambda j, n: tune_round(fresh[j], n), left,
+        runner = rounds or InlineRounds(measurer, knowledge=knowledge,
+                                        on_trial=lambda r, trial: record(outcomes[r.index].model_task, trial),
+                                        should_stop=hooks.should_stop, reraise=hooks.reraise)
+        scheduler = GradientScheduler([outcomes[i].model_task.weight for i in fresh], lambda j, n: None, left,
                                       trials_per_round=per_round, seed=request.seed, should_stop=hooks.should_stop)
         for j, i in enumerate(fresh):  # resumed: the scheduler starts from what each task already has
             done = outcomes[i].trials
@@ -375,7 +377,17 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
                 scheduler.state.trials[j] = len(done)
                 b = best_trial(done)
                 scheduler.state.history[j].append(b.latency_ms if b is not None else None)
-        scheduler.run()
+        position = {i: j for j, i in enumerate(fresh)}
+
+        def wait() -> tuple[int, RoundResult] | None:
+            done = runner.wait()
+            return None if done is None else (position[done.round.index], finished(done))
+
+        try:
+            scheduler.run_parallel(lambda j, n: runner.submit(make_round(fresh[j], n), outcomes[fresh[j]].trials),
+                                   wait, runner.free)
+        finally:
+            runner.close()
     measurements = sum(len(v) for v in trials.values()) - start
     if hooks.should_stop():
         return ModelTuneResult(request, model, outcomes, measurements, layout_search, stopped=True)

@@ -27,7 +27,7 @@ Layering: `tuner` never imports `service`. Pure Python.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 
@@ -129,16 +129,17 @@ class GradientScheduler:
             out.append(self.weights[i] * (self.alpha * backward + (1 - self.alpha) * forward))
         return out
 
-    def next_task(self) -> int | None:
-        """The task the next round goes to, None when none can spend more."""
-        alive = [i for i in range(len(self.weights)) if not self.state.dead[i]]
+    def next_task(self, busy: Collection[int] = ()) -> int | None:
+        """The task the next round goes to, None when none can spend more (`busy`: tasks with a round in flight,
+        which get no second one)."""
+        alive = [i for i in range(len(self.weights)) if not self.state.dead[i] and i not in busy]
         if not alive:
             return None
         fresh = [i for i in alive if self.state.rounds[i] == 0]
         if fresh:  # warm-up: round-robin in task order
             return fresh[0]
         grads = self.gradients()
-        scored = [(g, i) for i, g in enumerate(grads) if g is not None]
+        scored = [(g, i) for i, g in enumerate(grads) if g is not None and i in alive]
         if not scored:  # only tasks that never ran correctly are left: the least-tried first
             return min(alive, key=lambda i: (self.state.rounds[i], i))
         lowest = min(g for g, _ in scored)
@@ -154,7 +155,11 @@ class GradientScheduler:
         if i is None:
             return None
         n = min(self.trials_per_round, left)
-        result = self.tune_round(i, n)
+        self.complete(i, self.tune_round(i, n), n)
+        return i
+
+    def complete(self, i: int, result: float | None | RoundResult, n: int) -> None:
+        """Records a finished round of task `i` that was given `n` measurements."""
         if not isinstance(result, RoundResult):
             result = RoundResult(result, n)
         assert result.trials >= 0, f"task {i} reported {result.trials} trials"
@@ -168,7 +173,31 @@ class GradientScheduler:
         self.state.order.append(i)
         if result.trials == 0:
             self.state.dead[i] = True
-        return i
+
+    def run_parallel(self, submit: Callable[[int, int], None], wait: Callable[[], tuple[int, RoundResult] | None],
+                     free: Callable[[int], bool]) -> list[float | None]:
+        """Runs rounds several at a time: while `free(in_flight)` says another may go, the next task (one without a
+        round in flight) is given one (`submit(i, n)`); then `wait()` gives a finished round `(i, result)` back,
+        None to stop. The budget counts what rounds in flight may spend. With `free` true only when nothing is in
+        flight this is `run`, each choice seeing every earlier result; with more in flight each choice sees every
+        round finished so far: the scheduler stays one, whoever runs the rounds."""
+        in_flight: dict[int, int] = {}  # task -> measurements its round was given
+        while True:
+            while not self.should_stop() and free(len(in_flight)):
+                left = self.budget - self.spent - sum(in_flight.values())
+                i = self.next_task(busy=in_flight) if left > 0 else None
+                if i is None:
+                    break
+                in_flight[i] = min(self.trials_per_round, left)
+                submit(i, in_flight[i])
+            if not in_flight:
+                break
+            finished = wait()
+            if finished is None:
+                break
+            i, result = finished
+            self.complete(i, result, in_flight.pop(i))
+        return self.state.best
 
     def run(self) -> list[float | None]:
         """Runs rounds until the budget is spent, every task is exhausted, or `should_stop`; the best per task."""
