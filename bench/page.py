@@ -68,7 +68,8 @@ def build(url: str, trials: int, tasks: int, seed: int = 0) -> int:
     with session_scope(url) as s:
         # the trials' six indexes outgrow SQLite's default page cache (2 MiB) a few ten thousand rows in, and every
         # insert then reads index pages from the file: 5x slower than with room for them
-        s.execute(text("PRAGMA cache_size = -262144"))
+        if url.startswith("sqlite"):
+            s.execute(text("PRAGMA cache_size = -262144"))
         for start in range(0, trials, CHUNK):
             rows = []
             for n in range(start, min(start + CHUNK, trials)):

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from service.api import deps, devices, events, jobs, metrics, models, operators, schedules, web
 from service.api.auth import WritesNeedAToken, require_read
 from service.api.common import BodyLimit, SameOriginWrites, errors, http_error, validation_error
+from service.api.stream_limits import StreamSlots
 from service.api.deps import SettingsDep
 from service.db import StorageError, get_engine
 from service.schemas import Health
@@ -27,6 +28,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "workers tune data layouts and loops on Apache TVM, download the compiled artifact.",
     )
     app.state.settings = settings or get_settings()
+    app.state.streams = StreamSlots()  # the event streams open, against ALTUNE_MAX_STREAMS(_PER_TOKEN)
 
     # every route under /api/v1 needs a read token (or ALTUNE_ANONYMOUS); writes ask for more themselves
     api = APIRouter(prefix="/api/v1", responses=errors(401, 413, 503), dependencies=[Depends(require_read)])

@@ -10,10 +10,12 @@ new. Wire format (`text/event-stream`):
   above the client's cursor in id order, and `event: job` whenever the job
   changes. Every event carries an `id:` (the last trial id sent), so a client
   that reconnects with `Last-Event-ID` (or `?last_event_id=`) gets a fresh
-  snapshot and only the trials it missed. Without a cursor only trials written
-  after connecting are sent: page `GET /jobs/{id}/trials` for the history, or
-  pass `last_event_id=0` to replay every trial. When the job has finished and
-  every trial has been sent: `event: end` and the stream closes.
+  snapshot and only the trials it missed, `TRIAL_BATCH` rows a query (a replay
+  from far behind goes out page by page). Without a cursor only trials written
+  after connecting are sent: the dashboard reads the history as a chart
+  (`GET /jobs/{id}/trials/chart`, whose `last_id` it resumes from) and pages of
+  `GET /jobs/{id}/trials`; `last_event_id=0` replays every trial. When the job
+  has finished and every trial has been sent: `event: end` and the stream closes.
 - `GET /api/v1/events`: `event: job` with a `JobPublic` whenever any job
   changes (`id:` = its `updated_at`, so a reconnecting client gets the jobs
   that changed since).
@@ -25,6 +27,9 @@ The polls run on `STREAM_THREADS` threads of their own (a limiter per event
 loop), each with one connection of the API's pool: any number of open streams
 never takes a thread or a connection from the requests, nor they from the
 streams; under load the streams poll less often.
+
+Streams are capped per API process, in all and per token (`stream_limits.py`: 429 over a cap), and a stream
+whose token is revoked or deleted ends within `TOKEN_CHECK_SECONDS` with a `: the token was revoked` comment.
 
 A database that stops answering does not end a stream: it sends `: database unavailable` comments and polls
 on until the database is back, then goes on from its cursor (nothing is skipped). A stream whose API process
@@ -45,10 +50,11 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from fastapi.sse import format_sse_event
 from sqlalchemy import func, select, true
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from service.api.auth import ReadCaller, visible_owner
 from service.api.common import JobId, errors
+from service.api.stream_limits import SlotStream, TokenWatch, slots_of
 from service.api.deps import SettingsDep
 from service.db import API_CONNECTIONS, STREAM_THREADS, StorageError, session_scope
 from service.models import FINISHED, Artifact, Job, Owner, TrialRow
@@ -58,6 +64,7 @@ POLL_SECONDS = 0.5  # how often a stream looks at the database
 HEARTBEAT_SECONDS = 15.0  # a comment after this much silence
 RETRY_MS = 2000  # how long a disconnected EventSource waits before reconnecting
 TRIAL_BATCH = 500  # trials read per poll; a client far behind catches up over several polls
+CATCH_UP_SECONDS = 0.1  # the wait after a full batch: a resumed stream replays 5000 trials a second, in pages
 # A row's updated_at is stamped before its transaction commits, so a change can become visible after a later one
 # has been seen: the jobs stream re-reads this window behind its watermark and skips what it already sent.
 LIST_OVERLAP = timedelta(seconds=10)
@@ -66,6 +73,7 @@ router = APIRouter(tags=["events"])
 
 _SSE_DOC = {200: {"content": {"text/event-stream": {}}, "description": "a stream of server-sent events"}}
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_REVOKED = b": the token was revoked; reconnecting needs another\n\n"
 T = TypeVar("T")
 _limiter: RunVar[anyio.CapacityLimiter] = RunVar("altune_stream_limiter")
 
@@ -148,7 +156,8 @@ def _poll_job(url: str, job_id: int, cursor: int, seen: datetime) -> tuple[JobPu
         return job, [TrialPublic.model_validate(t) for t in trials], False
 
 
-async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int) -> AsyncIterator[bytes]:
+async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int,
+                      watch: TokenWatch) -> AsyncIterator[bytes]:
     yield _event("job", first.model_dump_json(), cursor, retry=RETRY_MS)
     sent = first.model_dump_json()
     seen = first.updated_at.replace(tzinfo=None)
@@ -180,10 +189,13 @@ async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int) -> A
         if monotonic() - last_write >= HEARTBEAT_SECONDS:
             yield b": ping\n\n"
             last_write = monotonic()
-        await anyio.sleep(POLL_SECONDS)
+        if watch.due() and await _in_thread(watch.revoked):
+            yield _REVOKED
+            return
+        await anyio.sleep(CATCH_UP_SECONDS if len(trials) == TRIAL_BATCH else POLL_SECONDS)
 
 
-@router.get("/jobs/{job_id}/events", response_class=StreamingResponse, responses=_SSE_DOC | errors(400, 404))
+@router.get("/jobs/{job_id}/events", response_class=StreamingResponse, responses=_SSE_DOC | errors(400, 404, 429))
 async def stream_job_events(
     job_id: JobId,
     request: Request,
@@ -193,18 +205,26 @@ async def stream_job_events(
         int | None, Query(ge=0, le=MAX_INT32, description="last trial id the client has (the Last-Event-ID header wins); 0 replays all")
     ] = None,
 ) -> StreamingResponse:
-    """Live job: its snapshot, then each trial as it is measured and each change, until it finishes."""
+    """Live job: its snapshot, then each trial as it is measured and each change, until it finishes.
+
+    A stream resumed from an old id replays the trials it missed in pages of 500. At most `ALTUNE_MAX_STREAMS`
+    streams are open at once, `ALTUNE_MAX_STREAMS_PER_TOKEN` of one token's (429 beyond); a stream ends when its
+    token is revoked.
+    """
     url = settings.resolved_database_url
     cursor = _cursor(request, last_event_id)
-    state = await _in_thread(_read_job, url, job_id, visible_owner(caller, settings))
+    give_back = slots_of(request).take(request, caller, settings)
+    try:
+        state = await _in_thread(_read_job, url, job_id, visible_owner(caller, settings))
+    except BaseException:
+        give_back()
+        raise
     if state is None:
+        give_back()
         raise HTTPException(404, f"job {job_id} not found")
     first, last_trial = state
-    return StreamingResponse(
-        _job_events(url, job_id, first, last_trial if cursor is None else cursor),
-        media_type="text/event-stream",
-        headers=_HEADERS,
-    )
+    events = _job_events(url, job_id, first, last_trial if cursor is None else cursor, TokenWatch(url, caller))
+    return SlotStream(events, media_type="text/event-stream", headers=_HEADERS, give_back=give_back)
 
 
 # -- the jobs list -------------------------------------------------------------------------------------------
@@ -239,13 +259,17 @@ def _changed_jobs(url: str, since: datetime | None, owner: Owner | None) -> tupl
 
 
 def _read_snapshots(url: str, ids: list[int]) -> list[JobPublic]:
+    """The jobs' snapshots in three queries (jobs, their tasks, which have an artifact), not two more per job."""
     with session_scope(url, API_CONNECTIONS) as s:
-        jobs = s.scalars(select(Job).where(Job.id.in_(ids))).all()
-        by_id = {j.id: _snapshot(s, j) for j in jobs}
+        jobs = s.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.tasks))).all()
+        with_artifact = Artifact.where_jobs(s, [j.id for j in jobs])
+        by_id = {j.id: JobPublic.model_validate(j).model_copy(update={"has_artifact": j.id in with_artifact})
+                 for j in jobs}
         return [by_id[i] for i in ids if i in by_id]
 
 
-async def _list_events(url: str, since: datetime | None, owner: Owner | None) -> AsyncIterator[bytes]:
+async def _list_events(url: str, since: datetime | None, owner: Owner | None,
+                       watch: TokenWatch) -> AsyncIterator[bytes]:
     yield format_sse_event(comment="jobs", retry=RETRY_MS)
     sent: dict[int, datetime] = {}  # job id -> the updated_at last sent, within the overlap window
     watermark = since
@@ -277,12 +301,21 @@ async def _list_events(url: str, since: datetime | None, owner: Owner | None) ->
         if monotonic() - last_write >= HEARTBEAT_SECONDS:
             yield b": ping\n\n"
             last_write = monotonic()
+        if watch.due() and await _in_thread(watch.revoked):
+            yield _REVOKED
+            return
         await anyio.sleep(POLL_SECONDS)
 
 
-@router.get("/events", response_class=StreamingResponse, responses=_SSE_DOC | errors(400))
+@router.get("/events", response_class=StreamingResponse, responses=_SSE_DOC | errors(400, 429))
 async def stream_jobs_events(request: Request, settings: SettingsDep, caller: ReadCaller) -> StreamingResponse:
-    """Live jobs list: a job snapshot each time any job changes (submitted, claimed, progressed, finished)."""
+    """Live jobs list: a job snapshot each time any job changes (submitted, claimed, progressed, finished).
+
+    Capped like the job streams (`ALTUNE_MAX_STREAMS`, `ALTUNE_MAX_STREAMS_PER_TOKEN`); it ends when its token is
+    revoked.
+    """
+    url = settings.resolved_database_url
     since = _parse_watermark(request.headers.get("last-event-id"))
-    return StreamingResponse(_list_events(settings.resolved_database_url, since, visible_owner(caller, settings)),
-                             media_type="text/event-stream", headers=_HEADERS)
+    give_back = slots_of(request).take(request, caller, settings)
+    return SlotStream(_list_events(url, since, visible_owner(caller, settings), TokenWatch(url, caller)),
+                      media_type="text/event-stream", headers=_HEADERS, give_back=give_back)

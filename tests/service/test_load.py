@@ -63,7 +63,8 @@ def served(sqlite_url, tmp_path) -> Iterator[str]:
     db_url = sqlite_url  # the embedded default; the same pool and thread budget holds on PostgreSQL (docs/design.md)
     env = service_env(ALTUNE_DATABASE_URL=db_url, ALTUNE_DATA_DIR=str(tmp_path), ALTUNE_MEASURE_TIMEOUT="10",
                       # the clients submit a job every tenth round: hundreds, over the default queue quota
-                      ALTUNE_ANONYMOUS="all", ALTUNE_TOKEN_MAX_QUEUED="100000")
+                      ALTUNE_ANONYMOUS="all", ALTUNE_TOKEN_MAX_QUEUED="100000",
+                      ALTUNE_MAX_STREAMS_PER_TOKEN="100")  # the 50 streams of many users, from one address
     log_path = tmp_path / "serve.log"
     log = log_path.open("w")
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "1"],

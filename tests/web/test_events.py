@@ -17,10 +17,14 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from sqlalchemy import update
-from support.jobs import finish_job
+from support.auth import bearer, new_token
+from support.jobs import add_job, finish_job
+from support.servers import LiveServer
 
+from service.api import events
 from service.db import session_scope, utcnow
-from service.models import Job, TrialRow, TuningTask
+from service.models import Job, Token, TrialRow, TuningTask
+from service.tokens import revoke_token
 
 DENSE = {"kind": "operator", "operator": "dense", "params": {"m": 32, "n": 32, "k": 32}, "dtype": "float32",
          "epilogue": "none", "target": "host", "budget": 6, "seed": 0}
@@ -286,3 +290,119 @@ def test_dashboard_pages_and_assets_are_served(client, path):
         a = client.get(asset)
         assert a.status_code == 200, asset
         assert a.headers["cache-control"] == "no-cache"
+
+
+# -- caps, revoked tokens, replay in pages -------------------------------------------------------------------
+
+
+@pytest.fixture
+def capped_server(settings, fast_events):
+    """Auth on, at most 3 streams open and 2 per token."""
+    capped = settings.model_copy(update={"max_streams": 3, "max_streams_per_token": 2})
+    with LiveServer(capped, worker=False) as server:
+        yield server
+
+
+def _refusal(url: str, token: str) -> httpx.Response | None:
+    """The answer to opening a stream when it is refused; None when it opens (it is closed again at once)."""
+    with httpx.Client(timeout=10) as client, client.stream("GET", url, headers=bearer(token)) as r:
+        if r.status_code == 200:
+            return None
+        r.read()
+        return r
+
+
+def test_streams_over_a_cap_are_refused_and_a_closed_one_frees_its_slot(capped_server):
+    url, base = capped_server.settings.resolved_database_url, capped_server.url
+    alice, bob = new_token(url, "read", "alice"), new_token(url, "read", "bob")
+    job_id = add_job(url, DENSE)
+    mine = [Stream(f"{base}/api/v1/jobs/{job_id}/events", headers=bearer(alice)),
+            Stream(f"{base}/api/v1/events", headers=bearer(alice))]
+    theirs: list[Stream] = []
+    try:
+        assert [s.status for s in mine] == [200, 200] and mine[0].next().event == "job"
+        refused = _refusal(f"{base}/api/v1/jobs/{job_id}/events", alice)
+        assert refused is not None and refused.status_code == 429 and refused.headers["retry-after"]
+        detail = refused.json()["detail"]
+        assert "token 'alice' has 2 event streams open" in detail and "ALTUNE_MAX_STREAMS_PER_TOKEN=2" in detail
+
+        theirs.append(Stream(f"{base}/api/v1/events", headers=bearer(bob)))  # the third: the server's cap
+        assert theirs[0].status == 200
+        refused = _refusal(f"{base}/api/v1/events", bob)
+        assert refused is not None and refused.status_code == 429
+        assert "the server has 3 event streams open" in refused.json()["detail"]
+        assert "raise ALTUNE_MAX_STREAMS" in refused.json()["detail"]
+
+        mine.pop(0).close()  # a client goes away: its slot comes back
+        deadline = time.monotonic() + 10
+        while _refusal(f"{base}/api/v1/events", bob) is not None:
+            assert time.monotonic() < deadline, "the closed stream's slot never came back"
+            time.sleep(0.1)
+        # a refused request and a 404 hold no slot either
+        assert httpx.get(f"{base}/api/v1/jobs/99999/events", headers=bearer(bob)).status_code == 404
+        assert _refusal(f"{base}/api/v1/events", bob) is None
+    finally:
+        for s in mine + theirs:
+            s.close()
+
+
+def _until_closed(stream: Stream, timeout: float = 10) -> list[Event]:
+    """Every event and comment until the server ends the stream."""
+    seen: list[Event] = []
+    deadline = time.monotonic() + timeout
+    while (ev := stream.next(max(deadline - time.monotonic(), 0.01), skip_comments=False)) is not None:
+        seen.append(ev)
+        assert time.monotonic() < deadline, f"the stream is still open: {seen[-5:]}"
+    return seen
+
+
+def test_streams_of_a_revoked_or_deleted_token_end(capped_server, monkeypatch):
+    from service.api import stream_limits
+
+    monkeypatch.setattr(stream_limits, "TOKEN_CHECK_SECONDS", 0.2)
+    url, base = capped_server.settings.resolved_database_url, capped_server.url
+    carol, dave = new_token(url, "read", "carol"), new_token(url, "read", "dave")
+    job_id = add_job(url, DENSE)
+    job_stream = Stream(f"{base}/api/v1/jobs/{job_id}/events", headers=bearer(carol))
+    list_stream = Stream(f"{base}/api/v1/events", headers=bearer(dave))
+    try:
+        assert job_stream.next().event == "job" and list_stream.status == 200
+        time.sleep(0.5)
+        assert None not in list(job_stream.events.queue) + list(list_stream.events.queue), \
+            "a valid token's streams stay open"
+        with session_scope(url) as s:
+            revoke_token(s, "carol")
+            s.delete(Token.find_by_id_or_name(s, "dave"))
+        for stream in (job_stream, list_stream):
+            seen = _until_closed(stream)
+            assert seen[-1].event == "comment" and "token was revoked" in seen[-1].data["text"]
+    finally:
+        job_stream.close()
+        list_stream.close()
+    r = httpx.get(f"{base}/api/v1/jobs/{job_id}/events", headers=bearer(carol))
+    assert r.status_code == 401, "reconnecting with it is refused"
+
+
+def test_replay_from_an_old_id_goes_out_in_pages(api_server, monkeypatch):
+    monkeypatch.setattr(events, "TRIAL_BATCH", 4)
+    polled: list[int] = []
+    poll_job = events._poll_job
+
+    def counted(*args):
+        job, trials, gone = poll_job(*args)
+        polled.append(len(trials))
+        return job, trials, gone
+
+    monkeypatch.setattr(events, "_poll_job", counted)
+    url = api_server.settings.resolved_database_url
+    job_id = _submit(api_server)
+    task_id = _start(url, job_id)
+    ids = [_record(url, job_id, task_id, i, 1.0 + i) for i in range(15)]
+    finish_job(url, job_id)
+    stream = Stream(f"{api_server.url}/api/v1/jobs/{job_id}/events", params={"last_event_id": ids[1]})
+    try:
+        got = stream.until(lambda e: e.event == "end")
+    finally:
+        stream.close()
+    assert [int(e.id) for e in got if e.event == "trial"] == ids[2:], "every missed trial once, in order"
+    assert max(polled) == 4 and sum(polled) == 13, f"read 4 rows a query at most: {polled}"
