@@ -257,16 +257,31 @@ def test_big_job_loads_in_pages_and_stalled_job_warns(live_server, page, screens
         )
         big_id, stalled_id = big.id, stalled.id
 
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/trials" in r.url else None)
     page.goto(f"{live_server.url}/jobs/{big_id}")
     page.wait_for_selector("h1:has-text('Job #')")  # the header renders before the trials are in
     page.wait_for_function("document.querySelector('#trial-chart')?.dataset.points === '2500'", timeout=30_000)
     page.wait_for_function(
         "document.querySelector('#trials-page-info')?.textContent.startsWith('1–50 of 2500 · page 1 of 50')")
     assert page.locator(".loading-trials").is_hidden()
+    assert page.locator("#trial-chart canvas").count() >= 1
+    # the chart is the server's (one request), the table one page of 50: nothing pages through the 2500 trials
+    assert sum("/trials/chart" in u for u in asked) == 1 and sum("/trials?" in u for u in asked) == 1, asked
+    rows = page.locator("#trials-table tbody tr")
+    assert rows.count() == 50 and rows.first.locator("td").first.inner_text() == "2499", "newest first"
     page.click("button[aria-label='next page']")
-    assert page.locator("#trials-page-info").inner_text().startswith("51–100 of 2500")
+    page.wait_for_function("document.querySelector('#trials-page-info')?.textContent.startsWith('51–100 of 2500')")
+    assert "cursor=" in asked[-1], "the next page by cursor"
+    assert rows.first.locator("td").first.inner_text() == "2449"
     page.select_option("#trial-filter", "error")
-    assert page.locator("#trials-page-info").inner_text().startswith("1–50 of 250")
+    page.wait_for_function("document.querySelector('#trials-page-info')?.textContent.startsWith('1–50 of 250')")
+    assert "status=error" in asked[-1]
+    page.click("button[data-sort='latency']")  # fastest first, on the server
+    page.select_option("#trial-filter", "ok")
+    page.wait_for_function("document.querySelector('#trials-page-info')?.textContent.startsWith('1–50 of 2250')")
+    assert "sort=latency" in asked[-1] and "order=asc" in asked[-1]
+    assert rows.first.locator("td").nth(2).inner_text() == "1.008 ms"  # 1 + 20 / 2499: the last measured
     assert page.locator("#best-layout").inner_text() == "N C/8 H W 8c"
     screenshots(page, "job-big")
 

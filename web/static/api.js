@@ -170,24 +170,16 @@ export const getZooModels = (opts) => request('models/zoo', opts);
 export const getJobs = ({status, limit = 50, offset = 0} = {}, opts) =>
   request(`jobs?${new URLSearchParams({...(status ? {status} : {}), limit, offset})}`, opts);
 
+/** A job's search curve, downsampled by the server to at most `points` buckets however many trials it has. */
+export const getTrialChart = (id, {points = 1000} = {}, opts) =>
+  request(`jobs/${id}/trials/chart?points=${points}`, opts);
+
 /**
- * Every trial of a job, page by page (the API gives at most 1000 a request), without blocking the page:
- * `onPage(trials, loaded, count)` runs after each page.
+ * One page of a job's trials: `{data, count, next}`; pass `next` back as `cursor` for the page after it.
+ * `sort`: 'id' (measurement order) or 'latency'; `order`: 'asc' or 'desc'; `status`: 'all', 'ok' or 'error'.
  */
-export async function getAllTrials(id, onPage, {signal, pageSize = 1000} = {}) {
-  let offset = 0;
-  let count = Infinity;
-  const all = [];
-  while (offset < count) {
-    const page = await request(`jobs/${id}/trials?limit=${pageSize}&offset=${offset}`, {signal});
-    count = page.count;
-    all.push(...page.data);
-    offset += page.data.length;
-    if (onPage) onPage(page.data, offset, count);
-    if (page.data.length === 0) break;
-  }
-  return all;
-}
+export const getTrials = (id, {limit = 50, sort = 'id', order = 'desc', status = 'all', cursor = null} = {}, opts) =>
+  request(`jobs/${id}/trials?${new URLSearchParams({limit, sort, order, status, ...(cursor ? {cursor} : {})})}`, opts);
 
 // -- events ------------------------------------------------------------------------------------------------
 

@@ -30,7 +30,8 @@ function scheduler(draw) {
 }
 
 // whole trial numbers only
-const axisTrials = {label: 'trials', size: 40, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000]};
+const axisTrials = {label: 'trials', size: 40, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000,
+  5000, 10000, 20000, 50000, 100000, 200000, 500000]};
 
 const axisMs = {
   scale: 'ms',
@@ -39,17 +40,34 @@ const axisMs = {
   size: 70,
 };
 
+const MAX_POINTS = 2000; // streamed trials beyond this many points are merged pairwise
+
+/** Two adjacent buckets as one (the figures of both; the best so far at the end of the second). */
+function merge(a, b) {
+  const lo = [a.min_ms, b.min_ms].filter((v) => v !== null);
+  const hi = [a.max_ms, b.max_ms].filter((v) => v !== null);
+  return {first: a.first, last: b.last, errors: a.errors + b.errors, min_ms: lo.length ? Math.min(...lo) : null,
+    max_ms: hi.length ? Math.max(...hi) : null, best_ms: b.best_ms};
+}
+
 /**
- * The search curve of one job: best latency so far against trials, every measured trial as a point, error
- * trials as red marks along the top, the untuned baseline as a dashed line and the joint / loop-only stage
- * boundary as a vertical line. Trials go in with `add(trials)` in measurement order (by id).
+ * The search curve of one job: best latency so far against trials, the measured trials as points, error trials as
+ * red marks along the top, the untuned baseline as a dashed line and the joint / loop-only stage boundary as a
+ * vertical line. The history comes downsampled by the server (`load(chart)`, `GET /jobs/{id}/trials/chart`: at
+ * most ~1000 buckets of consecutive trials, each drawn at its last trial with its fastest and slowest latency);
+ * trials streamed after it go in with `add(trials)`, one point each.
  */
 export class TrialChart {
   constructor(el, {height = 300} = {}) {
     this.el = el;
     this.height = height;
-    this.trials = [];
-    this.ids = new Set();
+    this.points = []; // {first, last, errors, min_ms, max_ms, best_ms}
+    this.steps = []; // {task_id, last, best_ms}: where each task's best improved
+    this.count = 0;
+    this.best = null;
+    this.taskBest = new Map();
+    this.boundary = null;
+    this.sawJoint = false;
     this.baseline = null;
     this.tasks = [];
     this.redraw = scheduler(() => this.draw());
@@ -70,19 +88,43 @@ export class TrialChart {
     this.redraw();
   }
 
-  add(trials) {
-    let fresh = 0;
-    for (const t of trials) {
-      if (this.ids.has(t.id)) continue;
-      this.ids.add(t.id);
-      this.trials.push(t);
-      fresh++;
-    }
-    if (!fresh) return;
-    // pages arrive by task and index, events by id: keep measurement order
-    const last = this.trials.length - fresh;
-    if (last > 0 && this.trials[last - 1].id > this.trials[last].id) this.trials.sort((a, b) => a.id - b.id);
+  /** The server's downsampled history (a `TrialChartPublic`); replaces what was drawn. */
+  load(chart) {
+    this.points = chart.points.slice();
+    this.steps = chart.task_best.slice();
+    this.count = chart.count;
+    this.best = chart.points.length ? chart.points.at(-1).best_ms : null;
+    this.taskBest = new Map();
+    for (const s of this.steps) this.taskBest.set(s.task_id, s.best_ms);
+    this.boundary = chart.stage_boundary;
+    this.sawJoint = (chart.stages.joint || 0) > 0;
     this.redraw();
+  }
+
+  /** Trials measured after the history, in measurement order (by id): one point each. */
+  add(trials) {
+    for (const t of trials) {
+      const n = ++this.count;
+      const ms = t.latency_ms;
+      if (ms !== null && (this.best === null || ms < this.best)) this.best = ms;
+      if (ms !== null && (!this.taskBest.has(t.task_id) || ms < this.taskBest.get(t.task_id))) {
+        this.taskBest.set(t.task_id, ms);
+        this.steps.push({task_id: t.task_id, last: n, best_ms: ms});
+      }
+      this.points.push({first: n, last: n, errors: ms === null ? 1 : 0, min_ms: ms, max_ms: ms, best_ms: this.best});
+      if (this.boundary === null) {
+        if (t.stage === 'joint') this.sawJoint = true;
+        else if (this.sawJoint && t.stage === 'loop') this.boundary = n;
+      }
+    }
+    if (this.points.length > MAX_POINTS) {
+      const merged = [];
+      for (let i = 0; i < this.points.length; i += 2) {
+        merged.push(i + 1 < this.points.length ? merge(this.points[i], this.points[i + 1]) : this.points[i]);
+      }
+      this.points = merged;
+    }
+    if (trials.length) this.redraw();
   }
 
   multi() {
@@ -100,6 +142,8 @@ export class TrialChart {
       ...best,
       {label: 'trial latency', stroke: '#64748b', scale: 'ms', paths: () => null,
         points: {show: true, size: 5, fill: '#94a3b8', stroke: '#64748b', width: 1}},
+      {label: 'slowest of the bucket', stroke: '#94a3b8', scale: 'ms', paths: () => null,
+        points: {show: true, size: 4, fill: '#cbd5e1', stroke: '#94a3b8', width: 1}},
       {label: 'error', stroke: '#dc2626', scale: 'ms', paths: () => null,
         points: {show: true, size: 7, fill: '#dc2626', stroke: '#dc2626', width: 1},
         value: (u, v) => (v === null ? '' : 'error')},
@@ -107,39 +151,39 @@ export class TrialChart {
   }
 
   data() {
-    const xs = [];
-    const multi = this.multi();
-    const taskPos = new Map(this.tasks.map((t, i) => [t.id, i]));
-    const bestCols = (multi ? this.tasks : [null]).map(() => []);
-    const bestSoFar = bestCols.map(() => null);
-    const points = [];
-    const errors = [];
+    const points = this.points;
+    const xs = points.map((p) => p.last);
     let top = null;
-    for (const t of this.trials) if (t.latency_ms !== null && (top === null || t.latency_ms > top)) top = t.latency_ms;
+    for (const p of points) if (p.max_ms !== null && (top === null || p.max_ms > top)) top = p.max_ms;
     if (this.baseline && (top === null || this.baseline > top)) top = this.baseline;
     const errorY = top === null ? 1 : top * 1.5;
-    this.trials.forEach((t, i) => {
-      xs.push(i + 1);
-      const col = multi ? (taskPos.get(t.task_id) ?? 0) : 0;
-      if (t.latency_ms !== null && (bestSoFar[col] === null || t.latency_ms < bestSoFar[col])) {
-        bestSoFar[col] = t.latency_ms;
+    let bestCols;
+    if (this.multi()) {
+      // each task's steps at the point of the bucket they fall in, nothing between (the line spans the gaps)
+      const col = new Map(this.tasks.map((t, i) => [t.id, i]));
+      bestCols = this.tasks.map(() => points.map(() => null));
+      const steps = [...this.steps].sort((a, b) => a.last - b.last);
+      let i = 0;
+      for (const s of steps) {
+        while (i < points.length - 1 && points[i].last < s.last) i++;
+        const c = col.get(s.task_id);
+        if (c !== undefined) bestCols[c][i] = s.best_ms;
       }
-      bestCols.forEach((c, j) => c.push(j === col ? bestSoFar[j] : (multi ? null : bestSoFar[j])));
-      points.push(t.latency_ms);
-      errors.push(t.latency_ms === null ? errorY : null);
-    });
-    return [xs, ...bestCols, points, errors];
+      // and at the last point, where each task stands now
+      for (const [taskId, c] of col) {
+        if (this.taskBest.has(taskId) && points.length) bestCols[c][points.length - 1] = this.taskBest.get(taskId);
+      }
+    } else {
+      bestCols = [points.map((p) => p.best_ms)];
+    }
+    return [xs, ...bestCols, points.map((p) => p.min_ms),
+      points.map((p) => (p.last > p.first ? p.max_ms : null)),
+      points.map((p) => (p.errors ? errorY : null))];
   }
 
   /** Trial number (1-based, measurement order) of the first loop-only trial after joint ones, or null. */
   stageBoundary() {
-    let sawJoint = false;
-    for (let i = 0; i < this.trials.length; i++) {
-      const stage = this.trials[i].stage;
-      if (stage === 'joint') sawJoint = true;
-      else if (sawJoint && stage === 'loop') return i + 1;
-    }
-    return null;
+    return this.boundary;
   }
 
   rebuild() {
@@ -201,13 +245,11 @@ export class TrialChart {
   }
 
   describe() {
-    const measured = this.trials.filter((t) => t.latency_ms !== null);
-    const best = measured.length ? Math.min(...measured.map((t) => t.latency_ms)) : null;
-    const errors = this.trials.length - measured.length;
+    const errors = this.points.reduce((n, p) => n + p.errors, 0);
     const boundary = this.stageBoundary();
-    this.el.dataset.points = String(this.trials.length);
-    this.el.setAttribute('aria-label', `Best latency against trials: ${this.trials.length} trials, ` +
-      `${errors} errors${best !== null ? `, best ${best.toPrecision(4)} ms` : ''}` +
+    this.el.dataset.points = String(this.count);
+    this.el.setAttribute('aria-label', `Best latency against trials: ${this.count} trials, ` +
+      `${errors} errors${this.best !== null ? `, best ${this.best.toPrecision(4)} ms` : ''}` +
       `${boundary !== null ? `, loop-only stage from trial ${boundary}` : ''}.`);
   }
 
@@ -227,17 +269,16 @@ export class TrialChart {
   }
 }
 
-/** Best latency so far against trials for several jobs on one chart (the compare view). */
+/**
+ * Best latency so far against trials for several jobs on one chart (the compare view): each run's `chart` is the
+ * server's downsampled history (`GET /jobs/{id}/trials/chart`), drawn at its buckets' last trials.
+ */
 export function compareChart(el, runs, {height = 320} = {}) {
-  const longest = Math.max(0, ...runs.map((r) => r.trials.length));
-  const xs = Array.from({length: longest}, (_, i) => i + 1);
+  const xs = [...new Set(runs.flatMap((r) => r.chart.points.map((p) => p.last)))].sort((a, b) => a - b);
+  const at = new Map(xs.map((x, i) => [x, i]));
   const cols = runs.map((r) => {
-    let best = null;
-    const col = r.trials.map((t) => {
-      if (t.latency_ms !== null && (best === null || t.latency_ms < best)) best = t.latency_ms;
-      return best;
-    });
-    while (col.length < longest) col.push(null);
+    const col = xs.map(() => null);
+    for (const p of r.chart.points) col[at.get(p.last)] = p.best_ms;
     return col;
   });
   const opts = {
@@ -246,7 +287,7 @@ export function compareChart(el, runs, {height = 320} = {}) {
     axes: [axisTrials, axisMs],
     series: [{label: 'trial'}, ...runs.map((r, i) => ({
       label: r.label, stroke: colorOf(i), width: 2, scale: 'ms', paths: uPlot.paths.stepped({align: 1}),
-      points: {show: false}, spanGaps: false,
+      points: {show: false}, spanGaps: true,
     }))],
   };
   el.replaceChildren();

@@ -1,7 +1,7 @@
 // Compare: several jobs of the same workload (two targets, two budgets, ...) as curves on one chart, with their
 // best latency and layout. /compare?ids=3,5 shows them; ?workload=KEY lists the jobs of a workload to pick from.
 
-import {getAllTrials, getJob, getJobs} from '../api.js';
+import {getJob, getJobs, getTrialChart} from '../api.js';
 import {colorOf, compareChart} from '../charts.js';
 import {navigate} from '../nav.js';
 import {errorText, fill, fmtLayout, fmtMs, fmtSpeedup, h, jobLabel, setTitle, statusBadge, workloadOf}
@@ -44,9 +44,9 @@ async function showComparison(el, ids, signal) {
   const workloads = new Set(jobs.map(workloadOf));
   const runs = [];
   for (const job of jobs) {
-    fill(status, `Loading the trials of job #${job.id}…`);
+    fill(status, `Loading the search curve of job #${job.id}…`);
     try {
-      runs.push({job, trials: (await getAllTrials(job.id, null, {signal})).sort((a, b) => a.id - b.id)});
+      runs.push({job, chart: await getTrialChart(job.id, {}, {signal})});
     } catch (e) {
       if (e.name !== 'AbortError') fill(status, h('span', {class: 'error-text'}, `Could not load: ${errorText(e)}`));
       return null;
@@ -55,8 +55,8 @@ async function showComparison(el, ids, signal) {
   status.remove();
   for (const run of runs) run.label = `#${run.job.id} ${run.job.target} budget ${run.job.budget}`;
   const chart = h('div', {class: 'chart', id: 'compare-chart'});
-  const bestOf = (run) => run.trials.reduce((b, t) => (t.latency_ms !== null && (!b || t.latency_ms < b.latency_ms)
-    ? t : b), null);
+  // the fastest of each task's best trials (the server sends them with the chart)
+  const bestOf = (run) => run.chart.best.reduce((b, t) => (!b || t.latency_ms < b.latency_ms ? t : b), null);
   const overall = Math.min(...jobs.map((j) => j.best_latency_ms ?? Infinity));
   el.append(
     workloads.size > 1 ? h('p', {class: 'warn-box'}, 'These jobs tune different workloads; their latencies are ',

@@ -1,11 +1,12 @@
 // One job, live: progress, ETA and stall warning, the search chart, tasks, the best schedule, the trials table.
-// The job's event stream pushes trials and state; the trial history is paged from the REST API in the
-// background, so a job with thousands of trials shows its header at once and fills in.
+// The history comes as the server's downsampled chart (at most ~1000 points however many trials: a job of 100,000
+// opens as fast as one of 100) and one page of the trials table at a time, paged on demand by cursor; the job's
+// event stream, resumed from the chart's last trial, pushes what is measured after.
 // A model job leads with the model's end-to-end latency against torch eager and torch.compile (the running
 // estimate, labelled so, while it tunes), then its tasks by their share of the model's time, each task's
 // schedule on demand. A failed or cancelled job shows no best latency: the error instead.
 
-import {ApiError, getAllTrials, getJob, request, serverNow, subscribe} from '../api.js';
+import {ApiError, getJob, getTrialChart, getTrials, request, serverNow, subscribe} from '../api.js';
 import {TrialChart} from '../charts.js';
 import {readTarGz} from '../tar.js';
 import {
@@ -25,6 +26,7 @@ function fmtEta(seconds) {
 const ended = (job) => job.status === 'failed' || job.status === 'cancelled';
 
 const PAGE_SIZE = 50;
+const RECENT = 50; // the newest trials kept for the throughput and the stall warning
 const STALL_MIN_SECONDS = 60; // a running job that measured nothing for this long (or 10 typical gaps) is stalled
 
 export function render(main, {params}) {
@@ -40,12 +42,19 @@ class JobView {
     this.main = main;
     this.id = id;
     this.job = null;
-    this.trials = []; // measurement order (by id)
-    this.byId = new Map();
-    this.loaded = false; // the history is fully paged in
+    this.lastId = 0; // the newest trial the page has: the chart's, then the stream's
+    this.recent = []; // the newest trials (up to RECENT), in measurement order (by id)
+    this.best = new Map(); // task id -> its fastest trial
+    this.stages = {}; // trials per stage
+    this.timeouts = 0;
     this.sort = {key: 'order', desc: true};
     this.filter = 'all';
     this.page = 0;
+    this.rows = []; // the trials table's page
+    this.count = 0; // trials matching the filter
+    this.cursors = [null]; // cursors[p]: what asks for page p
+    this.tableLoaded = false;
+    this.tableSeq = 0;
     this.closeStream = null;
     this.abort = new AbortController();
     this.timer = null;
@@ -67,9 +76,9 @@ class JobView {
       if (e.status === 0) window.addEventListener('altune:reconnected', () => this.restart(), {once: true});
       return;
     }
+    this.live = isActive(job); // a stream until the job ends (it may end before the chart is in)
     this.layout(job);
     this.update(job);
-    if (isActive(job)) this.listen();
     this.timer = setInterval(() => this.tick(), 1000);
     this.onReconnect = () => this.refresh();
     window.addEventListener('altune:reconnected', this.onReconnect);
@@ -92,8 +101,11 @@ class JobView {
     if (this.chart) this.chart.destroy();
   }
 
-  listen() {
-    this.closeStream = subscribe(`jobs/${this.id}/events`, {
+  /** The job's stream from trial `cursor` on (null: from when it connects). */
+  listen(cursor) {
+    if (this.closeStream || !this.live) return;
+    const query = cursor === null ? '' : `?last_event_id=${cursor}`;
+    this.closeStream = subscribe(`jobs/${this.id}/events${query}`, {
       job: (job) => this.update(job),
       trial: (trial) => this.addTrials([trial]),
       end: () => {
@@ -109,32 +121,37 @@ class JobView {
     } catch { /* the banner says why */ }
   }
 
+  /** The chart and the first page of the table at once; then the stream, from the chart's last trial. */
   async loadHistory() {
-    this.setLoading(0, this.job.trials_done);
+    this.setLoading(true);
+    if (!this.tableLoaded) this.loadTable(0);
+    let chart;
     try {
-      await getAllTrials(this.id, (page, loaded, count) => {
-        this.addTrials(page);
-        this.setLoading(loaded, count);
-      }, {signal: this.abort.signal});
-      this.loaded = true;
-      this.setLoading(null);
+      chart = await getTrialChart(this.id, {}, {signal: this.abort.signal});
     } catch (e) {
       if (e.name === 'AbortError') return;
       fill(this.els.loading, h('span', {class: 'error-text'}, `Could not load the trials: ${errorText(e)}`),
         ' ', h('button', {type: 'button', onclick: () => this.loadHistory()}, 'Retry'));
-    }
-  }
-
-  setLoading(loaded, count) {
-    const el = this.els.loading;
-    if (loaded === null) {
-      el.hidden = true;
-      el.replaceChildren();
+      this.listen(null); // live at least
       return;
     }
-    el.hidden = false;
-    fill(el, h('progress', {max: Math.max(count, 1), value: loaded, 'aria-label': 'trials loaded'}),
-      ` Loading trials… ${loaded} of ${count}`);
+    this.lastId = Math.max(this.lastId, chart.last_id);
+    this.stages = {...chart.stages};
+    this.timeouts = chart.timeouts;
+    this.best = new Map(chart.best.map((t) => [t.task_id, t]));
+    this.chart.load(chart);
+    this.setLoading(false);
+    this.renderFacts();
+    this.renderBest();
+    this.renderTasks();
+    this.listen(chart.last_id);
+  }
+
+  setLoading(loading) {
+    const el = this.els.loading;
+    el.hidden = !loading;
+    if (loading) fill(el, 'Loading the search curve…');
+    else el.replaceChildren();
   }
 
   // -- layout ------------------------------------------------------------------------------------------------
@@ -163,8 +180,8 @@ class JobView {
       h('option', {value: 'error'}, 'errors'));
     els.filter.addEventListener('change', () => {
       this.filter = els.filter.value;
-      this.page = 0;
-      this.renderTable();
+      this.cursors = [null];
+      this.loadTable(0);
     });
     els.thead = h('thead');
     els.tbody = h('tbody');
@@ -217,23 +234,34 @@ class JobView {
     }
   }
 
+  /** Trials from the stream, in measurement order. */
   addTrials(list) {
-    let fresh = 0;
-    for (const t of list) {
-      if (this.byId.has(t.id)) continue;
-      this.byId.set(t.id, t);
-      this.trials.push(t);
-      fresh++;
+    const fresh = list.filter((t) => t.id > this.lastId);
+    if (!fresh.length) return;
+    this.lastId = fresh.at(-1).id;
+    for (const t of fresh) {
+      this.stages[t.stage] = (this.stages[t.stage] || 0) + 1;
+      if (isTimeout(t.error)) this.timeouts++;
+      const best = this.best.get(t.task_id);
+      if (t.latency_ms !== null && (!best || t.latency_ms < best.latency_ms)) this.best.set(t.task_id, t);
     }
-    if (!fresh) return;
-    const n = this.trials.length;
-    if (n > fresh && this.trials[n - fresh - 1].id > this.trials[n - fresh].id) {
-      this.trials.sort((a, b) => a.id - b.id);
+    this.remember(fresh);
+    this.chart.add(fresh);
+    const shown = fresh.filter((t) => this.filter === 'all' || (this.filter === 'ok') === (t.latency_ms !== null));
+    if (shown.length && this.page === 0) {
+      this.queueTable(); // the first page again, at most once a second
+    } else if (shown.length) {
+      this.count += shown.length;
+      this.renderPager();
     }
-    this.chart.add(list);
-    this.queueTable();
     this.renderFacts();
     this.renderBest();
+  }
+
+  /** Keeps the newest RECENT trials seen (a page or the stream), in measurement order. */
+  remember(trials) {
+    const byId = new Map([...this.recent, ...trials].map((t) => [t.id, t]));
+    this.recent = [...byId.values()].sort((a, b) => a.id - b.id).slice(-RECENT);
   }
 
   queueTable() {
@@ -241,21 +269,16 @@ class JobView {
     this.tableQueued = true;
     setTimeout(() => {
       this.tableQueued = false;
-      this.renderTable();
-    }, 250);
+      if (this.page === 0) this.loadTable(0);
+    }, 1000);
   }
 
   stats() {
     const job = this.job;
-    const trials = this.trials;
-    const stages = {};
-    let timeouts = 0;
-    for (const t of trials) {
-      stages[t.stage] = (stages[t.stage] || 0) + 1;
-      if (isTimeout(t.error)) timeouts++;
-    }
+    const stages = this.stages;
+    const timeouts = this.timeouts;
     // throughput from the recent trials' timestamps; before two exist, from the start time
-    const recent = trials.slice(-50);
+    const recent = this.recent;
     let rate = null; // trials per second
     const times = recent.map((t) => Date.parse(t.created_at));
     // the typical gap between measurements, for the stall threshold
@@ -269,7 +292,8 @@ class JobView {
       const end = job.finished_at ? Date.parse(job.finished_at) : serverNow();
       rate = job.trials_done / Math.max((end - Date.parse(job.started_at)) / 1000, 1e-3);
     }
-    const lastTrial = trials.length ? Date.parse(trials.at(-1).created_at) : null;
+    const lastTrial = recent.length ? Date.parse(recent.at(-1).created_at)
+      : job.last_trial_at ? Date.parse(job.last_trial_at) : null;
     const lastActivity = Math.max(lastTrial || 0, job.started_at ? Date.parse(job.started_at) : 0) || null;
     const stallAfter = Math.max(STALL_MIN_SECONDS, 10 * gap);
     const idle = lastActivity ? (serverNow() - lastActivity) / 1000 : null;
@@ -529,14 +553,9 @@ class JobView {
         : h('p', {class: 'muted'}, 'No schedule measured for this task yet.'));
   }
 
+  /** Each task's fastest trial: the chart's, then the stream's. */
   bestTrials() {
-    const best = new Map(); // task id -> trial
-    for (const t of this.trials) {
-      if (t.latency_ms === null) continue;
-      const b = best.get(t.task_id);
-      if (!b || t.latency_ms < b.latency_ms) best.set(t.task_id, t);
-    }
-    return best;
+    return this.best;
   }
 
   renderBest() {
@@ -588,18 +607,19 @@ class JobView {
 
   // -- trials table ------------------------------------------------------------------------------------------
 
+  /** The table's columns; `sort` names how the server pages by it (only measurement order and latency). */
   columns() {
     const multi = (this.job && this.job.tasks && this.job.tasks.length > 1);
     return [
-      {key: 'order', label: '#', value: (t) => t.id, cell: (t) => t.index, num: true},
-      multi ? {key: 'task', label: 'Task', value: (t) => t.task_id, cell: (t) => this.taskName(t.task_id)} : null,
-      {key: 'stage', label: 'Stage', value: (t) => t.stage, cell: (t) => (t.stage === 'loop' ? 'loop-only' : t.stage)},
-      {key: 'latency', label: 'Latency', value: (t) => t.latency_ms, cell: (t) => fmtMs(t.latency_ms), num: true},
-      {key: 'predicted', label: 'Predicted', value: (t) => t.predicted,
-        cell: (t) => (t.predicted === null ? '—' : t.predicted.toPrecision(3)), num: true},
-      {key: 'config', label: 'Configuration', value: (t) => fmtConfig(t.config), cell: (t) => this.configCell(t)},
-      {key: 'error', label: 'Error', value: (t) => t.error, cell: (t) => this.errorCell(t)},
-      {key: 'time', label: 'Measured', value: (t) => t.created_at, cell: (t) => timeEl(t.created_at)},
+      {key: 'order', label: '#', sort: 'id', cell: (t) => t.index, num: true},
+      multi ? {key: 'task', label: 'Task', cell: (t) => this.taskName(t.task_id)} : null,
+      {key: 'stage', label: 'Stage', cell: (t) => (t.stage === 'loop' ? 'loop-only' : t.stage)},
+      {key: 'latency', label: 'Latency', sort: 'latency', cell: (t) => fmtMs(t.latency_ms), num: true},
+      {key: 'predicted', label: 'Predicted', cell: (t) => (t.predicted === null ? '—' : t.predicted.toPrecision(3)),
+        num: true},
+      {key: 'config', label: 'Configuration', cell: (t) => this.configCell(t)},
+      {key: 'error', label: 'Error', cell: (t) => this.errorCell(t)},
+      {key: 'time', label: 'Measured', cell: (t) => timeEl(t.created_at)},
     ].filter(Boolean);
   }
 
@@ -627,60 +647,71 @@ class JobView {
       h('pre', {}, t.error));
   }
 
-  rowsInView() {
-    let rows = this.trials;
-    if (this.filter === 'ok') rows = rows.filter((t) => t.latency_ms !== null);
-    if (this.filter === 'error') rows = rows.filter((t) => t.latency_ms === null);
-    const col = this.columns().find((c) => c.key === this.sort.key) || this.columns()[0];
-    const dir = this.sort.desc ? -1 : 1;
-    return [...rows].sort((a, b) => {
-      const x = col.value(a);
-      const y = col.value(b);
-      if (x === y) return (a.id - b.id) * dir;
-      if (x === null || x === undefined) return 1; // nothing sorts last either way
-      if (y === null || y === undefined) return -1;
-      return (x < y ? -1 : 1) * dir;
-    });
+  /** Page `page` of the table from the server (one indexed query, however many trials the job has). */
+  async loadTable(page) {
+    const seq = ++this.tableSeq;
+    const sort = this.columns().find((c) => c.key === this.sort.key)?.sort || 'id';
+    let res;
+    try {
+      res = await getTrials(this.id, {limit: PAGE_SIZE, sort, order: this.sort.desc ? 'desc' : 'asc',
+        status: this.filter, cursor: this.cursors[page]}, {signal: this.abort.signal});
+    } catch (e) {
+      if (e.name === 'AbortError' || seq !== this.tableSeq) return;
+      fill(this.els.tbody, h('tr', {}, h('td', {colspan: this.columns().length, class: 'error-text'},
+        `Could not load the trials: ${errorText(e)}`)));
+      return;
+    }
+    if (seq !== this.tableSeq) return; // a later request (another page, sort or filter) answers instead
+    this.page = page;
+    this.rows = res.data;
+    this.count = res.count;
+    this.cursors[page + 1] = res.next;
+    this.cursors.length = page + 2;
+    this.tableLoaded = true;
+    if (page === 0 && sort === 'id' && this.sort.desc) {
+      this.remember(res.data); // the newest trials: the throughput and the stall warning
+      this.renderFacts();
+    }
+    this.renderTable();
   }
 
   renderTable() {
     const cols = this.columns();
     fill(this.els.thead, h('tr', {}, cols.map((c) => {
+      if (!c.sort) return h('th', {scope: 'col', class: c.num ? 'num' : null}, c.label);
       const active = this.sort.key === c.key;
       const btn = h('button', {type: 'button', class: 'sort', dataset: {sort: c.key}},
         c.label, h('span', {'aria-hidden': 'true'}, active ? (this.sort.desc ? ' ▼' : ' ▲') : ''));
-      btn.addEventListener('click', () => {
+      btn.addEventListener('click', async () => {
         this.sort = {key: c.key, desc: active ? !this.sort.desc : c.key === 'order'};
-        this.page = 0;
-        this.renderTable();
-        this.els.thead.querySelector(`button[data-sort="${c.key}"]`).focus();
+        this.cursors = [null];
+        await this.loadTable(0);
+        this.els.thead.querySelector(`button[data-sort="${c.key}"]`)?.focus();
       });
       return h('th', {scope: 'col', class: c.num ? 'num' : null,
         'aria-sort': active ? (this.sort.desc ? 'descending' : 'ascending') : 'none'}, btn);
     })));
-    const rows = this.rowsInView();
-    const pages = Math.max(1, Math.ceil(rows.length / PAGE_SIZE));
-    this.page = Math.min(this.page, pages - 1);
-    const start = this.page * PAGE_SIZE;
-    const shown = rows.slice(start, start + PAGE_SIZE);
+    const shown = this.rows;
     fill(this.els.tbody, shown.length ? shown.map((t) => h('tr', {class: t.error ? 'err' : null,
       dataset: {trialId: t.id}}, cols.map((c) => h('td', {class: c.num ? 'num' : null}, c.cell(t)))))
       : h('tr', {}, h('td', {colspan: cols.length, class: 'muted'},
-        this.loaded || (this.job && this.job.trials_done === 0) ? 'No trials yet.' : 'Loading trials…')));
-    const go = (p) => () => {
-      this.page = p;
-      this.renderTable();
-    };
+        this.tableLoaded || (this.job && this.job.trials_done === 0) ? 'No trials yet.' : 'Loading trials…')));
+    this.renderPager();
+  }
+
+  renderPager() {
+    const pages = Math.max(1, Math.ceil(this.count / PAGE_SIZE));
+    const start = this.page * PAGE_SIZE;
+    const go = (p) => () => this.loadTable(p);
+    const hasNext = !!this.cursors[this.page + 1];
     fill(this.els.pager,
       h('button', {type: 'button', onclick: go(0), disabled: this.page === 0, 'aria-label': 'first page'}, '«'),
       h('button', {type: 'button', onclick: go(this.page - 1), disabled: this.page === 0,
         'aria-label': 'previous page'}, '‹ Prev'),
       h('span', {class: 'page-info', id: 'trials-page-info'},
-        rows.length ? `${start + 1}–${start + shown.length} of ${rows.length}` : '0 of 0',
+        this.rows.length ? `${start + 1}–${start + this.rows.length} of ${this.count}` : `0 of ${this.count}`,
         ` · page ${this.page + 1} of ${pages}`),
-      h('button', {type: 'button', onclick: go(this.page + 1), disabled: this.page >= pages - 1,
-        'aria-label': 'next page'}, 'Next ›'),
-      h('button', {type: 'button', onclick: go(pages - 1), disabled: this.page >= pages - 1,
-        'aria-label': 'last page'}, '»'));
+      h('button', {type: 'button', onclick: go(this.page + 1), disabled: !hasNext, 'aria-label': 'next page'},
+        'Next ›'));
   }
 }
