@@ -48,8 +48,9 @@ _ERROR_DOCS: dict[int, str] = {
     409: "the job has already finished",
     413: "the body is larger than the server takes: a JSON body over `ALTUNE_MAX_JSON_BODY_BYTES`, an upload "
          "over `ALTUNE_MAX_UPLOAD_BYTES`",
-    429: "over the token's quota (jobs queued, trials or upload bytes per UTC day): the message names the limit "
-         "and when it frees, `Retry-After` the seconds until then",
+    429: "over the token's quota (jobs queued, trials or upload bytes per UTC day), or too many event streams open "
+         "(`ALTUNE_MAX_STREAMS`, `ALTUNE_MAX_STREAMS_PER_TOKEN`): the message names the limit and when it frees or "
+         "how to raise it, `Retry-After` the seconds to wait",
     503: "the database cannot be reached or refused the request",
 }
 
