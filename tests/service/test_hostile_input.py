@@ -75,11 +75,14 @@ def test_the_jobs_stream_takes_the_oldest_timestamp(settings, run_async):
     import asyncio
 
     from service.api.events import _list_events, _parse_watermark
+    from service.api.stream_limits import TokenWatch
+    from service.tokens import Caller
 
     since = _parse_watermark("0001-01-01T00:00:00")
+    url = settings.resolved_database_url
 
     async def first_two() -> list[bytes]:
-        stream = _list_events(settings.resolved_database_url, since, None)
+        stream = _list_events(url, since, None, TokenWatch(url, Caller.anonymous("read")))
         # 2 s: four of the stream's polls (POLL_SECONDS), each of which read the window that underflowed
         return [await anext(stream), await asyncio.wait_for(anext(stream), 2)]
 
