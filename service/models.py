@@ -116,6 +116,10 @@ class Job(Base):
 # the jobs stream of a token that sees only its own jobs (`ALTUNE_JOBS_VISIBLE=own`): its changes since a moment
 Index("ix_jobs_owner_id_updated_at", Job.owner_id, Job.updated_at)
 
+# the claimable jobs (`service.worker`): a claim reads this, not the finished jobs before them
+_CLAIMABLE = Job.status.in_(("queued", "running"))
+Index("ix_jobs_claimable", Job.id, postgresql_where=_CLAIMABLE, sqlite_where=_CLAIMABLE)
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -415,6 +419,28 @@ class TaskRound(Base):
     attempts: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class WorkerRow(Base):
+    """A worker process while it lives: `seen_at` renewed every third of a lease (`service.worker`)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+    @classmethod
+    def seen(cls, session: Session, worker_id: str, now: datetime) -> None:
+        """Record that the worker lives (its row added on the first call)."""
+        insert = _insert(session)
+        session.execute(insert(cls).values(id=worker_id, started_at=now, seen_at=now)
+                        .on_conflict_do_update(index_elements=[cls.id], set_={"seen_at": now}))
+
+    @classmethod
+    def live(cls, session: Session, since: datetime) -> int:
+        """Workers seen since `since`."""
+        return session.scalar(select(func.count()).select_from(cls).where(cls.seen_at >= since)) or 0
 
 
 class Artifact(Base):

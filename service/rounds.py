@@ -4,9 +4,9 @@ The job's own worker (the one holding the job's lease) runs `tuner.model.tune_mo
 the gradient task scheduler, the final picks. Only its rounds ("measure n more candidates of this task":
 `tuner.rounds.Round`) leave it, through `JobRounds`:
 
-- `submit` writes the round as a `queued` row; the scheduler keeps dispatching while no round of the job waits
-  unclaimed, so the rounds in flight are the workers running them plus one: one worker alone runs them one
-  after another, each choice seeing every result; each worker that joins adds a round in flight.
+- `submit` writes the round as a `queued` row; the scheduler keeps as many rounds in flight as there are live
+  workers (`workers`: each renews its row while it lives): one worker alone runs them one after another, each
+  choice seeing every result, as `tuner.rounds.InlineRounds` does; each worker that joins adds a round in flight.
 - any worker claims a round (`claim_round`: the job queue's `SKIP LOCKED` claim) when it has no job to claim,
   the job's own worker included (a thread beside its scheduler, claiming only its job's rounds). It reads the
   task's trials from the database, runs the round on its own measurer (its CPU, or the job's device leased from
@@ -36,7 +36,7 @@ from sqlalchemy import and_, or_, select, update
 from service.db import StorageError, session_scope, utcnow
 from service.job_run import Lease, db_now, min_sql, trials_of
 from service.knowledge import load_knowledge, save_knowledge, scope_of
-from service.models import Job, TaskRound, TrialRow, TuningTask
+from service.models import Job, TaskRound, TrialRow, TuningTask, WorkerRow
 from service.requests import model_tune_request
 from tuner import Measurer, Trial
 from tuner.knowledge import Knowledge
@@ -272,11 +272,14 @@ class JobRounds(Rounds):
     def free(self, in_flight: int) -> bool:
         if in_flight == 0:
             return True
-        if in_flight >= MOST_IN_FLIGHT:
-            return False
-        with session_scope(self.url) as s:  # no round of the job waits for a worker: one more may go
-            return s.scalar(select(TaskRound.id).where(TaskRound.job_id == self.job_id,
-                                                       TaskRound.status == "queued").limit(1)) is None
+        with session_scope(self.url) as s:
+            return in_flight < self._slots(s)
+
+    def _slots(self, s: Any) -> int:
+        """Rounds of the job in flight at most: one per live worker (`workers`; this one counts even when it has
+        no row, run outside `run_forever`), at most `MOST_IN_FLIGHT`."""
+        since = db_now(s) - timedelta(seconds=self.worker.settings.lease_seconds)
+        return max(1, min(MOST_IN_FLIGHT, WorkerRow.live(s, since)))
 
     def submit(self, rnd: Round, trials: Sequence[Trial]) -> None:
         if self.runner.ident is None:
@@ -293,7 +296,7 @@ class JobRounds(Rounds):
 
         self.pending[self.worker.retry_db(f"job {self.job_id}: round", write)] = rnd
 
-    def wait(self) -> RoundDone | None:
+    def wait(self, more: bool) -> RoundDone | None | bool:
         while not self.should_stop():
             if self.error is not None:
                 raise self.error
@@ -305,6 +308,8 @@ class JobRounds(Rounds):
                     rnd = self.pending.pop(row.id)
                     result = row.result or {}
                     return RoundDone(rnd, trials_of(s, row.task_id), result.get("baseline_ms"), result.get("error"))
+                if more and len(self.pending) < self._slots(s):
+                    return True
             time.sleep(self.poll)
         return None
 

@@ -97,12 +97,6 @@ class Settings(BaseSettings):
     max_streams_per_token: int = Field(
         20, ge=0, description="event streams one token keeps open at once (requests without a token: per client "
                               "address); one more is refused with 429")
-    max_streams: int = Field(
-        200, ge=0, description="event streams (`/events`, `/jobs/{id}/events`) the API keeps open at once; one more "
-                               "is refused with 429 (each dashboard tab holds one or two)")
-    max_streams_per_token: int = Field(
-        20, ge=0, description="event streams one token keeps open at once (requests without a token: per client "
-                              "address); one more is refused with 429")
     worker_restart_max_seconds: float = Field(
         60.0, gt=0, description="`altune serve` restarts a worker that died after 1 s, doubling the wait for each "
                                 "death in a row up to this many seconds (a worker that ran a minute starts over)")

@@ -26,13 +26,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, case, delete, func, or_, select, update
 from sqlalchemy.orm import aliased
 
 from service.db import StorageError, session_scope
 from service.job_run import JobRun, LeaseLost, db_now, measurer_for
 from service.model_worker import run_model_job
-from service.models import Job, Token
+from service.models import Job, Token, WorkerRow
 from service.operator_job import run_operator_job
 from service.rounds import claim_round, execute_round, release_rounds
 from service.settings import Settings
@@ -109,9 +109,28 @@ class Worker:
                 == 1
             )
 
+    def _present(self) -> None:
+        """Renew this worker's row in `workers` every third of a lease until `stop()` (a job's scheduler counts the
+        live workers: `service.rounds`); the row goes with the worker."""
+        while True:
+            try:
+                with session_scope(self.url) as s:
+                    WorkerRow.seen(s, self.worker_id, db_now(s))
+            except Exception as e:  # the database is away: the loop waits for it; the row is renewed after
+                log.debug("worker %s: presence not renewed: %s", self.worker_id, e)
+            if self._stop.wait(max(self.settings.lease_seconds / 3, 0.2)):
+                break
+        try:
+            with session_scope(self.url) as s:
+                s.execute(delete(WorkerRow).where(WorkerRow.id == self.worker_id))
+        except Exception:  # noqa: BLE001 - its seen_at runs out by itself
+            pass
+
     def run_forever(self) -> None:
         """Claim and run jobs until `stop()`; a database that does not answer is waited for, never fatal."""
         log.info("worker %s polling %s", self.worker_id, self.url)
+        presence = threading.Thread(target=self._present, name="presence", daemon=True)
+        presence.start()
         down_since: float | None = None
         while not self._stop.is_set():
             try:

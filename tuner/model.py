@@ -368,8 +368,11 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         runner = rounds or InlineRounds(measurer, knowledge=knowledge,
                                         on_trial=lambda r, trial: record(outcomes[r.index].model_task, trial),
                                         should_stop=hooks.should_stop, reraise=hooks.reraise)
-        scheduler = GradientScheduler([outcomes[i].model_task.weight for i in fresh], lambda j, n: None, left,
-                                      trials_per_round=per_round, seed=request.seed, should_stop=hooks.should_stop)
+        # the scheduler counts the resumed tasks' trials as spent (below): its budget is what is left plus them
+        resumed = sum(len(outcomes[i].trials) for i in fresh)
+        scheduler = GradientScheduler([outcomes[i].model_task.weight for i in fresh], lambda j, n: None,
+                                      left + resumed, trials_per_round=per_round, seed=request.seed,
+                                      should_stop=hooks.should_stop)
         for j, i in enumerate(fresh):  # resumed: the scheduler starts from what each task already has
             done = outcomes[i].trials
             if done:
@@ -379,9 +382,9 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
                 scheduler.state.history[j].append(b.latency_ms if b is not None else None)
         position = {i: j for j, i in enumerate(fresh)}
 
-        def wait() -> tuple[int, RoundResult] | None:
-            done = runner.wait()
-            return None if done is None else (position[done.round.index], finished(done))
+        def wait(more: bool) -> tuple[int, RoundResult] | None | bool:
+            done = runner.wait(more)
+            return done if done is None or done is True else (position[done.round.index], finished(done))
 
         try:
             scheduler.run_parallel(lambda j, n: runner.submit(make_round(fresh[j], n), outcomes[fresh[j]].trials),

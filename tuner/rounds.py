@@ -134,8 +134,9 @@ class Rounds(abc.ABC):
         """Dispatches a round of a task that has measured `trials` so far."""
 
     @abc.abstractmethod
-    def wait(self) -> RoundDone | None:
-        """The next finished round (blocking); None when the tuning must stop (`should_stop`)."""
+    def wait(self, more: bool) -> RoundDone | None | bool:
+        """The next finished round (blocking); True as soon as another round may be dispatched, when `more` (the
+        scheduler has one to give); None when the tuning must stop (`should_stop`)."""
 
     def close(self) -> None:
         """Gives up the rounds still in flight (a stop); nothing to do when none are."""
@@ -173,6 +174,6 @@ class InlineRounds(Rounds):
             return
         self.done.append(RoundDone(rnd, measured, result.baseline_ms))
 
-    def wait(self) -> RoundDone | None:
+    def wait(self, more: bool) -> RoundDone | None | bool:
         return self.done.popleft() if self.done else None
 

@@ -174,27 +174,35 @@ class GradientScheduler:
         if result.trials == 0:
             self.state.dead[i] = True
 
-    def run_parallel(self, submit: Callable[[int, int], None], wait: Callable[[], tuple[int, RoundResult] | None],
+    def run_parallel(self, submit: Callable[[int, int], None],
+                     wait: Callable[[bool], tuple[int, RoundResult] | None | bool],
                      free: Callable[[int], bool]) -> list[float | None]:
         """Runs rounds several at a time: while `free(in_flight)` says another may go, the next task (one without a
-        round in flight) is given one (`submit(i, n)`); then `wait()` gives a finished round `(i, result)` back,
-        None to stop. The budget counts what rounds in flight may spend. With `free` true only when nothing is in
-        flight this is `run`, each choice seeing every earlier result; with more in flight each choice sees every
-        round finished so far: the scheduler stays one, whoever runs the rounds."""
+        round in flight) is given one (`submit(i, n)`); then `wait(more)` gives a finished round `(i, result)` back,
+        True when another round may go now (only asked when `more`: there is one to give), None to stop. The
+        budget counts what rounds in flight may spend. With `free` true only when nothing is in flight this is
+        `run`, each choice seeing every earlier result; with more in flight each choice sees every round finished
+        so far: the scheduler stays one, whoever runs the rounds."""
         in_flight: dict[int, int] = {}  # task -> measurements its round was given
+
+        def next_round() -> tuple[int | None, int]:
+            left = self.budget - self.spent - sum(in_flight.values())
+            return (self.next_task(busy=in_flight) if left > 0 else None), left
+
         while True:
             while not self.should_stop() and free(len(in_flight)):
-                left = self.budget - self.spent - sum(in_flight.values())
-                i = self.next_task(busy=in_flight) if left > 0 else None
+                i, left = next_round()
                 if i is None:
                     break
                 in_flight[i] = min(self.trials_per_round, left)
                 submit(i, in_flight[i])
             if not in_flight:
                 break
-            finished = wait()
+            finished = wait(not self.should_stop() and next_round()[0] is not None)
             if finished is None:
                 break
+            if finished is True:
+                continue
             i, result = finished
             self.complete(i, result, in_flight.pop(i))
         return self.state.best
