@@ -53,8 +53,9 @@ so an upload never holds a request's session slot while torch and TVM work, and 
 AUTH_SESSIONS = 2
 """Token lookups (and quota checks before an upload is read) at once, on threads and connections of their own."""
 API_CONNECTIONS = API_THREADS + STREAM_THREADS + MODEL_SESSIONS + AUTH_SESSIONS
-WORKER_CONNECTIONS = 3
-"""A worker's job loop and its lease heartbeat, one spare; also what any other caller of `get_engine(url)` gets."""
+WORKER_CONNECTIONS = 5
+"""A worker's job loop, its lease heartbeat and its presence (`service.worker`), its own job's rounds and their
+lease heartbeat (`service.rounds`); also what any other caller of `get_engine(url)` gets."""
 
 
 @cache
