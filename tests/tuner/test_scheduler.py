@@ -99,3 +99,37 @@ def test_best_never_gets_worse():
     sched = GradientScheduler([1], lambda i, n: next(values), budget=32, trials_per_round=8)
     sched.run()
     assert sched.state.history[0] == [5.0, 5.0, 4.0, 4.0]
+
+
+def test_run_parallel_with_one_slot_makes_the_same_choices_as_run():
+    curves = [curve(10, 1, 0.1), curve(4, 2, 0.3), curve(20, 5, 0.05)]
+    serial = Synthetic(curves)
+    GradientScheduler([1, 2, 1], serial, budget=96, trials_per_round=8).run()
+    spread = Synthetic(curves)
+    sched = GradientScheduler([1, 2, 1], spread, budget=96, trials_per_round=8)
+    queue = []
+    sched.run_parallel(lambda i, n: queue.append((i, spread(i, n))), lambda _more: queue.pop(0) if queue else None,
+                       lambda in_flight: in_flight == 0)
+    assert spread.calls == serial.calls and sched.spent == 96
+
+
+def test_run_parallel_keeps_one_round_per_task_in_flight_and_the_budget_whole():
+    tasks = Synthetic([curve(10, 1, 0.1)] * 5)
+    sched = GradientScheduler([1] * 5, tasks, budget=100, trials_per_round=8)
+    in_flight: list[tuple[int, int]] = []
+    most = 0
+
+    def submit(i, n):
+        nonlocal most
+        assert i not in [j for j, _ in in_flight], f"task {i} got a second round in flight"
+        in_flight.append((i, n))
+        most = max(most, len(in_flight))
+
+    def wait(more):
+        i, n = in_flight.pop(0)  # the oldest round finishes first
+        return i, RoundResult(tasks(i, n), n)
+
+    sched.run_parallel(submit, wait, lambda k: k < 3)
+    assert most == 3, "three rounds in flight at once"
+    assert sched.spent == sum(n for _, n in tasks.calls) == 100
+    assert [i for i, _ in tasks.calls[:5]] == [0, 1, 2, 3, 4], "the warm-up still goes in task order"
