@@ -27,6 +27,7 @@ TrialStatus = Literal["all", "ok", "error"]
 MAX_ID = 2**31 - 1
 # `web/static/util.js` isTimeout: /time ?out|timed out/i
 TIMEOUT_PATTERNS = ("%timeout%", "%time out%", "%timed out%")
+TASK_GROUPS = 10_000  # (bucket, task) groups read for the tasks' best-so-far steps, at most
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class Chart:
 
 
 def chart(session: Session, job_id: int, points: int) -> Chart:
-    """The job's trials in at most `points` buckets of consecutive ids, from one aggregate over an index.
+    """The job's trials in at most `points` buckets of consecutive ids, from aggregates over an index.
 
     Buckets are ranges of trial ids (`width` ids each), so grouping needs no row numbers; a trial's number is
     the count of the job's trials before its bucket plus its place in it. Only trials up to the newest id read
@@ -170,43 +171,53 @@ def chart(session: Session, job_id: int, points: int) -> Chart:
     width = max(1, math.ceil((hi - lo + 1) / points))
     mine = (TrialRow.job_id == job_id) & (TrialRow.id <= hi)
     bucket = ((TrialRow.id - lo) // width).label("bucket")
-    groups = session.execute(
-        select(bucket, TrialRow.task_id, func.count(), func.count(TrialRow.latency_ms), func.min(TrialRow.latency_ms),
-               func.max(TrialRow.latency_ms))
-        .where(mine).group_by(bucket, TrialRow.task_id)
+    rows = session.execute(
+        select(bucket, func.count(), func.count(TrialRow.latency_ms), func.min(TrialRow.latency_ms),
+               func.max(TrialRow.latency_ms)).where(mine).group_by(bucket)
     ).all()
-    groups.sort(key=lambda g: g.bucket)
-    out = Chart(count=0, last_id=hi)
+    rows.sort(key=lambda r: r.bucket)
+    out: list[ChartPoint] = []
+    ends: list[tuple[int, int]] = []  # (bucket, the number of its last trial)
     seen = 0
     best: float | None = None
-    task_best: dict[int, float] = {}
-    i = 0
-    while i < len(groups):
-        b = groups[i].bucket
-        n = errors = 0
-        low: float | None = None
-        high: float | None = None
-        improved: list[tuple[int, float]] = []
-        while i < len(groups) and groups[i].bucket == b:
-            _, task_id, total, measured, mn, mx = groups[i]
-            n, errors = n + total, errors + total - measured
-            if mn is not None:
-                low = mn if low is None else min(low, mn)
-                high = mx if high is None else max(high, mx)
-                if task_id not in task_best or mn < task_best[task_id]:
-                    task_best[task_id] = mn
-                    improved.append((task_id, mn))
-            i += 1
+    for b, total, measured, low, high in rows:
         if low is not None and (best is None or low < best):
             best = low
-        out.points.append(ChartPoint(seen + 1, seen + n, errors, low, high, best))
-        out.task_best.extend(TaskBest(task_id, seen + n, ms) for task_id, ms in improved)
-        seen += n
+        out.append(ChartPoint(seen + 1, seen + total, total - measured, low, high, best))
+        seen += total
+        ends.append((b, seen))
     stages = session.execute(select(TrialRow.stage, func.count()).where(mine).group_by(TrialRow.stage)).all()
     timeouts = session.scalar(select(func.count()).select_from(TrialRow).where(
         mine, TrialRow.latency_ms.is_(None), or_(*(TrialRow.error.ilike(p) for p in TIMEOUT_PATTERNS)))) or 0
-    return Chart(count=seen, last_id=hi, points=out.points, task_best=out.task_best,
+    task_ids = list(session.scalars(select(TuningTask.id).where(TuningTask.job_id == job_id)))
+    if len(task_ids) == 1:  # the job's steps are its one task's: no second pass over the index
+        steps = [TaskBest(task_ids[0], p.last, p.best_ms) for i, p in enumerate(out)
+                 if p.best_ms is not None and (i == 0 or p.best_ms != out[i - 1].best_ms)]
+    else:
+        steps = _task_steps(session, mine, lo, width, len(task_ids), ends)
+    return Chart(count=seen, last_id=hi, points=out, task_best=steps,
                  stage_boundary=_stage_boundary(session, mine), stages={s: n for s, n in stages}, timeouts=timeouts)
+
+
+def _task_steps(session: Session, mine: ColumnElement[bool], lo: int, width: int, tasks: int,
+                ends: list[tuple[int, int]]) -> list[TaskBest]:
+    """Where each task's best latency improved, at the chart's buckets; for a job of many tasks at coarser ones
+    (`factor` buckets each), so that at most `TASK_GROUPS` (bucket, task) groups are read."""
+    factor = max(1, math.ceil(tasks * len(ends) / TASK_GROUPS))
+    last_of = {b // factor: end for b, end in ends}  # ascending: the coarse bucket's last trial wins
+    coarse = ((TrialRow.id - lo) // (width * factor)).label("coarse")
+    groups = session.execute(
+        select(coarse, TrialRow.task_id, func.min(TrialRow.latency_ms))
+        .where(mine, TrialRow.latency_ms.is_not(None)).group_by(coarse, TrialRow.task_id)
+    ).all()
+    groups.sort(key=lambda g: (g.coarse, g.task_id))
+    steps: list[TaskBest] = []
+    best: dict[int, float] = {}
+    for c, task_id, low in groups:
+        if task_id not in best or low < best[task_id]:
+            best[task_id] = low
+            steps.append(TaskBest(task_id, last_of[c], low))
+    return steps
 
 
 def _stage_boundary(session: Session, mine: ColumnElement[bool]) -> int | None:

@@ -123,6 +123,16 @@ def test_chart_buckets_match_the_trials_computed_in_python(client, written, poin
     assert all(b["config"] == {"tile": b["config"]["tile"]} for b in chart["best"]), "whole trials, with configs"
 
 
+def test_chart_of_a_job_of_one_task(client, written):
+    _, other_id, _ = written
+    chart = client.get(f"/api/v1/jobs/{other_id}/trials/chart", params={"points": 100}).json()
+    assert chart["count"] == 1000 and len(chart["points"]) <= 100 and chart["stage_boundary"] is None
+    improved = [p for i, p in enumerate(chart["points"])
+                if p["best_ms"] is not None and (i == 0 or p["best_ms"] != chart["points"][i - 1]["best_ms"])]
+    assert [(s["last"], s["best_ms"]) for s in chart["task_best"]] == [(p["last"], p["best_ms"]) for p in improved]
+    assert len({s["task_id"] for s in chart["task_best"]}) == 1 and len(chart["best"]) == 1
+
+
 def test_chart_of_a_job_without_trials(client, settings):
     with session_scope(settings.resolved_database_url) as s:
         job = Job(kind="operator", name="dense", spec=SPEC, target="host", budget=1)
