@@ -69,6 +69,8 @@ def test_a_model_job_tuned_by_two_workers_stores_every_trial_once_and_passes_the
     logs = (tmp_path / "worker-a.log", tmp_path / "worker-b.log")
     with cli_process(["worker"], env, logs[0]) as a, cli_process(["worker"], env, logs[1]) as b:
         wait_until("the job to finish", job_finished(db_url, job_id), procs=(a, b), logs=logs)
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, a.pid) == min(19, ours + 10), "workers run below the API's priority"
     _assert_every_trial_once(db_url, job_id)
     rounds = _rounds(db_url, job_id)
     assert rounds and all(r.status == "done" and r.attempts == 1 for r in rounds)
