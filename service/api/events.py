@@ -106,6 +106,30 @@ def _snapshot(session: Session, job: Job) -> JobPublic:
     return out
 
 
+class _Snapshots:
+    """The newest snapshot read of each job, with its JSON, shared by every stream of this process: when a job
+    changes, its N streams (and the N jobs-list streams) read and serialize it once, not N times."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.jobs: dict[tuple[str, int], tuple[datetime, JobPublic, str]] = {}
+
+    def get(self, url: str, job_id: int, updated_at: datetime) -> tuple[JobPublic, str] | None:
+        """The snapshot of the job as of `updated_at` (naive UTC, as stored), if one was read."""
+        hit = self.jobs.get((url, job_id))
+        return (hit[1], hit[2]) if hit is not None and hit[0] == updated_at else None
+
+    def put(self, url: str, job: JobPublic) -> tuple[JobPublic, str]:
+        if len(self.jobs) >= self.size:
+            self.jobs.clear()  # only jobs with open streams are asked for: a rare, cheap reset
+        entry = (job.updated_at.replace(tzinfo=None), job, job.model_dump_json())
+        self.jobs[(url, job.id)] = entry
+        return entry[1], entry[2]
+
+
+_SNAPSHOTS = _Snapshots()
+
+
 def _event(name: str, data: str | None = None, event_id: str | int | None = None, retry: int | None = None) -> bytes:
     return format_sse_event(data_str=data, event=name, id=None if event_id is None else str(event_id), retry=retry)
 
@@ -137,10 +161,12 @@ def _read_job(url: str, job_id: int, owner: Owner | None) -> tuple[JobPublic, in
         return _snapshot(s, job), last
 
 
-def _poll_job(url: str, job_id: int, cursor: int, seen: datetime) -> tuple[JobPublic | None, list[TrialPublic], bool]:
-    """(a new snapshot if the row changed since `seen`, trials after `cursor`, whether the job is gone).
+def _poll_job(url: str, job_id: int, cursor: int,
+              seen: datetime) -> tuple[tuple[JobPublic, str] | None, list[TrialPublic], bool]:
+    """(a new snapshot and its JSON if the row changed since `seen`, trials after `cursor`, whether the job is gone).
 
-    The job row is read before its trials: once it reads finished, every trial is already committed.
+    The job row is read before its trials: once it reads finished, every trial is already committed. A snapshot
+    another stream already read at the same `updated_at` is reused.
     """
     with session_scope(url, API_CONNECTIONS) as s:
         row = s.execute(select(Job.updated_at, Job.status).where(Job.id == job_id)).first()
@@ -148,7 +174,8 @@ def _poll_job(url: str, job_id: int, cursor: int, seen: datetime) -> tuple[JobPu
             return None, [], True
         job = None
         if row.updated_at != seen:
-            job = _snapshot(s, Job.find_or_raise_by_id(s, job_id))
+            job = _SNAPSHOTS.get(url, job_id, row.updated_at) or _SNAPSHOTS.put(
+                url, _snapshot(s, Job.find_or_raise_by_id(s, job_id)))
         trials = s.scalars(
             select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.id > cursor).order_by(TrialRow.id)
             .limit(TRIAL_BATCH)
@@ -176,8 +203,8 @@ async def _job_events(url: str, job_id: int, first: JobPublic, cursor: int,
             cursor = trial.id
             yield _event("trial", trial.model_dump_json(), cursor)
         if job is not None:
+            job, data = job
             seen, status = job.updated_at.replace(tzinfo=None), job.status
-            data = job.model_dump_json()
             if data != sent:
                 sent = data
                 yield _event("job", data, cursor)
@@ -258,14 +285,20 @@ def _changed_jobs(url: str, since: datetime | None, owner: Owner | None) -> tupl
         return [(r.id, r.updated_at) for r in rows], max((r.updated_at for r in rows), default=since)
 
 
-def _read_snapshots(url: str, ids: list[int]) -> list[JobPublic]:
-    """The jobs' snapshots in three queries (jobs, their tasks, which have an artifact), not two more per job."""
-    with session_scope(url, API_CONNECTIONS) as s:
-        jobs = s.scalars(select(Job).where(Job.id.in_(ids)).options(selectinload(Job.tasks))).all()
-        with_artifact = Artifact.where_jobs(s, [j.id for j in jobs])
-        by_id = {j.id: JobPublic.model_validate(j).model_copy(update={"has_artifact": j.id in with_artifact})
-                 for j in jobs}
-        return [by_id[i] for i in ids if i in by_id]
+def _read_snapshots(url: str, changed: list[tuple[int, datetime]]) -> list[tuple[JobPublic, str]]:
+    """The jobs' snapshots as of their `updated_at` and their JSON: those another stream read already, the rest in
+    three queries (jobs, their tasks, which have an artifact), not two more per job."""
+    by_id = {i: hit for i, at in changed if (hit := _SNAPSHOTS.get(url, i, at)) is not None}
+    missing = [i for i, _ in changed if i not in by_id]
+    if missing:
+        with session_scope(url, API_CONNECTIONS) as s:
+            jobs = s.scalars(select(Job).where(Job.id.in_(missing)).options(selectinload(Job.tasks))).all()
+            with_artifact = Artifact.where_jobs(s, [j.id for j in jobs])
+            for j in jobs:
+                snapshot = JobPublic.model_validate(j)
+                snapshot.has_artifact = j.id in with_artifact
+                by_id[j.id] = _SNAPSHOTS.put(url, snapshot)
+    return [by_id[i] for i, _ in changed if i in by_id]
 
 
 async def _list_events(url: str, since: datetime | None, owner: Owner | None,
@@ -286,13 +319,13 @@ async def _list_events(url: str, since: datetime | None, owner: Owner | None,
                 rows, newest = polled
         changed = [(i, at) for i, at in rows if sent.get(i) != at]
         if changed:
-            async for polled in _poll(_read_snapshots, url, [i for i, _ in changed]):
+            async for polled in _poll(_read_snapshots, url, changed):
                 if isinstance(polled, bytes):
                     yield polled
                 else:
                     snapshots = polled
-            for job in snapshots:
-                yield _event("job", job.model_dump_json(), job.updated_at.replace(tzinfo=None).isoformat())
+            for job, data in snapshots:
+                yield _event("job", data, job.updated_at.replace(tzinfo=None).isoformat())
             sent.update(changed)
             last_write = monotonic()
         if newest is not None:

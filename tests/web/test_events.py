@@ -406,3 +406,28 @@ def test_replay_from_an_old_id_goes_out_in_pages(api_server, monkeypatch):
         stream.close()
     assert [int(e.id) for e in got if e.event == "trial"] == ids[2:], "every missed trial once, in order"
     assert max(polled) == 4 and sum(polled) == 13, f"read 4 rows a query at most: {polled}"
+
+
+def test_streams_of_one_job_read_its_change_once(api_server, monkeypatch):
+    reads: list[int] = []
+    snapshot = events._snapshot
+
+    def counted(session, job):
+        reads.append(job.id)
+        return snapshot(session, job)
+
+    monkeypatch.setattr(events, "_snapshot", counted)
+    url = api_server.settings.resolved_database_url
+    job_id = _submit(api_server)
+    streams = [Stream(f"{api_server.url}/api/v1/jobs/{job_id}/events") for _ in range(4)]
+    try:
+        assert all(s.next().event == "job" for s in streams)
+        reads.clear()
+        _start(url, job_id)  # one change of the row
+        for s in streams:
+            s.until(lambda e: e.event == "job" and e.data["status"] == "running")
+        # one read, or two where two streams' polls met the change at the same moment: not one per stream
+        assert set(reads) == {job_id} and len(reads) <= 2, reads
+    finally:
+        for s in streams:
+            s.close()
