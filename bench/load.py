@@ -82,8 +82,9 @@ class Load:
 
 
 async def dashboard_client(i: int, client: httpx.AsyncClient, job_ids: list[int], load: Load,
-                           done: asyncio.Event) -> None:
-    """The jobs page, then a job page, over and over; every tenth round a submission."""
+                           done: asyncio.Event, think: float = 0.0) -> None:
+    """The jobs page, then a job page, over and over (`think` seconds apart, a person reading the page; 0: at once,
+    a closed loop whose latency is the clients over the API's throughput); every tenth round a submission."""
     n = 0
     while not done.is_set():
         job_id = job_ids[(i + n) % len(job_ids)]
@@ -105,6 +106,9 @@ async def dashboard_client(i: int, client: httpx.AsyncClient, job_ids: list[int]
             else:
                 load.writes += 1
         n += 1
+        if think > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), think)
 
 
 async def event_stream(client: httpx.AsyncClient, log: StreamLog, load: Load) -> None:
@@ -143,7 +147,8 @@ def _received(log: StreamLog, name: str, data: str | None, event_id: str | None)
         log.delays.append(now - datetime.fromisoformat(trial["created_at"]).timestamp())
 
 
-async def run_load(base: str, token: str, job_ids: list[int], clients: int, streams: int, seconds: float) -> Load:
+async def run_load(base: str, token: str, job_ids: list[int], clients: int, streams: int, seconds: float,
+                   think: float = 0.0) -> Load:
     load = Load()
     headers = {"Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=clients + streams + 10)
@@ -154,7 +159,7 @@ async def run_load(base: str, token: str, job_ids: list[int], clients: int, stre
                                   else "/api/v1/events") for k in range(streams)]
         stream_tasks = [asyncio.create_task(event_stream(streaming, log, load)) for log in load.streams]
         done = asyncio.Event()
-        tasks = [asyncio.create_task(dashboard_client(i, client, job_ids, load, done)) for i in range(clients)]
+        tasks = [asyncio.create_task(dashboard_client(i, client, job_ids, load, done, think)) for i in range(clients)]
         try:
             await asyncio.sleep(seconds)
             done.set()
@@ -241,6 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--late", type=float, default=1.0, help="an event delayed more than this is late")
     parser.add_argument("--grace", type=float, default=2.0,
                         help="trials stored this close to a stream's end are not counted lost")
+    parser.add_argument("--think", type=float, default=0.0,
+                        help="seconds a client waits between its page loads (0: none, the closed loop)")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args(argv)
 
@@ -258,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
                 time.sleep(0.5)
             started = time.monotonic()
             load = asyncio.run(asyncio.wait_for(
-                run_load(base, token, job_ids, args.clients, args.streams, args.seconds), args.seconds + 120))
+                run_load(base, token, job_ids, args.clients, args.streams, args.seconds, args.think), args.seconds + 120))
             elapsed = time.monotonic() - started
             expected, lost = lost_trials(base, token, load, args.grace)
         finally:
@@ -266,7 +273,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     delays = [d for log in load.streams for d in log.delays]
     figures = {
-        "clients": args.clients, "streams": args.streams, "workers": args.workers, "seconds": round(elapsed, 1),
+        "clients": args.clients, "streams": args.streams, "workers": args.workers, "think_s": args.think,
+        "seconds": round(elapsed, 1),
         "reads": len(load.reads), "writes": load.writes, "errors": len(load.errors),
         "read_p50_ms": round(1000 * percentile(load.reads, 0.5), 1),
         "read_p99_ms": round(1000 * percentile(load.reads, 0.99), 1),
@@ -276,7 +284,8 @@ def main(argv: list[str] | None = None) -> dict:
         "list_events": sum(log.counts.get("job", 0) for log in load.streams if log.path == "/api/v1/events"),
         "cpus": os.cpu_count(), "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    print(f"{args.clients} clients + {args.streams} streams, {args.workers} workers tuning, {elapsed:.0f} s: "
+    print(f"{args.clients} clients (think {args.think:g} s) + {args.streams} streams, {args.workers} workers tuning, "
+          f"{elapsed:.0f} s: "
           f"{figures['reads']} reads p50 {figures['read_p50_ms']} ms p99 {figures['read_p99_ms']} ms, "
           f"{figures['writes']} submissions, {figures['errors']} errors; trial events {figures['trial_events']} "
           f"(delay p50 {figures['event_delay_p50_ms']} ms, p99 {figures['event_delay_p99_ms']} ms), "

@@ -136,3 +136,28 @@ def test_candidates_are_built_with_the_pipeline_the_spec_asks_for(setup):
     with LocalMeasurer(timeout_s=10, min_repeat_ms=5, pipeline="default") as measurer:
         result = measurer.measure_one(task, _good(space))
     assert result.error is None and len(result.latencies_ms) == 3, result.error
+
+
+def _hold_timing_lock(out):
+    import time as _time
+
+    from tuner.measurers.child import timing_lock
+
+    with timing_lock():
+        start = _time.monotonic()
+        _time.sleep(0.3)
+        out.put((start, _time.monotonic()))
+
+
+def test_two_processes_never_time_at_the_same_time():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_hold_timing_lock, args=(out,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    spans = sorted(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(10)
+    assert spans[0][1] <= spans[1][0], f"the two timings overlapped: {spans}"

@@ -3,13 +3,21 @@
 The functions here are module-level, so cloudpickle sends the child a reference, not their code. A child
 keeps the arrays it loaded (`CHILD_CACHE`) for the candidates of the same task after the first.
 
+Timing is exclusive on the host (`timing_lock`): several workers on one machine (or a test run's processes)
+build at the same time but never time at the same time, since a candidate timed while another runs on the same
+cores reads slower than it is.
+
 Layering: `tuner` never imports `service`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -56,6 +64,20 @@ def child_build(mod_json: str, target_config: dict, pipeline: Pipeline, lib_path
     return time.perf_counter() - start
 
 
+TIMING_LOCK = os.path.join(tempfile.gettempdir(), "altune-timing.lock")
+
+
+@contextlib.contextmanager
+def timing_lock() -> Iterator[None]:
+    """Holds the host's timing lock (an advisory `flock` on `TIMING_LOCK`; released when the process dies)."""
+    with open(TIMING_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def child_run(
     mod_json: str | None,
     lib_path: str | None,
@@ -88,6 +110,13 @@ def child_run(
     out_shape, out_dtype = output_spec
     args = [tvm.runtime.tensor(a, dev) for a in child_arrays(inputs_path)]
     args.append(tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev))
+    with timing_lock():  # the run, the check and the timing: alone on the host's cores
+        return _run_checked(lib, dev, args, expected_path, write_expected, repeat, min_repeat_ms, rtol, atol,
+                            build_s)
+
+
+def _run_checked(lib: Any, dev: Any, args: list, expected_path: str | None, write_expected: bool, repeat: int,
+                 min_repeat_ms: int, rtol: float, atol: float, build_s: float) -> dict:
     start = time.perf_counter()
     lib["main"](*args)
     out = args[-1].numpy()
