@@ -15,7 +15,8 @@
    else, for a conv or matmul, the rule's register-blocked seed. A task the budget does not reach is served with
    it, never with the naive default schedule; a budget of 0 serves the model from knowledge alone.
 3. A task with a stored schedule is measured no more. The others share the budget under
-   `tuner.scheduler.GradientScheduler` (rounds of `tune(prior=...)`, so a resumed job continues from its trials),
+   `tuner.scheduler.GradientScheduler` (rounds of `tune(prior=...)`, run here or by any worker: `tuner.rounds`;
+   a resumed job continues from its trials),
    its warm-up in order of each task's estimated share of the model's time (`estimated_shares`: calls x flops),
    each task's start measured first. A task whose search raises is given no more rounds (`TaskOutcome.error`,
    reported); the job goes on.
@@ -32,6 +33,9 @@ The caller persists what it is told through `ModelTuneHooks` (every trial, the l
 nothing here reads settings or a database. What the target learned in earlier jobs comes in as `knowledge`
 (`tuner.knowledge`: every task's search starts warm from its cost model) and goes out grown by this job's
 measurements; persisting it is the caller's.
+
+Over 600 lines: the two halves of one model job, tuning (`tune_model`) and serving (`serve_model`), and the
+outcome types they share; the rounds' runners are `tuner.rounds`.
 
 Layering: `tuner` imports `compiler`, never `service` or `bench`.
 """
@@ -282,16 +286,14 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         hooks: told of every trial and estimate; polled to stop.
         knowledge: what the target learned in earlier jobs (`tuner.knowledge`): every task's search starts warm from
             its cost model, and records its measurements into it; None: cold.
-        rounds: who runs the tasks' rounds (`tuner.rounds`): the service's spread them over its workers, which
-            persist their trials themselves (`hooks.on_trial` hears only the joint stage's then); None: this
-            process, one at a time (`InlineRounds`, every trial to `hooks.on_trial`).
+        rounds: who runs the tasks' rounds (`tuner.rounds`; the service's spread them over its workers, which write
+            their trials: `hooks.on_trial` hears the joint stage's only); None: here, one at a time (`InlineRounds`).
     """
     history = history or ModelHistory()
     hooks = _Guarded(hooks or ModelTuneHooks())
     target = resolve_target(request.target)
     trials: dict[str, list[Trial]] = {k: list(v) for k, v in history.trials.items()}
-    spent = sum(len(v) for v in trials.values())
-    start = spent
+    start = spent = sum(len(v) for v in trials.values())
 
     def record(task: ModelTask, trial: Trial) -> Trial:
         trial = replace(trial, index=len(trials.setdefault(task.workload_key, [])))
@@ -349,14 +351,14 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         o = outcomes[done.round.index]
         o.trials = trials[o.task.workload_key] = list(done.trials)
         o.best = best_trial(o.trials)
-        if done.error is not None:  # one task's failing search never fails the model job
+        best_ms = o.best.latency_ms if o.best is not None else None
+        if done.error is not None:  # one task's failing search never fails the model job: no more rounds for it
             o.error = done.error
-            return RoundResult(o.best.latency_ms if o.best is not None else None, 0)  # not given another round
-        if done.baseline_ms is not None:
-            o.untuned_ms = done.baseline_ms
+            return RoundResult(best_ms, 0)
+        o.untuned_ms = done.baseline_ms if done.baseline_ms is not None else o.untuned_ms
         hooks.on_round(o.model_task, done)
         publish()
-        return RoundResult(o.best.latency_ms if o.best is not None else None, done.spent)
+        return RoundResult(best_ms, done.spent)
 
     # a task with a stored schedule is served with it and measured no more; the others share the budget, the
     # largest estimated share of the model's time first (the scheduler's warm-up goes in this order)
@@ -365,25 +367,22 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     left = request.budget - spent
     if fresh and left > 0 and not hooks.should_stop():
         per_round = round_size(left, len(fresh), request.trials_per_round)
-        runner = rounds or InlineRounds(measurer, knowledge=knowledge,
-                                        on_trial=lambda r, trial: record(outcomes[r.index].model_task, trial),
-                                        should_stop=hooks.should_stop, reraise=hooks.reraise)
+        runner = rounds or InlineRounds(measurer, knowledge=knowledge, should_stop=hooks.should_stop,
+                                        on_trial=lambda r, t: record(outcomes[r.index].model_task, t),
+                                        reraise=hooks.reraise)
         # the scheduler counts the resumed tasks' trials as spent (below): its budget is what is left plus them
-        resumed = sum(len(outcomes[i].trials) for i in fresh)
         scheduler = GradientScheduler([outcomes[i].model_task.weight for i in fresh], lambda j, n: None,
-                                      left + resumed, trials_per_round=per_round, seed=request.seed,
-                                      should_stop=hooks.should_stop)
+                                      left + sum(len(outcomes[i].trials) for i in fresh), trials_per_round=per_round,
+                                      seed=request.seed, should_stop=hooks.should_stop)
         for j, i in enumerate(fresh):  # resumed: the scheduler starts from what each task already has
-            done = outcomes[i].trials
-            if done:
-                scheduler.state.rounds[j] = max(1, len(done) // per_round)
-                scheduler.state.trials[j] = len(done)
+            if done := outcomes[i].trials:
                 b = best_trial(done)
+                scheduler.state.rounds[j], scheduler.state.trials[j] = max(1, len(done) // per_round), len(done)
                 scheduler.state.history[j].append(b.latency_ms if b is not None else None)
         position = {i: j for j, i in enumerate(fresh)}
 
         def wait(more: bool) -> tuple[int, RoundResult] | None | bool:
-            done = runner.wait(more)
+            done = runner.wait(more)  # a finished round, a free slot (True), or a stop (None)
             return done if done is None or done is True else (position[done.round.index], finished(done))
 
         try:

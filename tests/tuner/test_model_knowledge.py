@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import tuner.model as tm  # noqa: E402
+import tuner.rounds as tuner_rounds  # noqa: E402
 from compiler.workloads import zoo  # noqa: E402
 from compiler.workloads.model.importer import translate_model  # noqa: E402
 from tuner import make_measurer  # noqa: E402
@@ -64,7 +64,7 @@ def test_a_stored_schedule_is_served_unmeasured_and_one_that_lost_to_the_default
 
 
 def test_a_task_whose_search_raises_does_not_fail_the_model(graph, monkeypatch):
-    real = tm.tune
+    real = tuner_rounds.tune  # each round's search (`tuner.rounds.run_round`)
     victim = None
 
     def tune(task, *args, **kwargs):
@@ -74,7 +74,7 @@ def test_a_task_whose_search_raises_does_not_fail_the_model(graph, monkeypatch):
             raise InvalidConfig("tile.k3.1=112 not in [1, 2, 4, 7, 8, 14, 16, 28, 56]")
         return real(task, *args, **kwargs)
 
-    monkeypatch.setattr(tm, "tune", tune)
+    monkeypatch.setattr(tuner_rounds, "tune", tune)
     result = _tune(graph, 16)
     failed = [o for o in result.outcomes if o.error is not None]
     assert [o.task.workload_key for o in failed] == [victim] and "tile.k3.1=112" in failed[0].error
