@@ -4,8 +4,8 @@
     export(name) -> torch.export.ExportedProgram
     flat_call(module, args, kwargs) -> (callable, leaves) # one calling convention: the inputs' tensor leaves
 
-Every torchvision classification model that `torch.export` takes at 1x3x224x224, its segmentation models (they
-return dicts), `torch.nn.TransformerEncoder` and `TransformerDecoder` with causal masks, a GPT-style causal block
+Every torchvision classification model that `torch.export` takes at 1x3x224x224 (also at other batches and
+resolutions: `Corpus`), its segmentation models (they return dicts), `torch.nn.TransformerEncoder` and `TransformerDecoder` with causal masks, a GPT-style causal block
 (`masked_fill(mask, float('-inf'))`), and small models whose inputs and outputs are every pytree form
 `torch.export` allows (tuples, lists, dicts, nested, keyword arguments, namedtuples). Always random weights
 (`weights=None`, `weights_backbone=None`): nothing downloads.
@@ -246,7 +246,40 @@ def _torchvision_models() -> dict[str, Factory]:
     return models
 
 
-CORPUS: dict[str, Factory] = {**TRANSFORMERS, **PYTREE_MODELS, **_torchvision_models()}
+class Corpus(dict):
+    """The corpus by name; a torchvision model also at another batch or resolution, by a suffix its listing
+    leaves out: "resnet50@b16" (16 images of 224x224), "lraspp_mobilenet_v3_large@512" (one of 512x512),
+    "resnet50@b8@512" (both)."""
+
+    def __missing__(self, name: str) -> Factory:
+        base, *suffixes = name.split("@")
+        if not suffixes or base not in self or base in TRANSFORMERS or base in PYTREE_MODELS:
+            raise KeyError(name)
+        batch, side = IMAGE[0], IMAGE[2]
+        for suffix in suffixes:
+            if suffix.startswith("b") and suffix[1:].isdigit() and int(suffix[1:]) > 0:
+                batch = int(suffix[1:])
+            elif suffix.isdigit() and int(suffix) >= 32:
+                side = int(suffix)
+            else:
+                raise KeyError(name)
+        factory = dict.__getitem__(self, base)
+
+        def make() -> tuple[nn.Module, tuple, dict]:
+            module, _, kwargs = factory()
+            return module, (_image(batch, 3, side, side),), kwargs
+
+        return make
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+
+CORPUS: Corpus = Corpus({**TRANSFORMERS, **PYTREE_MODELS, **_torchvision_models()})
 
 
 def export(name: str) -> torch.export.ExportedProgram:

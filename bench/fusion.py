@@ -1,6 +1,6 @@
 """basteln fusion against the unfused operators, MetaSchedule on the fused program and torch, per subgraph.
 
-    python -m bench.fusion [--budget 64] [--quick] [--cases NAME...] [--rounds N] [--out FILE]
+    python -m bench.fusion [--budget 64] [--quick] [--cases NAME...] [--batch 1 8 16] [--rounds N] [--out FILE]
 
 For each catalog subgraph (`compiler.workloads.subgraphs`), in one run on one machine:
 
@@ -52,12 +52,12 @@ from bench.baselines import metaschedule as tune_metaschedule
 from bench.common import RESULTS_DIR, Column, TorchProgram, TvmProgram, fmt_ms, fmt_s, fmt_share, fmt_x, format_table
 from bench.common import geomean, peak_text, speedup, time_fresh
 from bench.environment import environment
-from bench.ops import measure_peak
+from bench.ops import measure_bandwidth, measure_peak
 from bench.torch_programs import torch_subgraph
 from compiler.arrays import arg_specs
 from compiler.build import build
 from compiler.passes.basteln import basteln
-from compiler.target import host_cores, resolve_target, target_key
+from compiler.target import host_caches, host_cores, resolve_target, target_key
 from compiler.workloads import make_workload
 from tuner import LocalMeasurer, apply_config
 from tuner.operator import task_from_request, tune_operator
@@ -101,6 +101,25 @@ CASES = (
           {"operator": "batch_matmul", "params": {"batch": 12, "m": 128, "n": 64, "k": 128}, "epilogue": "none"})),
 )
 QUICK = ("mobilenet_v2 dw->pw", "bert-base attention")
+
+
+def batched(case: Case, batch: int) -> Case:
+    """`case` at a batch of `batch` images (attention: `batch` sequences of its heads): its subgraph's and its
+    parts' shapes scaled along their first dimension, so the intermediates grow past the caches."""
+    if batch == 1:
+        return case
+    params = dict(case.params)
+    if "heads" in params:
+        params["heads"] *= batch
+    else:
+        params["batch"] = batch
+    parts = []
+    for part in case.parts:
+        if "te" in part:
+            parts.append({**part, "shape": (part["shape"][0] * batch, *part["shape"][1:])})
+        else:
+            parts.append({**part, "params": {**part["params"], "batch": part["params"]["batch"] * batch}})
+    return Case(f"{case.name} x{batch}", case.operator, params, tuple(parts))
 
 
 # ---------------------------------------------------------------------------
@@ -256,19 +275,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="fresh-process readings per program, in a new shuffled order each round (median)")
+    parser.add_argument("--batch", type=int, nargs="*", default=[1],
+                        help="batch sizes: each case at each (attention: sequences of its heads)")
+    parser.add_argument("--no-metaschedule", action="store_true", help="leave MetaSchedule out")
     parser.add_argument("--out", type=Path, help="the JSON report (default bench/results/fusion-<mcpu>.json)")
     args = parser.parse_args(argv)
 
     target = resolve_target("host")
-    cases = [c for c in CASES if (not args.quick or c.name in QUICK)
+    cases = [batched(c, b) for b in args.batch for c in CASES if (not args.quick or c.name in QUICK)
              and (not args.cases or any(s in c.name for s in args.cases))]
     rows = []
     with tempfile.TemporaryDirectory(prefix="altune-fusion-") as tmp:
         for case in cases:
             print(f"tuning {case.name} ({args.budget} measurements each) ...", flush=True)
-            rows.append(run_case(case, args.budget, target, Path(tmp), args.seed))
+            rows.append(run_case(case, args.budget, target, Path(tmp), args.seed,
+                                 metaschedule=not args.no_metaschedule))
         time_all(rows, host_cores(), args.seed, args.rounds)
     peak = measure_peak("host")  # after every timing: its FMA loop on every core would disturb them
+    bandwidth = measure_bandwidth("host")
+    caches = host_caches()
     for row in rows:
         add_peak(row, peak)
     mcpu = str(target.attrs.get("mcpu", "generic"))
@@ -286,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         Column("ceiling", lambda r: fmt_x(r["fusion_ceiling"])),
         Column("scratch KiB", lambda r: f"{r.get('ours_scratch_bytes', 0) / 1024:.0f}"),
         Column("unfused KiB", lambda r: f"{r['unfused_bytes'] / 1024:.0f}"),
+        Column("vs L2", lambda r: f"{r['unfused_bytes'] / caches.l2:.1f}x"),
         Column("tune s", lambda r: fmt_s(r["ours_tune_s"])),
     ]
+    over_l2 = [r for r in rows if r["unfused_bytes"] > caches.l2]
     geo = {
+        "vs_unfused_over_l2": geomean(speedup(r["unfused_ms"], r["ours_ms"]) for r in over_l2) if over_l2 else None,
         "vs_unfused": geomean(speedup(r["unfused_ms"], r["ours_ms"]) for r in rows),
         "fusion_ceiling": geomean(r["fusion_ceiling"] for r in rows),
         "vs_metaschedule": geomean(speedup(r["metaschedule_ms"], r["ours_ms"]) for r in rows),
@@ -296,10 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"\nbench.fusion: {target_key('host')} ({environment()['cpu']}), budget {args.budget}, "
           f"each program timed in a fresh process, median of {args.rounds} round(s)" + peak_text({"peak": peak}))
+    print(f"caches: L2 {caches.l2 // 1024} KiB a core, L3 {caches.l3 // 1024} KiB; memory bandwidth "
+          + (f"{bandwidth['gbs']:.1f} GB/s (a {bandwidth['megabytes']} MB copy on {bandwidth['cores']} cores)"
+             if bandwidth else "not measured"))
     print(format_table(columns, rows))
     print("geomean: " + ", ".join(f"{k} {fmt_x(v)}" for k, v in geo.items()))
     report = {"bench": "fusion", "target": str(target), "mcpu": mcpu, "budget": args.budget, "rounds": args.rounds,
-              "environment": environment(), "peak": peak, "cases": rows, "geomean": geo}
+              "batch": args.batch, "environment": environment(), "peak": peak, "bandwidth": bandwidth,
+              "caches": {"l2": caches.l2, "l3": caches.l3}, "cases": rows, "geomean": geo}
     out = args.out or RESULTS_DIR / f"fusion-{mcpu}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -28,8 +28,9 @@ For each model, every side at its best:
 - ours: what a model job with the same spec serves, by the same functions: the program translated
   (`translate_model`, as the job's sandbox does), `tuner.model.tune_model` (graph-level layouts: `--layout`,
   default "blocked", convs in N C/c H W c carried through the graph; "search" runs ALT's joint stage first;
-  `--also-layouts blocked+chains` also tunes the model with chains of complex operators as one basteln task each,
-  a job's `"fusion": "chains"`; every tunable task searched in rounds the gradient scheduler spreads, stored
+  the job's default fusion, "auto": chains of complex operators whose intermediates exceed the L2 cache tuned fused
+  and unfused, fused where faster; `--also-layouts blocked+none` also tunes the model without that,
+  `blocked+chains` with every chain fused unmeasured; every tunable task searched in rounds the gradient scheduler spreads, stored
   picks by re-measurement, kept only where they beat the task's default schedule) and `tuner.model.serve_model`
   (built, checked whole against torch with wrong schedules removed, the untuned build served when faster end to
   end, written as the artifact); the artifact's library and packed weights are what is timed. The one difference
@@ -258,7 +259,7 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
         measurer.close()
     tune_s = time.perf_counter() - start
     served = serve_model(tuned.model, request, tuned.schedules, inputs, expected, dest=dest, facts=tuned.facts,
-                         report=tuned.report)
+                         report=tuned.report, unfused=tuned.unfused)
     trials = [t for o in tuned.outcomes for t in o.trials]
     facts: dict[str, Any] = {
         "ours_tune_s": tune_s,
@@ -285,11 +286,12 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
 
 def _ours_in(variant: str, ep: Any, target_name: str, budget: int, seed: int, options: dict, inputs: list,
              expected: list, folder: Path, log: Any) -> tuple[dict, Any]:
-    """Ours in one graph-level layout ("search": the joint stage first, as a model job), "<layout>+chains" with
-    chains of complex operators grouped into one basteln task each (a model job's `"fusion": "chains"`): the row's
+    """Ours in one graph-level layout ("search": the joint stage first, as a model job), with a model job's fusion
+    ("<layout>+none", "<layout>+chains", "<layout>+auto"; "<layout>" alone: the job's default, "auto"): the row's
     facts (ours_*, error) and the served artifact as a program (None when it failed)."""
     layout, _, fusion = variant.partition("+")
-    request = ModelTuneRequest(target=target_name, budget=budget, seed=seed, layout=layout, fusion=fusion or "none",
+    request = ModelTuneRequest(target=target_name, budget=budget, seed=seed, layout=layout,
+                               **({"fusion": fusion} if fusion else {}),
                                trials_per_round=options["trials_per_round"])
     facts: dict[str, Any] = {"ours_ms": None, "ours_correct": False, "error": None, "ours_tune_s": 0.0}
     try:
@@ -464,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--also-layouts", default="",
                         help="comma-separated other layouts for ours, each tuned at the same budget and timed in the "
                              "same run (column 'also': its ms and its speedup over ours in --layout); "
-                             "'<layout>+chains' groups chains of complex operators into basteln tasks")
+                             "'<layout>+none', '+chains' or '+auto': a job's fusion (alone: its default, auto)")
     parser.add_argument("--target", default="host")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--work-dir", type=Path, help="keep MetaSchedule's run folders here")
@@ -518,8 +520,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.ms_trials_per_iter is not None and args.ms_trials_per_iter < 1:
         parser.error("--ms-trials-per-iter must be >= 1")
     also = tuple(v for v in args.also_layouts.split(",") if v)
-    if {v.removesuffix("+chains") for v in also} - {"blocked", "search", "none"} or args.layout in also:
-        parser.error(f"--also-layouts: others of blocked, search, none (each optionally +chains) than --layout, "
+    if {v.partition("+")[0] for v in also} - {"blocked", "search", "none"} \
+            or {v.partition("+")[2] for v in also} - {"", "none", "chains", "auto"} or args.layout in also:
+        parser.error(f"--also-layouts: others of blocked, search, none (each optionally +none, +chains or +auto) "
+                     f"than --layout, "
                      f"got {args.also_layouts!r}")
 
     with tempfile.TemporaryDirectory(prefix="altune-bench-models-") as tmp:

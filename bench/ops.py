@@ -74,7 +74,7 @@ from bench.common import (TORCH_VARIANTS, MIN_REPEAT_MS, REPEAT, TorchProgram, T
 from bench.ops_cases import (ABLATIONS, DOT, FULL, QUICK, SMOKE, SUITES, Case, Options, SpecCase, load_specs,
                              select)
 from bench.ops_report import PICKS, ablation_table, merge, report, resumable_rows, row_dtype, table
-from bench.tensorize import peak_gflops
+from bench.tensorize import bandwidth_gbs, peak_gflops
 from bench.torch_operators import torch_operator
 from compiler.arrays import arg_specs, check_close
 from compiler.build import compile_module
@@ -391,6 +391,17 @@ def measure_peak(target: str) -> dict | None:
         return peak_gflops(resolve_target(target), REPEAT, int(MIN_REPEAT_MS))
     except Exception as e:  # noqa: BLE001 - a table without the peak column is still a table
         print(f"fp32 peak not measured: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return None
+
+
+def measure_bandwidth(target: str) -> dict | None:
+    """This machine's memory bandwidth (`bench.tensorize.bandwidth_gbs`, in a process of its own); None if it
+    fails."""
+
+    try:
+        return bandwidth_gbs(resolve_target(target), REPEAT, int(MIN_REPEAT_MS))
+    except Exception as e:  # noqa: BLE001 - a table without the bandwidth is still a table
+        print(f"memory bandwidth not measured: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return None
 
 

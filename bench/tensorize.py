@@ -39,7 +39,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import tvm
-from tvm import tirx
+from tvm import s_tir, te, tirx
 
 from bench.baselines import metaschedule
 from bench.common import RESULTS_DIR, geomean
@@ -300,6 +300,27 @@ def peak_gflops(target: Any, repeat: int, min_repeat_ms: int, iterations: int = 
                                  min_repeat_ms)
     flops = 2 * cores * iterations * PEAK_ACCUMULATORS * lanes
     return {"gflops": flops / ms / 1e6, "lanes": lanes, "cores": cores, "instruction": ins.name if ins else None}
+
+
+def bandwidth_gbs(target: Any, repeat: int, min_repeat_ms: int, megabytes: int = 256) -> dict:
+    """This machine's memory bandwidth (GB/s, bytes read plus written): a copy of `megabytes` of fp32 on every
+    core (a parallel, vectorized loop: far beyond any cache), timed in a process of its own."""
+
+    lanes = (ins.lanes if (ins := choose(target, "float32", "float32", "float32", 1)) is not None else 4)
+    n = megabytes * 1024 * 1024 // 4
+    a = te.placeholder((n,), "float32", name="a")
+    out = te.compute((n,), lambda i: a[i], name="copy")
+    sch = s_tir.Schedule(te.create_prim_func([a, out]).with_attr("global_symbol", "main"))
+    outer, inner = sch.split(sch.get_loops(sch.get_sblock("copy"))[0], [None, 4096])
+    sch.parallel(outer)
+    _, vec = sch.split(inner, [None, lanes])
+    sch.vectorize(vec)
+    with tempfile.TemporaryDirectory(prefix="altune-bandwidth-") as tmp:
+        lib_path, inputs = Path(tmp) / "copy.so", Path(tmp) / "inputs.npz"
+        tvm.compile(sch.mod, target=target).export_library(str(lib_path))
+        save_inputs(inputs, [np.ones(n, "float32")])
+        ms = time_in_own_process(lib_path, inputs, ((n,), "float32"), repeat, min_repeat_ms)
+    return {"gbs": 2 * n * 4 / ms / 1e6, "megabytes": megabytes, "cores": host_cores()}
 
 
 def measure(case: Case, target: Any, ms_budget: int, repeat: int, min_repeat_ms: int, torch: bool = True,

@@ -30,6 +30,7 @@ from compiler.workloads.model.exchange import EXPECTED, GRAPH, META, PARAMS, loa
 from compiler.workloads.pt2 import ModelError
 from service import sandbox
 from service.settings import Settings
+from compiler.passes.grouping import Chain
 from tuner.model import ModelTuneRequest, ModelTuneResult, lower_model, serve_model
 
 SCHEDULES = "schedules.json"
@@ -43,12 +44,15 @@ def build_from_files(home: Path, request: dict) -> dict:
     tune = ModelTuneRequest(**request["tune"])
     graph, expected = load_graph(home, max_tensor_elements=tune.max_tensor_elements,
                                  max_total_bytes=request["max_total_bytes"])
-    model = lower_model(graph, tune, request["blocks"])
+    chains = [Chain.from_json(c) for c in request.get("chains") or []]
+    model = lower_model(graph, tune, request["blocks"], chains)
+    # fusion "auto" fused some chains: the model with none fused is timed against it end to end
+    unfused = lower_model(graph, tune, request["blocks"]) if chains else None
     texts = json.loads((home / SCHEDULES).read_text())
     schedules = {key: tvm.ir.load_json(text) for key, text in texts.items()}
     inputs = random_inputs([(tuple(x.shape), x.dtype) for x in model.inputs], tune.seed)
     return serve_model(model, tune, schedules, inputs, expected, dest=home / ARTIFACT, facts=request["facts"],
-                       report=request["report"], torch_ms=request["torch_ms"], spec=request["spec"])
+                       report=request["report"], torch_ms=request["torch_ms"], spec=request["spec"], unfused=unfused)
 
 
 def build_in_child(settings: Settings, graph_dir: Path, tuned: ModelTuneResult, dest: Path, *, spec: dict,
@@ -64,7 +68,8 @@ def build_in_child(settings: Settings, graph_dir: Path, tuned: ModelTuneResult, 
     """
     request = {"tune": asdict(tuned.request), "blocks": tuned.model.blocks if tuned.request.layout == "search" else None,
                "max_total_bytes": settings.sandbox_memory_bytes, "report": tuned.report, "facts": tuned.facts,
-               "spec": spec, "torch_ms": dict(torch_ms) if torch_ms is not None else None}
+               "spec": spec, "torch_ms": dict(torch_ms) if torch_ms is not None else None,
+               "chains": [c.to_json() for c in tuned.model.chains] if tuned.request.fusion == "auto" else []}
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = dest.with_name(f".{dest.name}.{os.getpid()}.schedules.json")
     scratch.write_text(json.dumps({key: tvm.ir.save_json(mod) for key, mod in tuned.schedules.items()}))

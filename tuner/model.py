@@ -64,7 +64,8 @@ from compiler.workloads.model import (
     tolerance,
     write_model_artifact,
 )
-from compiler.workloads.model.importer import ModelGraph, graph_blocks, lower_graph
+from compiler.passes.grouping import Chain
+from compiler.workloads.model.importer import ModelGraph, fusion_options, graph_blocks, group_model, lower_graph
 from compiler.workloads.model.tasks import conversions
 
 from . import transfer
@@ -205,6 +206,9 @@ class ModelTuneResult:
         measurements: new measurements this call made (the joint stage's included).
         layout_search: the joint stage's report (None without one).
         stopped: `should_stop` ended the tuning early: nothing was picked and nothing should be built.
+        unfused: fusion "auto", where some chain was fused: the model with every chain unfused, which
+            `serve_model` times against `model` end to end (the faster is served).
+        fusion: fusion "auto": one decision per chain option (`decide_fusion`), `model.chains` the fused ones.
     """
 
     request: ModelTuneRequest
@@ -213,6 +217,8 @@ class ModelTuneResult:
     measurements: int = 0
     layout_search: dict | None = None
     stopped: bool = False
+    unfused: ImportedModel | None = None
+    fusion: list[dict] = field(default_factory=list)
 
     @property
     def schedules(self) -> dict[str, Any]:
@@ -244,8 +250,11 @@ class ModelTuneResult:
     def report(self) -> dict:
         """The job's report so far: import notes, the joint stage, where each task's schedule came from, the tasks
         whose default schedule was faster, the tasks whose search failed."""
+        keys = {t.workload_key for t in self.model.tasks}  # fusion "auto" tuned the chains' other side too
         sources: dict[str, int] = {}
         for o in self.outcomes:
+            if o.task.workload_key not in keys:
+                continue
             source = o.served[1] if o.served else "default"
             sources[source] = sources.get(source, 0) + 1
         report: dict[str, Any] = {
@@ -261,16 +270,24 @@ class ModelTuneResult:
         }
         if self.layout_search is not None:
             report["layout_search"] = dict(self.layout_search)
+        if self.request.fusion == "auto":
+            report["fusion"] = {"chains": list(self.fusion), "fused": sum(1 for d in self.fusion if d["fused"])}
+        # how often the served schedules use the outer-product micro-kernel (`compiler.passes.tensorize`: its
+        # register block marked, the loop partitioned around the tails)
+        served = [o.served[0] for o in self.outcomes if o.served is not None and o.task.workload_key in keys]
+        report["schedules"]["micro_kernel"] = {"served": len(served),
+                                               "tensorized": sum(1 for c in served if c.get("tensorize"))}
         return report
 
 
-def lower_model(graph: ModelGraph, request: ModelTuneRequest, blocks: Mapping[str, list[int]] | None = None
-                ) -> ImportedModel:
-    """The model in the request's layouts (`blocks`: the joint stage's choice, by conv weight name)."""
+def lower_model(graph: ModelGraph, request: ModelTuneRequest, blocks: Mapping[str, list[int]] | None = None,
+                chains: Sequence[Chain] | None = None) -> ImportedModel:
+    """The model in the request's layouts (`blocks`: the joint stage's choice, by conv weight name); with fusion
+    "auto", `chains` are the chains the job fused (`ModelTuneResult.model.chains`)."""
     target = resolve_target(request.target)
     chosen = graph_blocks(graph, dict(blocks), target) if blocks else None
     return lower_graph(graph, layout=request.layout, target=target, fusion=request.fusion, blocks=chosen,
-                       **_limit(request))
+                       chains=list(chains) if chains else None, **_limit(request))
 
 
 def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measurer,
@@ -320,8 +337,10 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     else:
         model = lower_model(graph, request, history.blocks)
 
+    options = chain_options(model, request) if request.fusion == "auto" else []
+    candidates = list(model.tasks) + [o.fused for o in options]
     outcomes = [TaskOutcome(t, Task(t.name, t.workload_key, t.prim_func, target), trials.get(t.workload_key, []))
-                for t in model.tasks if tunable(t.prim_func)]
+                for t in {t.workload_key: t for t in candidates}.values() if tunable(t.prim_func)]
     for o in outcomes:  # knowledge before measurement: every task starts from the best schedule known unmeasured
         o.seeds = _blocked_seeds(o.task) if o.model_task.complex else []
         o.start = start_schedule(o, history, knowledge)
@@ -408,7 +427,66 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
             if pick is not None and pick_ms is not None:
                 o.best = replace(pick, latencies_ms=[pick_ms], extra={**pick.extra, "remeasured": readings})
     stopped = hooks.should_stop()
-    return ModelTuneResult(request, model, outcomes, measurements, layout_search, stopped=stopped)
+    decisions = decide_fusion(options, outcomes)
+    served = model
+    if any(d["fused"] for d in decisions):
+        served = replace(model, notes=list(model.notes), chain_options=[])
+        group_model(served, chains=[o.chain for o, d in zip(options, decisions) if d["fused"]], **_limit(request))
+    if decisions:
+        served.notes.append(f"fusion: {sum(d['fused'] for d in decisions)} of {len(decisions)} chain(s) whose "
+                            f"intermediates exceed the L2 cache fused, where measured faster than unfused")
+    return ModelTuneResult(request, served, outcomes, measurements, layout_search, stopped=stopped,
+                           unfused=model if served is not model else None, fusion=decisions)
+
+
+@dataclass(frozen=True)
+class ChainOption:
+    """A chain of complex operators a model job may fuse (fusion "auto"): its merged task and its own tasks."""
+
+    chain: Chain
+    fused: ModelTask
+    members: tuple[ModelTask, ...]
+
+
+def chain_options(model: ImportedModel, request: ModelTuneRequest) -> list[ChainOption]:
+    """The model's chain options (`ImportedModel.chain_options`: intermediates over the L2 cache) whose merged
+    function is a task of its own and whose every function is a tunable task: both sides get tuned."""
+    by_function = {f: t for t in model.tasks for f in t.functions}
+    out = []
+    for chain, fused in zip(model.chain_options, fusion_options(model, **_limit(request))):
+        members = tuple(by_function.get(f) for f in chain.functions)
+        if fused is None or not tunable(fused.prim_func) or any(m is None or not tunable(m.prim_func)
+                                                                for m in members):
+            continue
+        out.append(ChainOption(chain, fused, members))  # type: ignore[arg-type]
+    return out
+
+
+def decide_fusion(options: Sequence[ChainOption], outcomes: Sequence[TaskOutcome]) -> list[dict]:
+    """Per chain option: fused when its merged task, as it will be served, measured faster than its functions'
+    tasks together, as they will be (a side that nothing measured: unfused). The model job then times the two
+    models end to end as well (`serve_model`)."""
+    by_key = {o.task.workload_key: o for o in outcomes}
+    decisions = []
+    for option in options:
+        fused_ms = _served_ms(by_key.get(option.fused.workload_key))
+        parts = [_served_ms(by_key.get(m.workload_key)) for m in option.members]
+        unfused_ms = None if None in parts else sum(parts)  # type: ignore[arg-type]
+        decisions.append({"functions": list(option.chain.functions), "task": option.fused.name,
+                          "workload_key": option.fused.workload_key,
+                          "intermediate_bytes": option.chain.intermediate_bytes,
+                          "fused_ms": fused_ms, "unfused_ms": unfused_ms,
+                          "fused": fused_ms is not None and unfused_ms is not None and fused_ms < unfused_ms})
+    return decisions
+
+
+def _served_ms(outcome: TaskOutcome | None) -> float | None:
+    """The measured latency of what a task is served with (its pick, else its default schedule), None unmeasured."""
+    if outcome is None:
+        return None
+    if outcome.pick is not None and outcome.beats_default:
+        return outcome.pick.latency_ms
+    return outcome.default_ms if outcome.default_ms is not None else outcome.untuned_ms
 
 
 def start_schedule(outcome: TaskOutcome, history: ModelHistory, knowledge: Knowledge | None = None
@@ -520,7 +598,7 @@ class _Guarded(ModelTuneHooks):
 def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapping[str, Any],
                 inputs: Sequence[Any], expected: Sequence[Any], *, dest: Path, facts: Mapping[str, dict],
                 report: Mapping[str, Any], torch_ms: Mapping[str, float | None] | None = None,
-                spec: Mapping[str, Any] | None = None) -> dict:
+                spec: Mapping[str, Any] | None = None, unfused: ImportedModel | None = None) -> dict:
     """Builds the model with its picks, checks it whole against `expected`, times it and writes the artifact.
 
     Args:
@@ -535,13 +613,16 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
         torch_ms: torch's latencies of the same model, for the report: `{"eager": ms, "compile": ms}`
             (torch.compile: inductor, frozen weights), each None when it was not timed.
         spec: what the manifest records as the job's spec (default: the request's fields).
+        unfused: the model with every chain unfused (`ModelTuneResult.unfused`: fusion "auto" fused some): built,
+            checked and timed too, and served instead when faster end to end.
 
     Returns:
         {"report", "latency_ms", "untuned_ms", "removed", "served", "error"}: `error` (nothing written) when even
         the untuned model does not match the reference.
     """
     target = resolve_target(request.target)
-    schedules = dict(schedules)
+    every = dict(schedules)
+    schedules = _own(model, every)
     checked = build_checked(model, target, schedules, inputs, expected, pipeline=request.pipeline)
     names = {t.workload_key: t.name for t in model.tasks}
     report = {**report, "schedules": dict(report.get("schedules", {}))}
@@ -575,6 +656,17 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
                 run_model(untuned_built, inputs, target), expected, **tolerance(model)) is None):
             built, latency, applied = untuned_built, untuned_latency, {}
             report["served"] = "untuned: faster end to end than with the tuned schedules"
+    if unfused is not None:  # the fusion decisions were made task by task: the two models timed whole as well
+        other = build_checked(unfused, target, _own(unfused, every), inputs, expected, pipeline=request.pipeline)
+        if other.built is not None:
+            other_ms = time_model(other.built, inputs, target)
+            if other_ms < latency:  # timed again (the machine may be noisy)
+                latency, other_ms = time_model(built, inputs, target), time_model(other.built, inputs, target)
+            fusion = report["fusion"] = {**report.get("fusion", {}), "fused_ms": latency, "unfused_ms": other_ms,
+                                         "served": "fused"}
+            if other_ms < latency:
+                model, built, latency, applied, checked = unfused, other.built, other_ms, dict(other.schedules), other
+                fusion["served"] = "unfused: faster end to end than with the chosen chains fused"
     report["schedules"]["served"] = len(applied)
     torch_ms = torch_ms or {}
     report["latency_ms"] = {"artifact": latency, "untuned": untuned_latency, "torch_eager": torch_ms.get("eager"),
@@ -594,6 +686,12 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
                          report=report)
     served.update(latency_ms=latency, untuned_ms=untuned_latency, served=sorted(applied))
     return served
+
+
+def _own(model: ImportedModel, schedules: Mapping[str, Any]) -> dict[str, Any]:
+    """The schedules of `model`'s tasks (a fusion "auto" job tuned both sides of its chains)."""
+    keys = {t.workload_key for t in model.tasks}
+    return {k: v for k, v in schedules.items() if k in keys}
 
 
 def _default_ms(measurer: Measurer, task: Task) -> float | None:

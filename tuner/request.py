@@ -14,7 +14,7 @@ from typing import Literal
 from compiler.build import Pipeline
 
 Layout = Literal["none", "blocked", "search"]
-Fusion = Literal["none", "chains"]
+Fusion = Literal["auto", "none", "chains"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class ModelTuneRequest:
         budget: measurements in all, the joint stage's included.
         seed: makes the search deterministic given the same measurements; also the check's input seed.
         layout: "none" (NCHW), "blocked" (convs in NCHWc by rule) or "search" (ALT's joint stage).
-        fusion: "none" or "chains" (chains of complex operators as one basteln task).
+        fusion: "auto" (chains of complex operators whose intermediates exceed the L2 cache tuned fused and unfused,
+            fused where faster: `tuner.model.decide_fusion`), "none" or "chains" (every chain fused, unmeasured).
         pipeline: the TIR pipeline of every build ("licm" or "default").
         device: the RPC tracker's device key to measure on; None: this machine.
         trials_per_round: the gradient scheduler's largest round.
@@ -66,7 +67,7 @@ class ModelTuneRequest:
     budget: int = 64
     seed: int = 0
     layout: Layout = "none"
-    fusion: Fusion = "none"
+    fusion: Fusion = "auto"
     pipeline: Pipeline = "licm"
     device: str | None = None
     trials_per_round: int = 8

@@ -38,6 +38,15 @@ class Chain:
 
     positions: tuple[int, ...]
     functions: tuple[str, ...]
+    intermediate_bytes: int = 0  # the tensors between its functions, together (what fusing keeps out of memory)
+
+    def to_json(self) -> dict:
+        return {"positions": list(self.positions), "functions": list(self.functions),
+                "intermediate_bytes": self.intermediate_bytes}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Chain:
+        return cls(tuple(data["positions"]), tuple(data["functions"]), int(data.get("intermediate_bytes", 0)))
 
 
 def _has_reduction(func: Any) -> bool:
@@ -68,6 +77,14 @@ def _tensor_bytes(ty: Any) -> int:
 def tvm_dtype_bits(dtype: str) -> int:
     t = tvm.DataType(dtype)
     return t.bits * t.lanes
+
+
+def _callee_name(binding: Any) -> str | None:
+    v = binding.value
+    if isinstance(v, relax.Call) and getattr(v.op, "name", None) == "relax.call_tir" \
+            and isinstance(v.args[0], relax.GlobalVar):
+        return v.args[0].name_hint
+    return None
 
 
 def find_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,
@@ -123,7 +140,7 @@ def find_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: i
         if start in taken or name is None or not is_complex(name):
             continue
         members, names, n_complex, inter = [start], [name], 1, 0
-        best: tuple[list[int], list[str], int] | None = None
+        best: tuple[list[int], list[str], int] | None = None  # members, names, intermediate bytes
         current = b
         while True:
             out = current.var
@@ -144,25 +161,40 @@ def find_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: i
             if cplx:
                 n_complex += 1
                 if inter >= min_bytes:
-                    best = (list(members), list(names), n_complex)
+                    best = (list(members), list(names), inter)
         if best is not None:
-            chains.append(Chain(tuple(best[0]), tuple(best[1])))
+            chains.append(Chain(tuple(best[0]), tuple(best[1]), best[2]))
             taken.update(best[0])
     return chains
 
 
+def grouped_name(chain: Chain, k: int) -> str:
+    """The name of the function `group_chains` merges the `k`th of its chains into."""
+    return "grouped_" + "_".join(n.removeprefix("fused_") for n in chain.functions)[:80] + f"_{k}"
+
+
 def group_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,
-                 max_complex: int = MAX_COMPLEX) -> tuple[tvm.IRModule, list[Chain]]:
+                 max_complex: int = MAX_COMPLEX, chains: list[Chain] | None = None) -> tuple[tvm.IRModule, list[Chain]]:
     """Merges every chain `find_chains` finds into one PrimFunc (see the module docstring).
+
+    Args:
+        chains: merge these instead (`find_chains`' of this very module, a selection of them: a model job's
+            fusion decisions); a chain whose positions no longer call its functions raises ValueError.
 
     Returns:
         The module (unchanged when there is no chain) and the chains merged.
     """
-    chains = find_chains(mod, min_bytes=min_bytes, max_bytes=max_bytes, max_complex=max_complex)
+    if chains is None:
+        chains = find_chains(mod, min_bytes=min_bytes, max_bytes=max_bytes, max_complex=max_complex)
     if not chains:
         return mod, []
     main = mod["main"]
     bindings = list(main.body.blocks[0].bindings)
+    for chain in chains:
+        called = [_callee_name(bindings[i]) if i < len(bindings) else None for i in chain.positions]
+        if called != list(chain.functions):
+            raise ValueError(f"chain {list(chain.functions)} is not at positions {list(chain.positions)} of main "
+                             f"(they call {called}): the model was lowered differently")
     replace: dict[int, Any] = {}
     drop: set[int] = set()
     new_funcs: dict[str, Any] = {}
@@ -185,7 +217,7 @@ def group_chains(mod: tvm.IRModule, *, min_bytes: int | None = None, max_bytes: 
             local[b.var] = var
         out_var = inner_bindings[-1].var
         body = relax.SeqExpr([relax.DataflowBlock(inner_bindings)], out_var)
-        name = "grouped_" + "_".join(n.removeprefix("fused_") for n in chain.functions)[:80] + f"_{k}"
+        name = grouped_name(chain, k)
         func = relax.Function(params, body, out_var.ty).with_attr("Primitive", True) \
             .with_attr("global_symbol", name)
         new_funcs[name] = (func, outer, members[-1])

@@ -83,11 +83,14 @@ class ModelJobSpec(BaseModel):
                                "(a layout actor proposes blocks, or NCHW, per group across the graph, each choice measured whole with "
                                "its conversions, about 30% of the budget; the tasks listed at submission are the "
                                "rule's, the job adds those of the layouts it tries); `none` keeps NCHW everywhere")
-    fusion: Literal["none", "chains"] = Field(
-        "none", description="`chains`: chains of complex operators whose results are used once (conv -> conv, "
-                            "depthwise -> pointwise, matmul -> softmax -> matmul) and whose intermediates hold at least "
-                            "half the L2 cache become one task each, tiled and fused by basteln and tuned in its "
-                            "space; `none`: Relax's own fusion (element-wise operators into a complex one)")
+    fusion: Literal["auto", "none", "chains"] = Field(
+        "auto", description="`auto` (the default): each chain of complex operators whose results are used once "
+                            "(conv -> conv, depthwise -> pointwise, matmul -> softmax -> matmul) and whose "
+                            "intermediates exceed this machine's L2 cache is tuned both ways, fused by basteln as one "
+                            "task and as its own operators; the job fuses it where that measured faster, and serves "
+                            "the fused model only if it is also faster end to end (`report.fusion`); `chains`: every "
+                            "such chain whose intermediates hold at least half the L2 cache fused, unmeasured; "
+                            "`none`: Relax's own fusion only (element-wise operators into a complex one)")
     budget: int | None = Field(
         None, ge=0, le=MAX_INT32,
         description="on-device measurements for the whole model (at most the server's ALTUNE_MAX_BUDGET); omitted: "

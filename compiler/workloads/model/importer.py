@@ -16,8 +16,8 @@ from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm.relax.frontend import detach_params
 
-from compiler.passes.grouping import MAX_BYTES, Chain, group_chains
-from compiler.target import vector_lanes
+from compiler.passes.grouping import MAX_BYTES, Chain, find_chains, group_chains, grouped_name
+from compiler.target import host_caches, vector_lanes
 
 from ..operators import TensorSpec
 from ..pt2 import ModelError, short_error
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     import torch
 
 
-MODEL_FUSIONS = ("none", "chains")  # "chains": `compiler.passes.grouping` merges chains of complex operators
+# "chains": `compiler.passes.grouping` merges chains of complex operators; "auto": the chains whose intermediates
+# exceed this machine's L2 are options a job decides by measuring (`lower_graph`)
+MODEL_FUSIONS = ("none", "chains", "auto")
 
 
 @dataclass(eq=False)
@@ -60,6 +62,9 @@ class ImportedModel:
         quantized: the program quantizes tensors (`quantize_per_tensor`, a PT2E-quantized model): its convs and
             linears compute in integers (`quantized`), and its outputs are checked with `check.tolerance`'s
             looser bound, since a value rounded to the other side of a quantization step moves what follows.
+        chains: the chains of complex operators merged into one task each (`compiler.passes.grouping`).
+        chain_options: fusion "auto": the chains a job may merge, left unmerged here (`fusion_options` gives
+            each one's merged task; `lower_graph(..., chains=)` merges the ones it chose).
     """
 
     mod: tvm.IRModule
@@ -71,6 +76,8 @@ class ImportedModel:
     notes: list[str] = field(default_factory=list)
     blocks: dict[str, list[int]] = field(default_factory=dict)
     quantized: bool = False
+    chains: list[Chain] = field(default_factory=list)
+    chain_options: list[Chain] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -126,8 +133,9 @@ def import_model(
             chooses the blocks.
         target: what the block factors are chosen for (its vector width); None: "llvm" defaults.
         max_tensor_elements: largest accepted input, parameter or intermediate tensor.
-        fusion: "none" (Relax's own fusion: element-wise operators into a complex one) or "chains" (also
-            chains of complex operators into one task, `compiler.passes.grouping`, tiled and fused by basteln).
+        fusion: "none" (Relax's own fusion: element-wise operators into a complex one), "chains" (also
+            chains of complex operators into one task, `compiler.passes.grouping`, tiled and fused by basteln) or
+            "auto" (the chains whose intermediates exceed the L2 cache left as options, `chain_options`).
         blocks: with "blocked", the (input block, output block) of convs named by their weight's torch name
             ("layer1.0.conv1.weight"), as the graph-level layout search chose them ([0, 0]: the conv keeps NCHW);
             the others by `conv_blocks`.
@@ -224,9 +232,14 @@ def translate_model(ep: torch.export.ExportedProgram, input_shapes: Sequence[Seq
 
 def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.Target | str | None = None,
                 max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS, fusion: str = "none",
-                blocks: dict[str, tuple[int, int]] | None = None) -> ImportedModel:
+                blocks: dict[str, tuple[int, int]] | None = None, chains: list[Chain] | None = None
+                ) -> ImportedModel:
     """A translated program in a layout policy -> fused, legalized Relax and its tasks (see `import_model`;
-    `blocks` is keyed by "main"'s weight names, as `graph_blocks` gives them)."""
+    `blocks` is keyed by "main"'s weight names, as `graph_blocks` gives them).
+
+    With fusion "auto" the chains of complex operators whose intermediates together exceed this machine's L2
+    cache (smaller ones stay in cache between the calls) are the model's `chain_options`, left unmerged; `chains`
+    (some of those options, as a job decided) are merged."""
     names_by_var = graph.names_by_var
     mod = graph.mod
     if layout not in MODEL_LAYOUTS:
@@ -270,10 +283,26 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
     if fusion not in MODEL_FUSIONS:
         raise ModelError("fusion", f"unknown fusion {fusion!r}; one of {', '.join(MODEL_FUSIONS)}")
     if fusion == "chains":  # chains of complex operators become one task each, tiled and fused by basteln
-        chains = group_model(model, max_tensor_elements=max_tensor_elements)
-        if chains:
-            model.notes.append(f"{len(chains)} chain(s) of complex operators grouped into one task each")
+        grouped = group_model(model, max_tensor_elements=max_tensor_elements)
+        if grouped:
+            model.notes.append(f"{len(grouped)} chain(s) of complex operators grouped into one task each")
+    elif fusion == "auto" and chains:
+        group_model(model, max_tensor_elements=max_tensor_elements, chains=chains)
+    elif fusion == "auto":
+        model.chain_options = find_chains(model.mod, min_bytes=host_caches().l2)
     return model
+
+
+def fusion_options(model: ImportedModel, max_tensor_elements: int | None = None) -> list[ModelTask | None]:
+    """Each of `model.chain_options` merged into one function, as its task (None where the merged function is not
+    one of its own: TVM fused it with another); the model itself is left unmerged."""
+    if not model.chain_options:
+        return []
+    limit = {} if max_tensor_elements is None else {"max_tensor_elements": max_tensor_elements}
+    mod, chains = group_chains(model.mod, chains=model.chain_options)
+    tasks = extract_tasks(mod, **limit)
+    by_function = {f: t for t in tasks for f in t.functions}
+    return [by_function.get(grouped_name(c, k)) for k, c in enumerate(chains)]
 
 
 def _lower(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
@@ -368,16 +397,18 @@ def _gelu_as_erf() -> Any:
 
 
 def group_model(model: ImportedModel, *, min_bytes: int | None = None, max_bytes: int = MAX_BYTES,
-                max_tensor_elements: int | None = None) -> list[Chain]:
+                max_tensor_elements: int | None = None, chains: list[Chain] | None = None) -> list[Chain]:
     """`compiler.passes.grouping.group_chains` on an imported model, in place: its module gets the merged
-    functions and its tasks are extracted again (a merged chain is one task).
+    functions and its tasks are extracted again (a merged chain is one task). `chains`: merge these (of this
+    model's `find_chains`) instead of every chain found.
 
     Returns:
         The chains merged (none: the model is left as it was).
     """
-    mod, chains = group_chains(model.mod, min_bytes=min_bytes, max_bytes=max_bytes)
+    mod, chains = group_chains(model.mod, min_bytes=min_bytes, max_bytes=max_bytes, chains=chains)
     if chains:
         limit = {} if max_tensor_elements is None else {"max_tensor_elements": max_tensor_elements}
         model.mod = mod
         model.tasks = extract_tasks(mod, **limit)
+        model.chains = list(chains)
     return chains
