@@ -269,6 +269,9 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
         "ours_trials": tuned.measurements,
         "ours_errors": sum(t.error is not None for t in trials),
         "ours_served": served["report"].get("served"),
+        # fusion "auto": each chain option's decision, and which model was served after timing both whole
+        "fusion": served["report"].get("fusion"),
+        "micro_kernel": served["report"].get("schedules", {}).get("micro_kernel"),
         "estimate_curve": hooks.curve,
         "ours_estimate_ms": hooks.curve[-1][2] if hooks.curve else None,
         "task_rows": [

@@ -481,11 +481,14 @@ def decide_fusion(options: Sequence[ChainOption], outcomes: Sequence[TaskOutcome
 
 
 def _served_ms(outcome: TaskOutcome | None) -> float | None:
-    """The measured latency of what a task is served with (its pick, else its default schedule), None unmeasured."""
+    """The measured latency of what a task is served with (its pick, else its default schedule; a stored schedule's
+    latency as the earlier job measured it), None unmeasured."""
     if outcome is None:
         return None
     if outcome.pick is not None and outcome.beats_default:
         return outcome.pick.latency_ms
+    if outcome.pick is None and not outcome.trials and outcome.start is not None and outcome.start.beats_default:
+        return outcome.start.latency_ms  # a stored one's; None for a seed or a transferred one
     return outcome.default_ms if outcome.default_ms is not None else outcome.untuned_ms
 
 
