@@ -350,10 +350,13 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     # what this call spends counts against the budget with everything the history measured, kept task or not
     spent = max(spent, sum(len(v) for v in trials.values()))
 
-    def publish() -> None:
-        estimate = estimated_latency([o.model_task.weight for o in outcomes],
-                                     [o.best.latency_ms if o.best else None for o in outcomes],
-                                     [o.untuned_ms for o in outcomes])
+    index = {o.task.workload_key: i for i, o in enumerate(outcomes)}
+    own = [o for o in outcomes if o.task.workload_key in {t.workload_key for t in model.tasks}]
+
+    def publish() -> None:  # the model's estimate as lowered (a chain's fused side is an alternative, not a part)
+        estimate = estimated_latency([o.model_task.weight for o in own],
+                                     [o.best.latency_ms if o.best else None for o in own],
+                                     [o.untuned_ms for o in own])
         if estimate is not None:
             hooks.on_estimate(estimate)
 
@@ -377,6 +380,13 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
         o.untuned_ms = done.baseline_ms if done.baseline_ms is not None else o.untuned_ms
         hooks.on_round(o.model_task, done)
         publish()
+        for option in options:  # a chain's fused side clearly slower than its own tasks: no more rounds for it
+            fused = index.get(option.fused.workload_key)
+            parts = [_best_ms(outcomes[index[m.workload_key]]) if m.workload_key in index else None
+                     for m in option.members]
+            if fused in position and None not in parts and (ms := _best_ms(outcomes[fused])) is not None \
+                    and ms > LOSING_FUSION * sum(parts):  # type: ignore[arg-type]
+                scheduler.state.dead[position[fused]] = True
         return RoundResult(best_ms, done.spent)
 
     # a task with a stored schedule is served with it and measured no more; the others share the budget, the
@@ -478,6 +488,16 @@ def decide_fusion(options: Sequence[ChainOption], outcomes: Sequence[TaskOutcome
                           "fused_ms": fused_ms, "unfused_ms": unfused_ms,
                           "fused": fused_ms is not None and unfused_ms is not None and fused_ms < unfused_ms})
     return decisions
+
+
+LOSING_FUSION = 1.2  # a chain's fused side this much slower than its own tasks together gets no more rounds
+
+
+def _best_ms(outcome: TaskOutcome) -> float | None:
+    """A task's best latency so far: measured, else its stored schedule's."""
+    if outcome.best is not None:
+        return outcome.best.latency_ms
+    return outcome.start.latency_ms if outcome.start is not None else None
 
 
 def _served_ms(outcome: TaskOutcome | None) -> float | None:

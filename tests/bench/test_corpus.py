@@ -70,3 +70,14 @@ def test_main_prints_a_row_per_model(capsys):
 def test_whole_corpus(name, target, tmp_path):
     row = corpus.check_model(name, target, tmp_path)
     assert row.matches and not row.failed, row.line()
+
+
+def test_a_torchvision_model_at_another_batch_or_resolution_is_a_corpus_name():
+    from bench.corpus_models import CORPUS
+
+    assert "resnet18@b8" in CORPUS and "lraspp_mobilenet_v3_large@b2@64" in CORPUS
+    assert "resnet18" in list(CORPUS) and "resnet18@b8" not in list(CORPUS)  # the listing: each model once
+    for bad in ("resnet18@", "resnet18@b0", "resnet18@x", "gpt_block@b2", "nonesuch@b2"):
+        assert bad not in CORPUS, bad
+    module, args, kwargs = CORPUS["lraspp_mobilenet_v3_large@b2@64"]()
+    assert tuple(args[0].shape) == (2, 3, 64, 64) and kwargs == {}

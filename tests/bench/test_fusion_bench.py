@@ -54,3 +54,24 @@ def test_the_peak_bounds_what_fusion_can_gain_over_the_unfused_operators():
     assert missing["ours_peak_share"] is None and missing["fusion_ceiling"] == pytest.approx(2.0)
     fusion.add_peak(missing, None)
     assert missing["unfused_peak_share"] is None and missing["fusion_ceiling"] is None
+
+
+def test_a_batched_case_scales_the_subgraph_and_every_part_and_its_intermediates_with_it():
+    from compiler.workloads import make_workload
+
+    conv = next(c for c in fusion.CASES if c.operator == "conv3x3_conv1x1")
+    at8 = fusion.batched(conv, 8)
+    assert at8.name.endswith("x8") and at8.params["batch"] == 8 and fusion.batched(conv, 1) is conv
+    assert [p["params"]["batch"] for p in at8.parts] == [8, 8]
+    assert make_workload(at8.operator, at8.params).flops == 8 * make_workload(conv.operator, conv.params).flops
+    attention = fusion.batched(next(c for c in fusion.CASES if c.operator == "matmul_softmax_matmul"), 4)
+    assert attention.params["heads"] == 48  # batch x heads, as the subgraph takes them
+    assert [p["params"]["batch"] if "params" in p else p["shape"][0] for p in attention.parts] == [48, 48, 48]
+
+
+def test_the_memory_bandwidth_is_measured_beyond_the_caches():
+    from bench.ops import measure_bandwidth
+
+    found = measure_bandwidth("host")
+    assert found is not None and found["megabytes"] == 256 and found["cores"] >= 1
+    assert 0.1 < found["gbs"] < 10_000  # GB/s: a number, not a failure or a cache's speed in a unit off by 1000
