@@ -259,7 +259,7 @@ def tune_ours(ep: Any, request: ModelTuneRequest, inputs: list, expected: list, 
         measurer.close()
     tune_s = time.perf_counter() - start
     served = serve_model(tuned.model, request, tuned.schedules, inputs, expected, dest=dest, facts=tuned.facts,
-                         report=tuned.report, unfused=tuned.unfused)
+                         report=tuned.report, alternatives=tuned.alternatives)
     trials = [t for o in tuned.outcomes for t in o.trials]
     facts: dict[str, Any] = {
         "ours_tune_s": tune_s,

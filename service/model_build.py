@@ -46,13 +46,15 @@ def build_from_files(home: Path, request: dict) -> dict:
                                  max_total_bytes=request["max_total_bytes"])
     chains = [Chain.from_json(c) for c in request.get("chains") or []]
     model = lower_model(graph, tune, request["blocks"], chains)
-    # fusion "auto" fused some chains: the model with none fused is timed against it end to end
-    unfused = lower_model(graph, tune, request["blocks"]) if chains else None
+    # fusion "auto": the models with other chains fused, timed against it end to end
+    alternatives = {name: lower_model(graph, tune, request["blocks"], [Chain.from_json(c) for c in other])
+                    for name, other in (request.get("alternatives") or {}).items()}
     texts = json.loads((home / SCHEDULES).read_text())
     schedules = {key: tvm.ir.load_json(text) for key, text in texts.items()}
     inputs = random_inputs([(tuple(x.shape), x.dtype) for x in model.inputs], tune.seed)
     return serve_model(model, tune, schedules, inputs, expected, dest=home / ARTIFACT, facts=request["facts"],
-                       report=request["report"], torch_ms=request["torch_ms"], spec=request["spec"], unfused=unfused)
+                       report=request["report"], torch_ms=request["torch_ms"], spec=request["spec"],
+                       alternatives=alternatives)
 
 
 def build_in_child(settings: Settings, graph_dir: Path, tuned: ModelTuneResult, dest: Path, *, spec: dict,
@@ -69,7 +71,8 @@ def build_in_child(settings: Settings, graph_dir: Path, tuned: ModelTuneResult, 
     request = {"tune": asdict(tuned.request), "blocks": tuned.model.blocks if tuned.request.layout == "search" else None,
                "max_total_bytes": settings.sandbox_memory_bytes, "report": tuned.report, "facts": tuned.facts,
                "spec": spec, "torch_ms": dict(torch_ms) if torch_ms is not None else None,
-               "chains": [c.to_json() for c in tuned.model.chains] if tuned.request.fusion == "auto" else []}
+               "chains": [c.to_json() for c in tuned.model.chains] if tuned.request.fusion == "auto" else [],
+               "alternatives": {name: [c.to_json() for c in m.chains] for name, m in tuned.alternatives.items()}}
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = dest.with_name(f".{dest.name}.{os.getpid()}.schedules.json")
     scratch.write_text(json.dumps({key: tvm.ir.save_json(mod) for key, mod in tuned.schedules.items()}))

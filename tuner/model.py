@@ -206,8 +206,9 @@ class ModelTuneResult:
         measurements: new measurements this call made (the joint stage's included).
         layout_search: the joint stage's report (None without one).
         stopped: `should_stop` ended the tuning early: nothing was picked and nothing should be built.
-        unfused: fusion "auto", where some chain was fused: the model with every chain unfused, which
-            `serve_model` times against `model` end to end (the faster is served).
+        alternatives: fusion "auto" with chain options: the other models `serve_model` times whole against `model`
+            (the fastest is served), by name: "unfused" (no chain fused) and "every chain" (every option fused),
+            each where it differs from `model`.
         fusion: fusion "auto": one decision per chain option (`decide_fusion`), `model.chains` the fused ones.
     """
 
@@ -217,7 +218,7 @@ class ModelTuneResult:
     measurements: int = 0
     layout_search: dict | None = None
     stopped: bool = False
-    unfused: ImportedModel | None = None
+    alternatives: dict[str, ImportedModel] = field(default_factory=dict)
     fusion: list[dict] = field(default_factory=list)
 
     @property
@@ -438,15 +439,25 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
                 o.best = replace(pick, latencies_ms=[pick_ms], extra={**pick.extra, "remeasured": readings})
     stopped = hooks.should_stop()
     decisions = decide_fusion(options, outcomes)
-    served = model
-    if any(d["fused"] for d in decisions):
-        served = replace(model, notes=list(model.notes), chain_options=[])
-        group_model(served, chains=[o.chain for o, d in zip(options, decisions) if d["fused"]], **_limit(request))
+    chosen = [o.chain for o, d in zip(options, decisions) if d["fused"]]
+
+    def fused(chains: list[Chain]) -> ImportedModel:
+        if not chains:
+            return model
+        out = replace(model, notes=list(model.notes), chain_options=[])
+        group_model(out, chains=chains, **_limit(request))
+        return out
+
+    served, alternatives = fused(chosen), {}
     if decisions:
-        served.notes.append(f"fusion: {sum(d['fused'] for d in decisions)} of {len(decisions)} chain(s) whose "
-                            f"intermediates exceed the L2 cache fused, where measured faster than unfused")
+        served.notes.append(f"fusion: {len(chosen)} of {len(decisions)} chain(s) whose intermediates exceed the L2 "
+                            f"cache fused, where measured faster than unfused")
+        # a task measured alone reads its inputs from warm caches: the models are timed whole too (`serve_model`)
+        alternatives = {name: fused(chains) for name, chains in (("unfused", []),
+                                                                 ("every chain", [o.chain for o in options]))
+                        if len(chains) != len(chosen)}
     return ModelTuneResult(request, served, outcomes, measurements, layout_search, stopped=stopped,
-                           unfused=model if served is not model else None, fusion=decisions)
+                           alternatives=alternatives, fusion=decisions)
 
 
 @dataclass(frozen=True)
@@ -490,7 +501,7 @@ def decide_fusion(options: Sequence[ChainOption], outcomes: Sequence[TaskOutcome
     return decisions
 
 
-LOSING_FUSION = 1.2  # a chain's fused side this much slower than its own tasks together gets no more rounds
+LOSING_FUSION = 1.5  # a chain's fused side this much slower than its own tasks together gets no more rounds
 
 
 def _best_ms(outcome: TaskOutcome) -> float | None:
@@ -621,7 +632,8 @@ class _Guarded(ModelTuneHooks):
 def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapping[str, Any],
                 inputs: Sequence[Any], expected: Sequence[Any], *, dest: Path, facts: Mapping[str, dict],
                 report: Mapping[str, Any], torch_ms: Mapping[str, float | None] | None = None,
-                spec: Mapping[str, Any] | None = None, unfused: ImportedModel | None = None) -> dict:
+                spec: Mapping[str, Any] | None = None, alternatives: Mapping[str, ImportedModel] | None = None
+                ) -> dict:
     """Builds the model with its picks, checks it whole against `expected`, times it and writes the artifact.
 
     Args:
@@ -636,8 +648,8 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
         torch_ms: torch's latencies of the same model, for the report: `{"eager": ms, "compile": ms}`
             (torch.compile: inductor, frozen weights), each None when it was not timed.
         spec: what the manifest records as the job's spec (default: the request's fields).
-        unfused: the model with every chain unfused (`ModelTuneResult.unfused`: fusion "auto" fused some): built,
-            checked and timed too, and served instead when faster end to end.
+        alternatives: other models of the same program by name (`ModelTuneResult.alternatives`: fusion "auto"'s
+            other choices of chains to fuse), each built, checked and timed too; the fastest is served.
 
     Returns:
         {"report", "latency_ms", "untuned_ms", "removed", "served", "error"}: `error` (nothing written) when even
@@ -679,17 +691,26 @@ def serve_model(model: ImportedModel, request: ModelTuneRequest, schedules: Mapp
                 run_model(untuned_built, inputs, target), expected, **tolerance(model)) is None):
             built, latency, applied = untuned_built, untuned_latency, {}
             report["served"] = "untuned: faster end to end than with the tuned schedules"
-    if unfused is not None:  # the fusion decisions were made task by task: the two models timed whole as well
-        other = build_checked(unfused, target, _own(unfused, every), inputs, expected, pipeline=request.pipeline)
-        if other.built is not None:
-            other_ms = time_model(other.built, inputs, target)
-            if other_ms < latency:  # timed again (the machine may be noisy)
-                latency, other_ms = time_model(built, inputs, target), time_model(other.built, inputs, target)
-            fusion = report["fusion"] = {**report.get("fusion", {}), "fused_ms": latency, "unfused_ms": other_ms,
-                                         "served": "fused"}
-            if other_ms < latency:
-                model, built, latency, applied, checked = unfused, other.built, other_ms, dict(other.schedules), other
-                fusion["served"] = "unfused: faster end to end than with the chosen chains fused"
+    if alternatives:  # the fusion decisions were made task by task: the models are timed whole as well
+        timed = {"chosen": latency}
+        best = None
+        for name, other_model in alternatives.items():
+            other = build_checked(other_model, target, _own(other_model, every), inputs, expected,
+                                  pipeline=request.pipeline)
+            if other.built is None:
+                continue
+            timed[name] = time_model(other.built, inputs, target)
+            if timed[name] < (best[1] if best else latency):
+                best = (name, timed[name], other_model, other)
+        if best is not None:  # timed again, the two of them (the machine may be noisy)
+            latency, timed[best[0]] = time_model(built, inputs, target), time_model(best[3].built, inputs, target)
+            timed["chosen"] = latency
+        served_name = "chosen"
+        if best is not None and timed[best[0]] < latency:
+            served_name, (model, built, latency, applied, checked) = best[0], (
+                best[2], best[3].built, timed[best[0]], dict(best[3].schedules), best[3])
+        report["fusion"] = {**report.get("fusion", {}), "end_to_end_ms": timed, "served": served_name,
+                            "served_chains": len(model.chains)}
     report["schedules"]["served"] = len(applied)
     torch_ms = torch_ms or {}
     report["latency_ms"] = {"artifact": latency, "untuned": untuned_latency, "torch_eager": torch_ms.get("eager"),

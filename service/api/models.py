@@ -87,8 +87,9 @@ class ModelJobSpec(BaseModel):
         "auto", description="`auto` (the default): each chain of complex operators whose results are used once "
                             "(conv -> conv, depthwise -> pointwise, matmul -> softmax -> matmul) and whose "
                             "intermediates exceed this machine's L2 cache is tuned both ways, fused by basteln as one "
-                            "task and as its own operators; the job fuses it where that measured faster, and serves "
-                            "the fused model only if it is also faster end to end (`report.fusion`); `chains`: every "
+                            "task and as its own operators; the job fuses it where that measured faster, then times "
+                            "that model, the one with no chain fused and the one with every chain fused whole and "
+                            "serves the fastest (`report.fusion`); `chains`: every "
                             "such chain whose intermediates hold at least half the L2 cache fused, unmeasured; "
                             "`none`: Relax's own fusion only (element-wise operators into a complex one)")
     budget: int | None = Field(

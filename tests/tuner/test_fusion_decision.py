@@ -76,7 +76,7 @@ def tune_and_serve(side: int, budget: int, measurer, tmp_path: Path):
     with torch.no_grad():
         expected = [module(torch.from_numpy(inputs[0])).numpy()]
     served = serve_model(tuned.model, request, tuned.schedules, inputs, expected, dest=tmp_path / "model.tar.gz",
-                         facts=tuned.facts, report=tuned.report, unfused=tuned.unfused)
+                         facts=tuned.facts, report=tuned.report, alternatives=tuned.alternatives)
     return tuned, served, inputs, expected
 
 
@@ -84,7 +84,7 @@ def test_a_chain_whose_intermediate_fits_in_l2_is_not_fused(tmp_path):
     side = side_for(host_caches().l2 // 4)
     tuned, served, _, _ = tune_and_serve(side, 0, LocalMeasurer(), tmp_path)
     assert tuned.model.chain_options == [] and tuned.model.chains == []
-    assert tuned.fusion == [] and tuned.unfused is None
+    assert tuned.fusion == [] and tuned.alternatives == {}
     assert not any(o.model_task.name.startswith("grouped") for o in tuned.outcomes)  # not even tuned fused
     assert served["error"] is None and served["report"]["check"]["passed"]
     assert served["report"]["fusion"] == {"chains": [], "fused": 0}
@@ -100,14 +100,18 @@ def test_a_chain_whose_intermediate_exceeds_l2_is_tuned_both_ways_and_fused_wher
     assert any(n.startswith("fused_conv2d") and k > 0 for n, k in names.items()), names  # and the unfused side
     assert decision["fused"] and decision["fused_ms"] < decision["unfused_ms"]
     assert [t.name for t in tuned.model.tasks if t.name.startswith("grouped")], "the fused chain is one task"
-    assert tuned.unfused is not None and not any(t.name.startswith("grouped") for t in tuned.unfused.tasks)
+    # its one option fused is every chain fused: the other model timed whole is the unfused one
+    assert set(tuned.alternatives) == {"unfused"}
+    assert not any(t.name.startswith("grouped") for t in tuned.alternatives["unfused"].tasks)
 
     # both models were built, checked against torch and timed whole; the faster one is served
     report = served["report"]
     assert served["error"] is None and report["check"]["passed"]
     assert report["fusion"]["fused"] == 1
-    assert report["fusion"]["served"] in ("fused", "unfused: faster end to end than with the chosen chains fused")
-    assert served["latency_ms"] == min(report["fusion"]["fused_ms"], report["fusion"]["unfused_ms"])
+    timed = report["fusion"]["end_to_end_ms"]
+    assert set(timed) == {"chosen", "unfused"} and report["fusion"]["served"] == min(timed, key=timed.get)
+    assert served["latency_ms"] == min(timed.values())
+    assert report["fusion"]["served_chains"] == (1 if report["fusion"]["served"] == "chosen" else 0)
 
 
 def test_the_measured_decision_matches_the_measurements(tmp_path):
@@ -119,5 +123,9 @@ def test_the_measured_decision_matches_the_measurements(tmp_path):
     assert decision["fused_ms"] is not None and decision["unfused_ms"] is not None
     assert decision["fused"] == (decision["fused_ms"] < decision["unfused_ms"])
     assert bool(tuned.model.chains) == decision["fused"]
+    # the other choice of the one chain is timed whole too, and the faster of the two served
+    assert set(tuned.alternatives) == {"every chain" if not decision["fused"] else "unfused"}
+    timed = served["report"]["fusion"]["end_to_end_ms"]
+    assert served["latency_ms"] == min(timed.values())
     assert served["error"] is None and served["report"]["check"]["passed"]
     assert np.isfinite(served["latency_ms"])
