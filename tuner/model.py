@@ -452,10 +452,12 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     if decisions:
         served.notes.append(f"fusion: {len(chosen)} of {len(decisions)} chain(s) whose intermediates exceed the L2 "
                             f"cache fused, where measured faster than unfused")
-        # a task measured alone reads its inputs from warm caches: the models are timed whole too (`serve_model`)
-        alternatives = {name: fused(chains) for name, chains in (("unfused", []),
-                                                                 ("every chain", [o.chain for o in options]))
-                        if len(chains) != len(chosen)}
+        # a task measured alone reads its inputs from warm caches: the models are timed whole too (`serve_model`),
+        # where a fused side was measured at all (not for a model served from what is known, the anytime artifact)
+        if any(d["fused_ms"] is not None for d in decisions):
+            alternatives = {name: fused(chains) for name, chains in (("unfused", []),
+                                                                     ("every chain", [o.chain for o in options]))
+                            if len(chains) != len(chosen)}
     return ModelTuneResult(request, served, outcomes, measurements, layout_search, stopped=stopped,
                            alternatives=alternatives, fusion=decisions)
 
