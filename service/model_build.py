@@ -26,11 +26,13 @@ from pathlib import Path
 import tvm
 
 from compiler.arrays import random_inputs
+from compiler.passes.grouping import Chain
+from compiler.workloads.model import ImportedModel
 from compiler.workloads.model.exchange import EXPECTED, GRAPH, META, PARAMS, load_graph
+from compiler.workloads.model.importer import with_chains
 from compiler.workloads.pt2 import ModelError
 from service import sandbox
 from service.settings import Settings
-from compiler.passes.grouping import Chain
 from tuner.model import ModelTuneRequest, ModelTuneResult, lower_model, serve_model
 
 SCHEDULES = "schedules.json"
@@ -44,11 +46,14 @@ def build_from_files(home: Path, request: dict) -> dict:
     tune = ModelTuneRequest(**request["tune"])
     graph, expected = load_graph(home, max_tensor_elements=tune.max_tensor_elements,
                                  max_total_bytes=request["max_total_bytes"])
-    chains = [Chain.from_json(c) for c in request.get("chains") or []]
-    model = lower_model(graph, tune, request["blocks"], chains)
+    unmerged = lower_model(graph, tune, request["blocks"])  # lowered once: fusion "auto" merges chains of it
+
+    def merged(chains: list[dict]) -> ImportedModel:
+        return with_chains(unmerged, [Chain.from_json(c) for c in chains], tune.max_tensor_elements)
+
+    model = merged(request.get("chains") or [])
     # fusion "auto": the models with other chains fused, timed against it end to end
-    alternatives = {name: lower_model(graph, tune, request["blocks"], [Chain.from_json(c) for c in other])
-                    for name, other in (request.get("alternatives") or {}).items()}
+    alternatives = {name: merged(other) for name, other in (request.get("alternatives") or {}).items()}
     texts = json.loads((home / SCHEDULES).read_text())
     schedules = {key: tvm.ir.load_json(text) for key, text in texts.items()}
     inputs = random_inputs([(tuple(x.shape), x.dtype) for x in model.inputs], tune.seed)

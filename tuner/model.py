@@ -65,7 +65,7 @@ from compiler.workloads.model import (
     write_model_artifact,
 )
 from compiler.passes.grouping import Chain
-from compiler.workloads.model.importer import ModelGraph, fusion_options, graph_blocks, group_model, lower_graph
+from compiler.workloads.model.importer import ModelGraph, fusion_options, graph_blocks, lower_graph, with_chains
 from compiler.workloads.model.tasks import conversions
 
 from . import transfer
@@ -281,14 +281,14 @@ class ModelTuneResult:
         return report
 
 
-def lower_model(graph: ModelGraph, request: ModelTuneRequest, blocks: Mapping[str, list[int]] | None = None,
-                chains: Sequence[Chain] | None = None) -> ImportedModel:
+def lower_model(graph: ModelGraph, request: ModelTuneRequest, blocks: Mapping[str, list[int]] | None = None
+                ) -> ImportedModel:
     """The model in the request's layouts (`blocks`: the joint stage's choice, by conv weight name); with fusion
-    "auto", `chains` are the chains the job fused (`ModelTuneResult.model.chains`)."""
+    "auto" unmerged (`with_chains` merges the chains the job fused, `ModelTuneResult.model.chains`)."""
     target = resolve_target(request.target)
     chosen = graph_blocks(graph, dict(blocks), target) if blocks else None
     return lower_graph(graph, layout=request.layout, target=target, fusion=request.fusion, blocks=chosen,
-                       chains=list(chains) if chains else None, **_limit(request))
+                       **_limit(request))
 
 
 def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measurer,
@@ -442,11 +442,7 @@ def tune_model(graph: ModelGraph, request: ModelTuneRequest, *, measurer: Measur
     chosen = [o.chain for o, d in zip(options, decisions) if d["fused"]]
 
     def fused(chains: list[Chain]) -> ImportedModel:
-        if not chains:
-            return model
-        out = replace(model, notes=list(model.notes), chain_options=[])
-        group_model(out, chains=chains, **_limit(request))
-        return out
+        return with_chains(model, chains, **_limit(request))
 
     served, alternatives = fused(chosen), {}
     if decisions:

@@ -7,7 +7,7 @@ exported program: building and running the model needs only TVM.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,7 +64,7 @@ class ImportedModel:
             looser bound, since a value rounded to the other side of a quantization step moves what follows.
         chains: the chains of complex operators merged into one task each (`compiler.passes.grouping`).
         chain_options: fusion "auto": the chains a job may merge, left unmerged here (`fusion_options` gives
-            each one's merged task; `lower_graph(..., chains=)` merges the ones it chose).
+            each one's merged task; `with_chains` merges the ones it chose).
     """
 
     mod: tvm.IRModule
@@ -232,14 +232,13 @@ def translate_model(ep: torch.export.ExportedProgram, input_shapes: Sequence[Seq
 
 def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.Target | str | None = None,
                 max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS, fusion: str = "none",
-                blocks: dict[str, tuple[int, int]] | None = None, chains: list[Chain] | None = None
-                ) -> ImportedModel:
+                blocks: dict[str, tuple[int, int]] | None = None) -> ImportedModel:
     """A translated program in a layout policy -> fused, legalized Relax and its tasks (see `import_model`;
     `blocks` is keyed by "main"'s weight names, as `graph_blocks` gives them).
 
     With fusion "auto" the chains of complex operators whose intermediates together exceed this machine's L2
-    cache (smaller ones stay in cache between the calls) are the model's `chain_options`, left unmerged; `chains`
-    (some of those options, as a job decided) are merged."""
+    cache (smaller ones stay in cache between the calls) are the model's `chain_options`, left unmerged
+    (`with_chains` merges the ones a job chose)."""
     names_by_var = graph.names_by_var
     mod = graph.mod
     if layout not in MODEL_LAYOUTS:
@@ -286,11 +285,19 @@ def lower_graph(graph: ModelGraph, *, layout: str = "none", target: tvm.target.T
         grouped = group_model(model, max_tensor_elements=max_tensor_elements)
         if grouped:
             model.notes.append(f"{len(grouped)} chain(s) of complex operators grouped into one task each")
-    elif fusion == "auto" and chains:
-        group_model(model, max_tensor_elements=max_tensor_elements, chains=chains)
     elif fusion == "auto":
         model.chain_options = find_chains(model.mod, min_bytes=host_caches().l2)
     return model
+
+
+def with_chains(model: ImportedModel, chains: list[Chain], max_tensor_elements: int | None = None) -> ImportedModel:
+    """A copy of `model` (fusion "auto", unmerged) with `chains`, some of its `chain_options`, merged; `model`
+    itself when there are none."""
+    if not chains:
+        return model
+    out = replace(model, notes=list(model.notes), chain_options=[])
+    group_model(out, chains=list(chains), max_tensor_elements=max_tensor_elements)
+    return out
 
 
 def fusion_options(model: ImportedModel, max_tensor_elements: int | None = None) -> list[ModelTask | None]:
